@@ -1,0 +1,244 @@
+"""Checkpoints that survive crashes, full disks, tampering and concurrent runs.
+
+- Written atomically: a temporary file in the same folder, fsync, rename, then fsync the folder.
+- Verified: the sha256 of every checkpoint is recorded in `checkpoints.json` (the manifest, itself
+  replaced atomically and only after the checkpoint's rename); loading checks it.
+- Safe: loaded with `torch.load(weights_only=True)`, which refuses pickles that would run code;
+  the config stored inside is plain data and is validated before use.
+- `latest` falls back to the newest good checkpoint, warning about each bad one.
+- `RunLock` keeps two training processes out of one experiment folder; the kernel drops the lock
+  when its owner dies, so a stale lock file never blocks.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pickle
+import re
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MANIFEST = "checkpoints.json"
+CHECKPOINT_PATTERN = re.compile(r"^ckpt_(\d{8,})\.pt$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or trusted; the message names the file."""
+
+
+def checkpoint_name(global_step: int) -> str:
+    return f"ckpt_{global_step:08d}.pt"
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # not supported on this platform
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _HashingFile(io.RawIOBase):
+    """A write-only file that hashes what passes through it."""
+
+    def __init__(self, handle) -> None:
+        self.handle = handle
+        self.sha256 = hashlib.sha256()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        return self.handle.write(data)
+
+
+def atomic_write(path: Path, write) -> str:
+    """Call `write(file)` on a temporary file beside `path`, fsync, rename over `path`.
+    Returns the sha256 of what was written. On any error the old `path` is untouched."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(temporary, "wb") as handle:
+            hashing = _HashingFile(handle)
+            write(hashing)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return hashing.sha256.hexdigest()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> str:
+    return atomic_write(path, lambda handle: handle.write(data))
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {"latest": None, "best": None, "best_bleu": None, "checkpoints": {}}
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("checkpoints"), dict):
+        return {"latest": None, "best": None, "best_bleu": None, "checkpoints": {}}
+    return manifest
+
+
+def save_checkpoint(folder: Path, state: dict[str, Any], global_step: int, keep: int,
+                    bleu: float | None = None) -> Path:
+    """Write `state` as the checkpoint of `global_step`, record it, and keep the last `keep`
+    checkpoints plus the best by validation BLEU. Raises CheckpointError (the previous ones intact)."""
+    folder = Path(folder)
+    path = folder / checkpoint_name(global_step)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        digest = atomic_write(path, lambda handle: torch.save(state, handle))
+        manifest = read_manifest(folder)
+        manifest["checkpoints"][path.name] = {"sha256": digest, "global_step": global_step,
+                                              "epoch": state.get("epoch"), "bleu": bleu}
+        manifest["latest"] = path.name
+        if bleu is not None and (manifest.get("best_bleu") is None or bleu > manifest["best_bleu"]):
+            manifest["best"], manifest["best_bleu"] = path.name, bleu
+        on_disk = sorted((p for p in folder.iterdir() if CHECKPOINT_PATTERN.match(p.name)), key=_step_of)
+        stale = [p for p in on_disk[:-keep] if p.name != manifest.get("best")] if keep else []
+        for old in stale:
+            manifest["checkpoints"].pop(old.name, None)
+        atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode("utf-8"))
+    except OSError as error:
+        raise CheckpointError(f"could not write checkpoint {path}: {error.strerror or error}; "
+                              f"the previous checkpoints in {folder} are intact") from None
+    for old in stale:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def _step_of(path: Path) -> int:
+    match = CHECKPOINT_PATTERN.match(path.name)
+    return int(match.group(1)) if match else -1
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load one checkpoint safely onto the CPU, checking its recorded sha256 when there is one."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    recorded = read_manifest(path.parent)["checkpoints"].get(path.name, {}).get("sha256")
+    if recorded is not None and sha256_of(path) != recorded:
+        raise CheckpointError(f"checkpoint {path} is corrupt (its sha256 does not match {MANIFEST})")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        detail = str(error).splitlines()[0] if str(error) else ""
+        if "weights_only" in str(error) or "Unsupported" in str(error) or "global" in str(error).lower():
+            raise CheckpointError(f"checkpoint {path} refused: it holds objects that could run code "
+                                  f"when loaded, not plain tensors and data") from None
+        raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint ({detail})") from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, IndexError) as error:
+        detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({detail})") from None
+    if not isinstance(state, dict) or "model" not in state or "config" not in state:
+        raise CheckpointError(f"checkpoint {path} is not a checkpoint of this project")
+    return state
+
+
+def checkpoint_candidates(folder: Path) -> list[Path]:
+    """Checkpoints in `folder`, newest first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted((p for p in folder.iterdir() if CHECKPOINT_PATTERN.match(p.name)), key=_step_of, reverse=True)
+
+
+def load_latest(folder: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that loads and verifies, warning about each newer one that does not."""
+    for path in checkpoint_candidates(folder):
+        try:
+            return path, load_checkpoint(path)
+        except CheckpointError as error:
+            print(f"warning: {error}; trying an older one", file=sys.stderr, flush=True)
+    return None
+
+
+def best_checkpoint(folder: Path) -> Path | None:
+    best = read_manifest(folder).get("best")
+    return Path(folder) / best if best else None
+
+
+def load_for_inference(path: Path | None, folder: Path, device: torch.device):
+    """(model in eval mode on `device`, source tokenizer, target tokenizer, its config, its path) from
+    the checkpoint at `path`, or the newest good one in `folder`."""
+    from config import ConfigError, validate_config
+    from model import build_model
+    from tokenizer import TokenizerError, tokenizer_from_json
+
+    if path is not None:
+        state = load_checkpoint(path)
+    else:
+        found = load_latest(folder)
+        if found is None:
+            raise CheckpointError(f"no usable checkpoint in {folder}; train one with train.py (same --datasource, "
+                                  f"--lang_src, --lang_tgt) or pass --checkpoint PATH")
+        path, state = found
+    try:
+        config = dict(state["config"])
+        validate_config(config)
+        tok_src = tokenizer_from_json(state["tokenizers"]["src"])
+        tok_tgt = tokenizer_from_json(state["tokenizers"]["tgt"])
+        model = build_model(config, tok_src.get_vocab_size(), tok_tgt.get_vocab_size())
+        model.load_state_dict(state["model"])
+    except (ConfigError, TokenizerError, KeyError, TypeError, RuntimeError) as error:
+        raise CheckpointError(f"checkpoint {path} is not usable: {str(error).splitlines()[0]}") from None
+    return model.to(device).eval(), tok_src, tok_tgt, config, Path(path)
+
+
+class RunLock:
+    """An exclusive lock on an experiment folder, holding the owner's PID for the message."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = Path(folder) / "train.lock"
+        self.handle = None
+
+    def acquire(self) -> None:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: run unlocked rather than not at all
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            owner = handle.read().strip() or "unknown"
+            handle.close()
+            raise CheckpointError(f"{self.path.parent} is in use by another training run (pid {owner}); "
+                                  f"wait for it or choose another --experiment_name") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self.handle = handle
+
+    def release(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None

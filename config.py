@@ -1,0 +1,248 @@
+"""The one config dict that drives every program, its presets and its command line.
+
+`get_config()` returns the defaults (the paper's base model on the Hub's opus_books en->it).
+`parse_config(argv)` applies `--preset NAME`, then every `--key value` override (typed from the
+default), validates the result and exits with one line naming the key when something is wrong.
+Paths of run artefacts are derived here and nowhere else.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+
+def get_config() -> dict[str, Any]:
+    """Defaults: the paper's base Transformer on Helsinki-NLP/opus_books, English to Italian."""
+    return {
+        # data
+        "datasource": "Helsinki-NLP/opus_books",
+        "lang_src": "en",
+        "lang_tgt": "it",
+        "val_fraction": 0.05,  # only used when the source has a train split alone
+        "test_fraction": 0.05,
+        "seq_len": 256,  # longest sentence, in tokens including [SOS]/[EOS]; longer pairs are dropped
+        # tokenizers
+        "tokenizer_type": "wordlevel",  # wordlevel | bpe | unigram
+        "vocab_size": 8000,  # bpe and unigram only; wordlevel keeps every word seen min_frequency times
+        "min_frequency": 2,
+        "joint_vocab": False,  # one tokenizer for both languages
+        # model
+        "d_model": 512,
+        "num_layers": 6,
+        "num_heads": 8,
+        "d_ff": 2048,
+        "dropout": 0.1,
+        "norm_first": True,  # pre-norm: trains stably without a finely tuned warmup
+        "tie_embeddings": False,  # needs joint_vocab
+        # optimisation
+        "batch_tokens": 4096,  # token budget of one batch (padded, source or target, whichever is larger)
+        "accum_steps": 1,
+        "lr": 7e-4,  # peak, reached at the end of warmup; 7e-4 equals the paper's d_model**-0.5 * warmup**-0.5
+        "warmup_steps": 4000,
+        "lr_schedule": "inverse_sqrt",  # inverse_sqrt (the paper's) | cosine (to min_lr at max_steps)
+        "min_lr": 1e-5,
+        "weight_decay": 0.0,  # AdamW decay, applied to weight matrices only
+        "adam_beta1": 0.9,
+        "adam_beta2": 0.98,
+        "adam_eps": 1e-9,
+        "label_smoothing": 0.1,
+        "clip_grad": 1.0,  # 0 disables clipping
+        "num_epochs": 20,
+        "max_steps": 0,  # optimizer steps; 0 = no limit
+        "max_minutes": 0.0,  # wall-clock budget including validation; 0 = no limit
+        "seed": 42,
+        "amp": "auto",  # auto (bf16/fp16 on CUDA, off elsewhere) | off | bf16 | fp16
+        "compile": False,
+        "num_workers": -1,  # DataLoader workers; -1 = 2 on CUDA, 0 elsewhere
+        "device": "auto",  # auto | cpu | cuda | mps
+        "max_nonfinite_steps": 10,  # consecutive skipped steps before the run stops
+        # validation and decoding
+        "val_max_sentences": 0,  # cap on decoded validation sentences; 0 = whole split
+        "eval_batch_size": 64,  # sentences per decoding batch
+        "beam_size": 1,
+        "length_penalty": 1.0,
+        "val_beam_size": 1,  # validation decodes greedily unless raised
+        "num_examples": 3,
+        "early_stopping_patience": 0,  # validations without a better BLEU before stopping; 0 = never
+        # checkpoints and logs
+        "model_folder": "weights",
+        "runs_folder": "runs",
+        "experiment_name": "",  # empty = derived from datasource and language pair
+        "preload": "latest",  # latest | none | a checkpoint path
+        "keep_checkpoints": 3,
+        "save_every_steps": 0,  # also checkpoint every N optimizer steps; 0 = epoch ends only
+        "log_every": 20,
+    }
+
+
+# Sizes selectable with --preset; anything not named keeps its default.
+PRESETS: dict[str, dict[str, Any]] = {
+    "base": {},
+    "big": {"d_model": 1024, "num_heads": 16, "d_ff": 4096, "dropout": 0.3},
+    # Trains in minutes on a 2-core CPU (see README for measured figures).
+    "cpu": {
+        "d_model": 256, "num_layers": 3, "num_heads": 4, "d_ff": 1024, "dropout": 0.1,
+        "batch_tokens": 3000, "lr": 1e-3, "warmup_steps": 500, "seq_len": 128,
+        "eval_batch_size": 128,
+    },
+    # For tests and smoke runs: seconds, not minutes.
+    "tiny": {
+        "d_model": 32, "num_layers": 1, "num_heads": 2, "d_ff": 64, "dropout": 0.0,
+        "batch_tokens": 512, "lr": 3e-3, "warmup_steps": 20, "seq_len": 64, "min_frequency": 1,
+        "num_epochs": 2, "log_every": 5,
+    },
+}
+
+# Keys that define what a checkpoint *is*: resuming with other values is refused.
+IDENTITY_KEYS = (
+    "datasource", "lang_src", "lang_tgt", "val_fraction", "test_fraction", "seed",
+    "tokenizer_type", "vocab_size", "min_frequency", "joint_vocab",
+    "d_model", "num_layers", "num_heads", "d_ff", "norm_first", "tie_embeddings",
+)
+
+CHOICES = {
+    "tokenizer_type": ("wordlevel", "bpe", "unigram"),
+    "lr_schedule": ("inverse_sqrt", "cosine"),
+    "amp": ("auto", "off", "bf16", "fp16"),
+    "device": ("auto", "cpu", "cuda", "mps"),
+}
+
+
+class ConfigError(ValueError):
+    """A config value that cannot be used; the message names the key."""
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad command line in one line instead of usage + error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        raise SystemExit(2)
+
+
+def build_parser(description: str) -> argparse.ArgumentParser:
+    """A parser with --preset and one --key option per config key, typed from the default."""
+    parser = _OneLineParser(description=description, allow_abbrev=False,
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                        help="named size preset, applied before the --key overrides")
+    for key, default in get_config().items():
+        kind = _parse_bool if isinstance(default, bool) else type(default)
+        parser.add_argument(f"--{key}", type=kind, default=None, metavar=type(default).__name__.upper(),
+                            help=f"default: {default!r}")
+    return parser
+
+
+def resolve_config(args: argparse.Namespace) -> dict[str, Any]:
+    """Defaults, then the preset, then explicit overrides; validated."""
+    config = get_config()
+    if args.preset:
+        config.update(PRESETS[args.preset])
+    for key in config:
+        value = getattr(args, key, None)
+        if value is not None:
+            config[key] = value
+    validate_config(config)
+    return config
+
+
+def parse_config(argv: Sequence[str] | None = None, description: str = "") -> dict[str, Any]:
+    """The resolved config for a program that takes only config options."""
+    parser = build_parser(description)
+    args = parser.parse_args(argv)
+    return config_or_exit(args, parser)
+
+
+def config_or_exit(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    try:
+        return resolve_config(args)
+    except ConfigError as error:
+        parser.error(str(error))
+        raise  # unreachable: error() exits
+
+
+def validate_config(config: dict[str, Any]) -> None:
+    """Refuse values that would fail later, naming the key. Also used on configs read from checkpoints."""
+    defaults = get_config()
+    unknown = sorted(set(config) - set(defaults))
+    if unknown:
+        raise ConfigError(f"unknown config key {unknown[0]!r}")
+    for key, default in defaults.items():
+        if key not in config:
+            raise ConfigError(f"config key {key!r} is missing")
+        value = config[key]
+        expected = type(default)
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            config[key] = value = float(value)
+        if type(value) is not expected:
+            raise ConfigError(f"config key {key!r} must be {expected.__name__}, got {type(value).__name__}")
+    for key, allowed in CHOICES.items():
+        if config[key] not in allowed:
+            raise ConfigError(f"--{key} must be one of {', '.join(allowed)}, got {config[key]!r}")
+    positive = ("d_model", "num_layers", "num_heads", "d_ff", "batch_tokens", "accum_steps", "num_epochs",
+                "eval_batch_size", "beam_size", "val_beam_size", "keep_checkpoints", "log_every", "vocab_size",
+                "min_frequency", "max_nonfinite_steps")
+    for key in positive:
+        if config[key] < 1:
+            raise ConfigError(f"--{key} must be at least 1, got {config[key]}")
+    non_negative = ("max_steps", "max_minutes", "warmup_steps", "weight_decay", "clip_grad", "val_max_sentences",
+                    "num_examples", "early_stopping_patience", "save_every_steps", "min_lr", "adam_eps")
+    for key in non_negative:
+        if config[key] < 0:
+            raise ConfigError(f"--{key} must not be negative, got {config[key]}")
+    if not config["lr"] > 0:
+        raise ConfigError(f"--lr must be positive, got {config['lr']}")
+    if config["d_model"] % config["num_heads"]:
+        raise ConfigError(f"--d_model {config['d_model']} is not divisible by --num_heads {config['num_heads']}")
+    if config["d_model"] % 2:
+        raise ConfigError(f"--d_model must be even for sinusoidal positions, got {config['d_model']}")
+    if config["seq_len"] < 3:
+        raise ConfigError(f"--seq_len must be at least 3 ([SOS], a token, [EOS]), got {config['seq_len']}")
+    for key in ("dropout", "label_smoothing", "adam_beta1", "adam_beta2"):
+        if not 0 <= config[key] < 1:
+            raise ConfigError(f"--{key} must be in [0, 1), got {config[key]}")
+    if not 0 <= config["val_fraction"] < 1 or not 0 <= config["test_fraction"] < 1 \
+            or config["val_fraction"] + config["test_fraction"] >= 1:
+        raise ConfigError("--val_fraction and --test_fraction must be in [0, 1) and leave training data")
+    if config["tie_embeddings"] and not config["joint_vocab"]:
+        raise ConfigError("--tie_embeddings needs --joint_vocab true: separate vocabularies cannot share weights")
+    if config["lang_src"] == config["lang_tgt"] or not config["lang_src"] or not config["lang_tgt"]:
+        raise ConfigError("--lang_src and --lang_tgt must be two different, non-empty language codes")
+    if config["num_workers"] < -1:
+        raise ConfigError(f"--num_workers must be -1 (auto) or more, got {config['num_workers']}")
+    if config["length_penalty"] < 0:
+        raise ConfigError(f"--length_penalty must not be negative, got {config['length_penalty']}")
+    if not config["datasource"]:
+        raise ConfigError("--datasource must name a Hub dataset or a local folder")
+
+
+def experiment_name(config: dict[str, Any]) -> str:
+    """`experiment_name`, or one derived from the datasource and the pair: opus_books_en-it."""
+    if config["experiment_name"]:
+        return config["experiment_name"]
+    base = os.path.basename(os.path.normpath(config["datasource"])) or "data"
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", base)
+    return f"{base}_{config['lang_src']}-{config['lang_tgt']}"
+
+
+def weights_dir(config: dict[str, Any]) -> Path:
+    """Checkpoints, tokenizers and the resolved config of one experiment."""
+    return Path(config["model_folder"]) / experiment_name(config)
+
+
+def runs_dir(config: dict[str, Any]) -> Path:
+    """TensorBoard logs of one experiment."""
+    return Path(config["runs_folder"]) / experiment_name(config)

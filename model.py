@@ -1,0 +1,300 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need", one small block per idea.
+
+API kept from the tutorials: `build_transformer(...)`, `model.encode(src, src_mask)`,
+`model.decode(encoder_output, src_mask, tgt, tgt_mask)`, `model.project(x)` returning logits.
+Masks are boolean or 0/1 with True/1 = may attend: src_mask (B, 1, 1, S), tgt_mask (B, 1, T, T).
+
+Attention runs through `scaled_dot_product_attention`, so no B x h x L x L tensor outlives the
+call. `decode(..., cache=KVCache)` decodes incrementally: self-attention keys/values are appended
+per step and cross-attention keys/values are computed once per sentence.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class InputEmbeddings(nn.Module):
+    """Token embeddings scaled by sqrt(d_model) (paper, section 3.4)."""
+
+    def __init__(self, d_model: int, vocab_size: int) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.embedding = nn.Embedding(vocab_size, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.embedding(x) * math.sqrt(self.d_model)
+
+
+class PositionalEncoding(nn.Module):
+    """Fixed sinusoidal positions (section 3.5), added to the embeddings, then dropout."""
+
+    def __init__(self, d_model: int, max_len: int, dropout: float) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)
+        div_term = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+        pe = torch.zeros(max_len, d_model)
+        pe[:, 0::2] = torch.sin(position * div_term)
+        pe[:, 1::2] = torch.cos(position * div_term)
+        # Not persistent: it is a function of the shape, so checkpoints need not carry it.
+        self.register_buffer("pe", pe, persistent=False)
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        length = x.size(1)
+        if offset + length > self.pe.size(0):
+            raise ValueError(f"sequence of {offset + length} positions is longer than the model's "
+                             f"{self.pe.size(0)} (seq_len)")
+        return self.dropout(x + self.pe[offset:offset + length].to(x.dtype))
+
+
+class MultiHeadAttention(nn.Module):
+    """h parallel scaled dot-product attentions over d_model/h-dimensional projections (3.2.2)."""
+
+    def __init__(self, d_model: int, h: int, dropout: float) -> None:
+        super().__init__()
+        assert d_model % h == 0, "d_model must be divisible by h"
+        self.h = h
+        self.d_k = d_model // h
+        self.w_q = nn.Linear(d_model, d_model)
+        self.w_k = nn.Linear(d_model, d_model)
+        self.w_v = nn.Linear(d_model, d_model)
+        self.w_o = nn.Linear(d_model, d_model)
+        self.dropout = dropout
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, d_model) -> (B, h, L, d_k)."""
+        return x.view(x.size(0), x.size(1), self.h, self.d_k).transpose(1, 2)
+
+    def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention of queries x (B, Lq, d_model) over already split keys and values."""
+        q = self.split_heads(self.w_q(q))
+        if mask is not None and mask.dtype != torch.bool:
+            mask = mask.bool()
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                             dropout_p=self.dropout if self.training else 0.0)
+        out = out.transpose(1, 2).reshape(out.size(0), -1, self.h * self.d_k)
+        return self.w_o(out)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        return self.attend(q, self.split_heads(self.w_k(k)), self.split_heads(self.w_v(v)), mask)
+
+
+class FeedForwardBlock(nn.Module):
+    """Position-wise FFN(x) = max(0, x W1 + b1) W2 + b2 (3.3)."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(d_model, d_ff)
+        self.dropout = nn.Dropout(dropout)
+        self.linear_2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(self.dropout(torch.relu(self.linear_1(x))))
+
+
+class ResidualConnection(nn.Module):
+    """x + Dropout(Sublayer(LayerNorm(x))) when pre-norm, LayerNorm(x + Dropout(Sublayer(x))) when post-norm."""
+
+    def __init__(self, d_model: int, dropout: float, norm_first: bool) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderBlock(nn.Module):
+    """Self-attention, then feed-forward, each in a residual connection."""
+
+    def __init__(self, d_model: int, h: int, d_ff: int, dropout: float, norm_first: bool) -> None:
+        super().__init__()
+        self.self_attention = MultiHeadAttention(d_model, h, dropout)
+        self.feed_forward = FeedForwardBlock(d_model, d_ff, dropout)
+        self.residual = nn.ModuleList([ResidualConnection(d_model, dropout, norm_first) for _ in range(2)])
+
+    def forward(self, x: torch.Tensor, src_mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.residual[0](x, lambda y: self.self_attention(y, y, y, src_mask))
+        return self.residual[1](x, self.feed_forward)
+
+
+class KVCache:
+    """Per-layer keys and values for incremental decoding of a batch of sentences.
+
+    Self-attention entries grow by one position per step; cross-attention entries are computed
+    from the encoder output on the first step and reused. `select` keeps a subset (or a
+    reordering, for beam search) of the batch rows.
+    """
+
+    def __init__(self, num_layers: int) -> None:
+        self.self_kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
+        self.cross_kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
+        self.length = 0  # positions already decoded
+
+    def select(self, index: torch.Tensor) -> None:
+        def pick(entry):
+            return None if entry is None else (entry[0].index_select(0, index), entry[1].index_select(0, index))
+        self.self_kv = [pick(e) for e in self.self_kv]
+        self.cross_kv = [pick(e) for e in self.cross_kv]
+
+
+class DecoderBlock(nn.Module):
+    """Masked self-attention, cross-attention over the encoder output, then feed-forward."""
+
+    def __init__(self, d_model: int, h: int, d_ff: int, dropout: float, norm_first: bool) -> None:
+        super().__init__()
+        self.self_attention = MultiHeadAttention(d_model, h, dropout)
+        self.cross_attention = MultiHeadAttention(d_model, h, dropout)
+        self.feed_forward = FeedForwardBlock(d_model, d_ff, dropout)
+        self.residual = nn.ModuleList([ResidualConnection(d_model, dropout, norm_first) for _ in range(3)])
+
+    def forward(self, x: torch.Tensor, encoder_output: torch.Tensor, src_mask: torch.Tensor | None,
+                tgt_mask: torch.Tensor | None, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        if cache is None:
+            x = self.residual[0](x, lambda y: self.self_attention(y, y, y, tgt_mask))
+            x = self.residual[1](x, lambda y: self.cross_attention(y, encoder_output, encoder_output, src_mask))
+            return self.residual[2](x, self.feed_forward)
+
+        def cached_self_attention(y: torch.Tensor) -> torch.Tensor:
+            k, v = self.self_attention.project_kv(y)
+            past = cache.self_kv[layer]
+            if past is not None:
+                k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+            cache.self_kv[layer] = (k, v)
+            return self.self_attention.attend(y, k, v, tgt_mask)
+
+        def cached_cross_attention(y: torch.Tensor) -> torch.Tensor:
+            if cache.cross_kv[layer] is None:
+                cache.cross_kv[layer] = self.cross_attention.project_kv(encoder_output)
+            k, v = cache.cross_kv[layer]
+            return self.cross_attention.attend(y, k, v, src_mask)
+
+        x = self.residual[0](x, cached_self_attention)
+        x = self.residual[1](x, cached_cross_attention)
+        return self.residual[2](x, self.feed_forward)
+
+
+class Encoder(nn.Module):
+    def __init__(self, layers: nn.ModuleList, d_model: int, norm_first: bool) -> None:
+        super().__init__()
+        self.layers = layers
+        # Pre-norm leaves the residual stream unnormalised, so it needs a final LayerNorm.
+        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x)
+
+
+class Decoder(nn.Module):
+    def __init__(self, layers: nn.ModuleList, d_model: int, norm_first: bool) -> None:
+        super().__init__()
+        self.layers = layers
+        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+
+    def forward(self, x: torch.Tensor, encoder_output: torch.Tensor, src_mask: torch.Tensor | None,
+                tgt_mask: torch.Tensor | None, cache: KVCache | None = None) -> torch.Tensor:
+        for index, layer in enumerate(self.layers):
+            x = layer(x, encoder_output, src_mask, tgt_mask, cache, index)
+        return self.norm(x)
+
+
+class ProjectionLayer(nn.Module):
+    """Linear map from d_model to the target vocabulary; returns logits (softmax lives in the loss)."""
+
+    def __init__(self, d_model: int, vocab_size: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d_model, vocab_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+
+class Transformer(nn.Module):
+    def __init__(self, encoder: Encoder, decoder: Decoder, src_embed: InputEmbeddings, tgt_embed: InputEmbeddings,
+                 src_pos: PositionalEncoding, tgt_pos: PositionalEncoding, projection_layer: ProjectionLayer) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+        self.src_embed = src_embed
+        self.tgt_embed = tgt_embed
+        self.src_pos = src_pos
+        self.tgt_pos = tgt_pos
+        self.projection_layer = projection_layer
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor | None) -> torch.Tensor:
+        return self.encoder(self.src_pos(self.src_embed(src)), src_mask)
+
+    def decode(self, encoder_output: torch.Tensor, src_mask: torch.Tensor | None, tgt: torch.Tensor,
+               tgt_mask: torch.Tensor | None, cache: KVCache | None = None) -> torch.Tensor:
+        """Decoder states for `tgt`. With a cache, `tgt` is the one newest position (B, 1) and
+        `tgt_mask` may be None: that position sees itself and every cached one."""
+        offset = 0 if cache is None else cache.length
+        x = self.decoder(self.tgt_pos(self.tgt_embed(tgt), offset), encoder_output, src_mask, tgt_mask, cache)
+        if cache is not None:
+            cache.length += tgt.size(1)
+        return x
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        return self.projection_layer(x)
+
+    def new_cache(self) -> KVCache:
+        return KVCache(len(self.decoder.layers))
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor | None,
+                tgt_mask: torch.Tensor | None) -> torch.Tensor:
+        """Teacher-forced logits (B, T, V); DDP and torch.compile wrap this method."""
+        return self.project(self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask))
+
+
+def build_transformer(src_vocab_size: int, tgt_vocab_size: int, src_seq_len: int, tgt_seq_len: int,
+                      d_model: int = 512, N: int = 6, h: int = 8, dropout: float = 0.1, d_ff: int = 2048,
+                      norm_first: bool = True, tie_embeddings: bool = False) -> Transformer:
+    """The tutorials' constructor; `norm_first` and `tie_embeddings` are additions with safe defaults."""
+    if tie_embeddings and src_vocab_size != tgt_vocab_size:
+        raise ValueError(f"tied embeddings need one shared vocabulary, got sizes {src_vocab_size} and {tgt_vocab_size}")
+    src_embed = InputEmbeddings(d_model, src_vocab_size)
+    tgt_embed = InputEmbeddings(d_model, tgt_vocab_size)
+    encoder = Encoder(nn.ModuleList([EncoderBlock(d_model, h, d_ff, dropout, norm_first) for _ in range(N)]),
+                      d_model, norm_first)
+    decoder = Decoder(nn.ModuleList([DecoderBlock(d_model, h, d_ff, dropout, norm_first) for _ in range(N)]),
+                      d_model, norm_first)
+    projection = ProjectionLayer(d_model, tgt_vocab_size)
+    model = Transformer(encoder, decoder, src_embed, tgt_embed,
+                        PositionalEncoding(d_model, src_seq_len, dropout),
+                        PositionalEncoding(d_model, tgt_seq_len, dropout), projection)
+    for p in model.parameters():
+        if p.dim() > 1:
+            nn.init.xavier_uniform_(p)
+    if tie_embeddings:
+        # One matrix for source embedding, target embedding and output projection (section 3.4).
+        nn.init.normal_(src_embed.embedding.weight, mean=0.0, std=d_model ** -0.5)
+        tgt_embed.embedding.weight = src_embed.embedding.weight
+        projection.proj.weight = src_embed.embedding.weight
+    return model
+
+
+def build_model(config: dict, src_vocab_size: int, tgt_vocab_size: int) -> Transformer:
+    """`build_transformer` with the sizes of a config dict (see config.py)."""
+    return build_transformer(src_vocab_size, tgt_vocab_size, config["seq_len"], config["seq_len"],
+                             d_model=config["d_model"], N=config["num_layers"], h=config["num_heads"],
+                             dropout=config["dropout"], d_ff=config["d_ff"], norm_first=config["norm_first"],
+                             tie_embeddings=config["tie_embeddings"])
+
+
+def causal_mask(size: int, device: torch.device | None = None) -> torch.Tensor:
+    """(1, size, size) boolean mask, True on and below the diagonal."""
+    return torch.ones(1, size, size, dtype=torch.bool, device=device).tril()

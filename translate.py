@@ -1,0 +1,69 @@
+"""Translate with a trained checkpoint: `python translate.py "I love you."`.
+
+Prints only translations on stdout, one per input; diagnostics go to stderr. With no sentence
+arguments it translates standard input, one sentence per line, in batches; a line that cannot be
+translated (empty, invalid UTF-8) gets an empty output line, a message naming it, and exit code 1,
+while the other lines are translated. The model is rebuilt from the config stored in the
+checkpoint: the latest good one of the configured experiment, or `--checkpoint PATH`.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from checkpoint import CheckpointError, load_for_inference
+from config import build_parser, config_or_exit, weights_dir
+from decoding import translate_sentences
+
+
+def read_stdin_lines() -> list[str | None]:
+    """Lines of standard input; None for a line that is not valid UTF-8."""
+    lines: list[str | None] = []
+    for raw in sys.stdin.buffer:
+        try:
+            lines.append(raw.decode("utf-8").rstrip("\r\n"))
+        except UnicodeDecodeError:
+            lines.append(None)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser(__doc__.splitlines()[0])
+    parser.add_argument("sentences", nargs="*", help="sentences to translate; none = read standard input")
+    parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint file (default: latest)")
+    args = parser.parse_args(argv)
+    config = config_or_exit(args, parser)
+    from_stdin = not args.sentences
+    inputs: list[str | None] = read_stdin_lines() if from_stdin else list(args.sentences)
+    if not from_stdin and any(not s.strip() for s in inputs):
+        parser.error("empty sentence: nothing to translate")
+
+    device = torch.device("cuda" if torch.cuda.is_available() and config["device"] in ("auto", "cuda") else "cpu")
+    try:
+        model, tok_src, tok_tgt, model_config, path = load_for_inference(args.checkpoint, weights_dir(config), device)
+    except CheckpointError as error:
+        print(f"translate.py: error: {error}", file=sys.stderr)
+        return 1
+    print(f"translate.py: using {path}", file=sys.stderr)
+
+    usable = [i for i, text in enumerate(inputs) if text is not None and text.strip()]
+    for number, text in enumerate(inputs, start=1):
+        if text is None:
+            print(f"translate.py: line {number}: not valid UTF-8, skipped", file=sys.stderr)
+        elif not text.strip():
+            print(f"translate.py: line {number}: empty, skipped", file=sys.stderr)
+    translations = translate_sentences(model, tok_src, tok_tgt, [inputs[i].strip() for i in usable],
+                                       model_config["seq_len"], config["eval_batch_size"], config["beam_size"],
+                                       config["length_penalty"])
+    outputs = [""] * len(inputs)
+    for index, translation in zip(usable, translations):
+        outputs[index] = translation
+    for line in outputs:
+        print(line)
+    return 0 if len(usable) == len(inputs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
