@@ -347,8 +347,11 @@ def _train(config: dict[str, Any], started: float, device: torch.device, world_s
             micro_batches = plan.micro_batches(epoch, step_in_epoch)
             epoch_steps = plan.steps_per_epoch(epoch)
             workers = config["num_workers"] if config["num_workers"] >= 0 else (2 if device.type == "cuda" else 0)
+            # Its own generator: a loader draws worker seeds from the global RNG otherwise, which
+            # would shift the dropout stream of a run resumed mid-epoch.
             loader = DataLoader(MicroBatches(train_ds, micro_batches), batch_size=None, shuffle=False,
-                                num_workers=workers, pin_memory=device.type == "cuda")
+                                num_workers=workers, pin_memory=device.type == "cuda",
+                                generator=torch.Generator().manual_seed(config["seed"] + epoch))
             progress = tqdm(total=epoch_steps, initial=step_in_epoch, desc=f"epoch {epoch}",
                             disable=not is_main, file=sys.stderr, dynamic_ncols=True)
             step_loss = torch.zeros((), device=device)

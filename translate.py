@@ -37,8 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     config = config_or_exit(args, parser)
     from_stdin = not args.sentences
     inputs: list[str | None] = read_stdin_lines() if from_stdin else list(args.sentences)
-    if not from_stdin and any(not s.strip() for s in inputs):
-        parser.error("empty sentence: nothing to translate")
+    if not from_stdin:
+        for number, text in enumerate(args.sentences, start=1):
+            if not text.strip():
+                parser.error(f"sentence {number} is empty: nothing to translate")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
+                parser.error(f"sentence {number} is not valid UTF-8")
 
     device = torch.device("cuda" if torch.cuda.is_available() and config["device"] in ("auto", "cuda") else "cpu")
     try:
