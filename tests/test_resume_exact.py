@@ -6,7 +6,6 @@ weights, must equal A's bit for bit.
 """
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -76,4 +75,3 @@ def test_sigkill_then_resume_matches_unbroken_run(tmp_path: Path) -> None:
     assert weights_a.keys() == weights_b.keys()
     for name in weights_a:
         assert torch.equal(weights_a[name], weights_b[name]), name
-    os.sync()
