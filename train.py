@@ -352,6 +352,7 @@ def _train(config: dict[str, Any], started: float, device: torch.device, world_s
             loader = DataLoader(MicroBatches(train_ds, micro_batches), batch_size=None, shuffle=False,
                                 num_workers=workers, pin_memory=device.type == "cuda",
                                 generator=torch.Generator().manual_seed(config["seed"] + epoch))
+            epoch_started = time.monotonic()
             progress = tqdm(total=epoch_steps, initial=step_in_epoch, desc=f"epoch {epoch}",
                             disable=not is_main, file=sys.stderr, dynamic_ncols=True)
             step_loss = torch.zeros((), device=device)
@@ -431,6 +432,8 @@ def _train(config: dict[str, Any], started: float, device: torch.device, world_s
                     save()
             progress.close()
             if step_in_epoch >= epoch_steps:
+                if is_main:
+                    log(f"epoch {epoch} trained in {time.monotonic() - epoch_started:.1f} s")
                 epoch, step_in_epoch = epoch + 1, 0
 
             metrics = None
