@@ -325,7 +325,7 @@ def _train(config: dict[str, Any], started: float, device: torch.device, world_s
 
     def validate() -> dict[str, float] | None:
         metrics = None
-        if is_main:
+        if is_main and splits["validation"]:
             metrics = run_validation(raw_model, val_ds, splits["validation"], tok_src, tok_tgt, config, device,
                                      writer, global_step)
         if distributed:
