@@ -178,19 +178,63 @@ def load_latest(folder: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
+def checkpoints_to_average(folder: Path, count: int, newest: Path | None = None) -> list[Path]:
+    """The `count` newest checkpoints of `folder` (ending at `newest` when given), newest first."""
+    candidates = checkpoint_candidates(folder)
+    if newest is not None:
+        candidates = [p for p in candidates if _step_of(p) <= _step_of(Path(newest))]
+    if len(candidates) < count:
+        raise CheckpointError(f"cannot average {count} checkpoints: {folder} holds {len(candidates)} "
+                              f"(raise --keep_checkpoints or --save_every_steps when training)")
+    return candidates[:count]
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
+    """The first (newest) checkpoint of `paths` with its model weights replaced by the mean over all
+    of them. Floating-point tensors are averaged, others come from the newest; tensors that share
+    storage (tied embeddings) are averaged once and stay shared."""
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    newest = load_checkpoint(paths[0])
+    model = newest["model"]
+    sums: dict[str, torch.Tensor] = {k: v.double() for k, v in model.items() if v.is_floating_point()}
+    for path in paths[1:]:
+        weights = load_checkpoint(path)["model"]
+        if weights.keys() != model.keys() or any(weights[k].shape != model[k].shape for k in model):
+            raise CheckpointError(f"cannot average {path} with {paths[0]}: the models differ")
+        for key in sums:
+            sums[key] += weights[key].double()
+    averaged: dict[str, torch.Tensor] = {}
+    shared: dict[tuple, torch.Tensor] = {}
+    for key, tensor in model.items():
+        if key not in sums:
+            averaged[key] = tensor
+            continue
+        view = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
+        if view not in shared:
+            shared[view] = (sums[key] / len(paths)).to(tensor.dtype)
+        averaged[key] = shared[view]
+    newest["model"] = averaged
+    return newest
+
+
 def best_checkpoint(folder: Path) -> Path | None:
     best = read_manifest(folder).get("best")
     return Path(folder) / best if best else None
 
 
-def load_for_inference(path: Path | None, folder: Path, device: torch.device):
+def load_for_inference(path: Path | None, folder: Path, device: torch.device, average: int = 1):
     """(model in eval mode on `device`, source tokenizer, target tokenizer, its config, its path) from
-    the checkpoint at `path`, or the newest good one in `folder`."""
+    the checkpoint at `path`, or the newest good one in `folder`; with `average` N > 1, the mean
+    weights of the N newest checkpoints (ending at `path` when given)."""
     from config import ConfigError, validate_config
     from model import build_model
     from tokenizer import TokenizerError, tokenizer_from_json
 
-    if path is not None:
+    if average > 1:
+        paths = checkpoints_to_average(Path(path).parent if path is not None else Path(folder), average, path)
+        path, state = paths[0], average_checkpoints(paths)
+    elif path is not None:
         state = load_checkpoint(path)
     else:
         found = load_latest(folder)

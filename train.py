@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from attention_plot import attention_figure
 from checkpoint import (CheckpointError, RunLock, atomic_write_bytes, checkpoint_candidates, load_checkpoint,
                         load_latest, save_checkpoint)
 from config import IDENTITY_KEYS, ConfigError, parse_config, runs_dir, validate_config, weights_dir
@@ -182,6 +183,7 @@ def run_validation(model: Transformer, val_ds: BilingualDataset, val_pairs: list
         examples.append(f"SOURCE: {source}\nTARGET: {reference}\nOUTPUT: {hypothesis}")
     if examples:
         writer.add_text("val/examples", "\n\n".join(e.replace("\n", "  \n") for e in examples), global_step)
+        writer.add_figure("val/attention", attention_figure(model, tok_src, tok_tgt, sources[0]), global_step)
     print(f"step {global_step}: val loss {metrics['loss']:.3f} | BLEU {metrics['bleu']:.2f} | "
           f"chrF {metrics['chrf']:.2f} | CER {metrics['cer']:.3f} | WER {metrics['wer']:.3f} "
           f"on {len(pairs)} sentences ({scores['bleu_signature']})", flush=True)

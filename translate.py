@@ -4,7 +4,9 @@ Prints only translations on stdout, one per input; diagnostics go to stderr. Wit
 arguments it translates standard input, one sentence per line, in batches; a line that cannot be
 translated (empty, invalid UTF-8) gets an empty output line, a message naming it, and exit code 1,
 while the other lines are translated. The model is rebuilt from the config stored in the
-checkpoint: the latest good one of the configured experiment, or `--checkpoint PATH`.
+checkpoint: the latest good one of the configured experiment, or `--checkpoint PATH`, or the
+average of the newest N (`--average N`). `--plot_attention FILE.png` also saves the first
+sentence's cross-attention heatmap.
 """
 from __future__ import annotations
 
@@ -33,8 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(__doc__.splitlines()[0])
     parser.add_argument("sentences", nargs="*", help="sentences to translate; none = read standard input")
     parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint file (default: latest)")
+    parser.add_argument("--average", type=int, default=1,
+                        help="average the weights of this many newest checkpoints (ending at --checkpoint)")
+    parser.add_argument("--plot_attention", type=Path, default=None, metavar="FILE.png",
+                        help="also save the cross-attention heatmap of the first sentence to this file")
     args = parser.parse_args(argv)
     config = config_or_exit(args, parser)
+    if args.average < 1:
+        parser.error(f"--average must be at least 1, got {args.average}")
     from_stdin = not args.sentences
     inputs: list[str | None] = read_stdin_lines() if from_stdin else list(args.sentences)
     if not from_stdin:
@@ -48,11 +56,13 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.device("cuda" if torch.cuda.is_available() and config["device"] in ("auto", "cuda") else "cpu")
     try:
-        model, tok_src, tok_tgt, model_config, path = load_for_inference(args.checkpoint, weights_dir(config), device)
+        model, tok_src, tok_tgt, model_config, path = load_for_inference(args.checkpoint, weights_dir(config), device,
+                                                                         args.average)
     except CheckpointError as error:
         print(f"translate.py: error: {error}", file=sys.stderr)
         return 1
-    print(f"translate.py: using {path}", file=sys.stderr)
+    averaged = f" averaged with the {args.average - 1} before it" if args.average > 1 else ""
+    print(f"translate.py: using {path}{averaged}", file=sys.stderr)
 
     usable = [i for i, text in enumerate(inputs) if text is not None and text.strip()]
     for number, text in enumerate(inputs, start=1):
@@ -68,6 +78,14 @@ def main(argv: list[str] | None = None) -> int:
         outputs[index] = translation
     for line in outputs:
         print(line)
+    if args.plot_attention is not None and usable:
+        from attention_plot import save_attention_plot  # matplotlib is only needed here
+        try:
+            save_attention_plot(model, tok_src, tok_tgt, inputs[usable[0]].strip(), args.plot_attention)
+        except (OSError, ValueError) as error:
+            print(f"translate.py: error: cannot write {args.plot_attention}: {error}", file=sys.stderr)
+            return 1
+        print(f"translate.py: saved the attention plot to {args.plot_attention}", file=sys.stderr)
     return 0 if len(usable) == len(inputs) else 1
 
 

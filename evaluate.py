@@ -1,0 +1,124 @@
+"""Score a checkpoint on a whole split: `python evaluate.py --datasource FOLDER_OR_HUB_ID --split test`.
+
+Translates every source sentence of the split in batches (greedy, or beam search with
+--beam_size), writes the translations one per line, and prints chrF and sacreBLEU with their
+signatures against the raw references; the last line of stdout is sacreBLEU's own `BLEU = ...`.
+
+The checkpoint is found like translate.py finds it: the newest good one of the experiment that
+--datasource and the language pair name (weights/<data>_<src>-<tgt>/). To score a model on another
+data set, for example the out-of-domain ../shared/data/flores200_devtest, name the model's
+experiment with --experiment_name tatoeba_en-it, or pass --checkpoint PATH. --average N averages the
+weights of the N newest checkpoints (ending at --checkpoint when given) first.
+
+A split the source has (flores200_devtest and newstest2009 have only `test`) is used as it is; a
+validation or test split the source lacks is carved out of train exactly as training did, with the
+checkpoint's seed and fractions.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from checkpoint import CheckpointError, load_for_inference
+from config import build_parser, config_or_exit, weights_dir
+from dataset import DataError, Pair, _load_dataset_dict, load_splits, log, rows_to_pairs
+from decoding import translate_sentences
+from scoring import corpus_scores
+
+
+def load_eval_pairs(datasource: str, split: str, model_config: dict[str, Any]) -> list[Pair]:
+    """The pairs of `split` in the model's language pair; a missing validation or test split is
+    carved out of train with the model's seed and fractions, so it is the one training held out."""
+    pair = f"{model_config['lang_src']}-{model_config['lang_tgt']}"
+    dataset_dict = _load_dataset_dict(datasource, pair)
+    if split in dataset_dict and split != "train":
+        pairs = rows_to_pairs(dataset_dict[split].to_list(), model_config["lang_src"], model_config["lang_tgt"], split)
+    elif split in ("train", "validation", "test") and "train" in dataset_dict:
+        pairs = load_splits(dict(model_config, datasource=datasource))[split]
+    else:
+        raise DataError(f"{datasource!r} has no {split!r} split (found: {', '.join(dataset_dict)})")
+    if not pairs:
+        raise DataError(f"the {split!r} split of {datasource!r} has no usable {pair} pairs")
+    return pairs
+
+
+def default_output(config: dict[str, Any], checkpoint: Path, average: int, split: str) -> Path:
+    """runs/<the checkpoint's experiment>/<data>.<split>.<checkpoint>[.avgN].beamK.<tgt>"""
+    data = re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.basename(os.path.normpath(config["datasource"]))) or "data"
+    name = f"{data}.{split}.{checkpoint.stem}{f'.avg{average}' if average > 1 else ''}" \
+           f".beam{config['beam_size']}.{config['lang_tgt']}"
+    return Path(config["runs_folder"]) / checkpoint.parent.name / name
+
+
+def build_evaluate_parser() -> argparse.ArgumentParser:
+    parser = build_parser(__doc__.splitlines()[0])
+    parser.epilog = ("The model is the newest good checkpoint in <model_folder>/<experiment>, the experiment being "
+                     "derived from --datasource and the language pair (tatoeba_en-it for ../shared/data/tatoeba). "
+                     "To score it on another data set, name its experiment or its file: python evaluate.py "
+                     "--datasource ../shared/data/flores200_devtest --split test --experiment_name tatoeba_en-it "
+                     "--beam_size 5 (or --checkpoint weights/tatoeba_en-it/ckpt_00001234.pt).")
+    parser.add_argument("--split", default="test", help="split to translate and score")
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="checkpoint file; if not given, the newest good one of the experiment (see below)")
+    parser.add_argument("--average", type=int, default=1,
+                        help="average the weights of this many newest checkpoints (ending at --checkpoint)")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="file for the translations; if not given, <runs_folder>/<the checkpoint's experiment>/"
+                             "<data>.<split>.<checkpoint>[.avgN].beam<K>.<lang_tgt>")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_evaluate_parser()
+    args = parser.parse_args(argv)
+    config = config_or_exit(args, parser)
+    if args.average < 1:
+        parser.error(f"--average must be at least 1, got {args.average}")
+    device = torch.device("cuda" if torch.cuda.is_available() and config["device"] in ("auto", "cuda") else "cpu")
+    try:
+        model, tok_src, tok_tgt, model_config, path = load_for_inference(args.checkpoint, weights_dir(config), device,
+                                                                         args.average)
+        for key in ("lang_src", "lang_tgt"):
+            if getattr(args, key) is not None and getattr(args, key) != model_config[key]:
+                raise DataError(f"--{key} {getattr(args, key)} does not match the checkpoint's {model_config[key]}")
+        pairs = load_eval_pairs(config["datasource"], args.split, model_config)
+    except (CheckpointError, DataError) as error:
+        print(f"evaluate.py: error: {error}", file=sys.stderr)
+        return 1
+    averaged = f" (average of {args.average} ending here)" if args.average > 1 else ""
+    log(f"evaluate.py: {path}{averaged}: translating {len(pairs)} sentences of {config['datasource']} "
+        f"{args.split} with beam size {config['beam_size']}")
+
+    sources, references = [p[0] for p in pairs], [p[1] for p in pairs]
+    translations = translate_sentences(model, tok_src, tok_tgt, sources, model_config["seq_len"],
+                                       config["eval_batch_size"], config["beam_size"], config["length_penalty"])
+    # One line per sentence in the file, and the scores are of exactly what the file holds.
+    hypotheses = [t.replace("\n", " ") for t in translations]
+    output = args.output or default_output(dict(config, lang_tgt=model_config["lang_tgt"]), path, args.average,
+                                           args.split)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    except OSError as error:
+        print(f"evaluate.py: error: cannot write {output}: {error.strerror or error}", file=sys.stderr)
+        return 1
+    log(f"evaluate.py: wrote {len(hypotheses)} translations to {output}")
+
+    scores = corpus_scores(hypotheses, references)
+    print(f"checkpoint: {path}{averaged}")
+    print(f"data: {config['datasource']} {args.split}, {len(pairs)} sentences, beam size {config['beam_size']}, "
+          f"length penalty {config['length_penalty']}")
+    print(f"chrF2 = {scores['chrf']:.2f} ({scores['chrf_signature']})")
+    print(f"BLEU signature: {scores['bleu_signature']}")
+    print(scores["bleu_text"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
