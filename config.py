@@ -135,8 +135,9 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def build_parser(description: str) -> argparse.ArgumentParser:
     """A parser with --preset and one --key option per config key, typed from the default."""
-    parser = _OneLineParser(description=description, allow_abbrev=False,
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # No ArgumentDefaultsHelpFormatter: the argparse default of every key is None (meaning "not
+    # given"), so it would print "(default: None)" beside the real default in each help line.
+    parser = _OneLineParser(description=description, allow_abbrev=False)
     parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
                         help="named size preset, applied before the --key overrides")
     for key, default in get_config().items():

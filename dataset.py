@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -65,11 +66,14 @@ def _load_dataset_dict(datasource: str, pair: str):
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # failures are reported by us, in one line
     datasets.disable_progress_bars()
     try:
-        # A local folder is read afresh every time: the library's cache can serve another folder of
-        # the same name, or a file's previous contents.
+        # A local folder is read afresh every time, through a throwaway cache: the library keys its
+        # cache by folder name and file layout, so it can serve another folder of the same name or a
+        # file's previous contents, and even a forced re-read casts the rows to the stale entry's
+        # column types (turning every sentence into a quoted JSON string when the types changed).
         if local:
-            return datasets.load_dataset(datasource, pair, download_mode=datasets.DownloadMode.FORCE_REDOWNLOAD,
-                                         verification_mode=datasets.VerificationMode.NO_CHECKS)
+            with tempfile.TemporaryDirectory(prefix="datasets-") as cache:
+                return datasets.load_dataset(datasource, pair, cache_dir=cache, keep_in_memory=True,
+                                             verification_mode=datasets.VerificationMode.NO_CHECKS)
         return datasets.load_dataset(datasource, pair)
     except ValueError as error:
         if "BuilderConfig" in str(error) or "not found" in str(error).lower():
@@ -77,8 +81,8 @@ def _load_dataset_dict(datasource: str, pair: str):
             raise DataError(f"{datasource!r} has no {pair} language pair (available: {available})") from None
         raise DataError(f"cannot load {datasource!r} ({pair}): {error}") from None
     except datasets.exceptions.DatasetGenerationError as error:
-        raise DataError(f"cannot read {datasource!r} ({pair}): {_first_bad_json_line(datasource) or error.__cause__}") \
-            from None
+        detail = _first_bad_json_line(datasource) or str(error.__cause__ or error).strip().splitlines()[0]
+        raise DataError(f"cannot read {datasource!r} ({pair}): {detail}") from None
     except (ConnectionError, OSError, datasets.exceptions.DatasetNotFoundError) as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise DataError(f"cannot load {datasource!r} ({pair}): {first_line}; for a local folder in Hub layout "

@@ -1,0 +1,229 @@
+"""Fixtures shared by the test modules: the project on sys.path, a CLI runner, a toy translator
+trained in seconds, and one tiny end-to-end training run that is resumed once (shared because
+training is the slow part of the suite)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import random
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+# Plain `pytest` (not only `python -m pytest`) must import the project's flat modules.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from config import parse_config, runs_dir, weights_dir  # noqa: E402  (needs the sys.path entry above)
+from checkpoint import MANIFEST, load_checkpoint  # noqa: E402
+from model import Transformer, build_transformer, causal_mask  # noqa: E402
+from synthetic_data import synthetic_pairs, write_hub_dataset  # noqa: E402
+from tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_ids, train_tokenizer  # noqa: E402
+
+
+# ---------------------------------------------------------------------------- command line
+
+@pytest.fixture(scope="session")
+def cli() -> Callable[..., subprocess.CompletedProcess]:
+    """Run `python SCRIPT ARGS...` from the project root, as a user would; text in and out
+    (stdin may be bytes for invalid UTF-8)."""
+
+    def run(script: str, *args: str, stdin: str | bytes | None = None, env: dict[str, str] | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess:
+        binary = isinstance(stdin, bytes)
+        result = subprocess.run([sys.executable, script, *args], cwd=ROOT, input=stdin, capture_output=True,
+                                text=not binary, timeout=timeout, env=env)
+        if binary:
+            result.stdout = result.stdout.decode("utf-8")
+            result.stderr = result.stderr.decode("utf-8")
+        return result
+
+    return run
+
+
+def save_as_if_from(location: str, obj: Any, path: Path) -> None:
+    """torch.save `obj` with every storage recorded as living on `location` (e.g. "cuda:0"),
+    byte for byte what a save on that device writes: this machine has no GPU to save from."""
+    registry = torch.serialization._package_registry
+
+    def tag(storage: Any) -> str:
+        return location
+
+    def deserialize(storage: Any, where: str) -> None:
+        return None  # let the real deserializers (or map_location) handle loading
+
+    torch.serialization.register_package(0, tag, deserialize)
+    try:
+        torch.save(obj, path)
+    finally:
+        registry[:] = [entry for entry in registry if entry[1] is not tag]
+
+
+@pytest.fixture(scope="session")
+def save_as_if_from_cuda() -> Callable[[Any, Path], None]:
+    return lambda obj, path: save_as_if_from("cuda:0", obj, path)
+
+
+# ---------------------------------------------------------------------------- toy translator
+
+TOY_SOURCE = ("one", "two", "three", "four", "five", "six", "seven", "eight")
+TOY_TARGET = ("uno", "due", "tre", "quattro", "cinque", "sei", "sette", "otto")
+
+
+@dataclass
+class Toy:
+    """A tiny model that learned to translate number words and reverse their order."""
+
+    model: Transformer
+    tok_src: Any
+    tok_tgt: Any
+    seq_len: int
+    train_pairs: list[tuple[str, str]]
+    first_loss: float
+    last_loss: float
+
+    @staticmethod
+    def pairs(count: int, seed: int, min_words: int = 3, max_words: int = 8) -> list[tuple[str, str]]:
+        """"one two three." -> "tre due uno.": a word mapping plus a reversal, which needs attention
+        to positions, not just a position-wise copy."""
+        rng = random.Random(seed)
+        pairs = []
+        for _ in range(count):
+            words = [rng.randrange(len(TOY_SOURCE)) for _ in range(rng.randint(min_words, max_words))]
+            pairs.append((" ".join(TOY_SOURCE[w] for w in words) + ".",
+                          " ".join(TOY_TARGET[w] for w in reversed(words)) + "."))
+        return pairs
+
+    def batch(self, pairs: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
+        """A teacher-forcing batch built directly from token ids (independent of dataset.py)."""
+        sources = [[SOS_ID, *encode_ids(self.tok_src, s), EOS_ID] for s, _ in pairs]
+        targets = [encode_ids(self.tok_tgt, t) for _, t in pairs]
+        src_len, tgt_len = max(map(len, sources)), max(len(t) + 1 for t in targets)
+        src = torch.full((len(pairs), src_len), PAD_ID)
+        decoder_input = torch.full((len(pairs), tgt_len), PAD_ID)
+        label = torch.full((len(pairs), tgt_len), PAD_ID)
+        for row, (s, t) in enumerate(zip(sources, targets)):
+            src[row, :len(s)] = torch.tensor(s)
+            decoder_input[row, :len(t) + 1] = torch.tensor([SOS_ID, *t])
+            label[row, :len(t) + 1] = torch.tensor([*t, EOS_ID])
+        return {"src": src, "decoder_input": decoder_input, "label": label,
+                "src_mask": (src != PAD_ID)[:, None, None, :],
+                "tgt_mask": (decoder_input != PAD_ID)[:, None, None, :] & causal_mask(tgt_len)[None]}
+
+
+@pytest.fixture(scope="session")
+def toy_translator() -> Toy:
+    """Train a 1-layer, d_model 32 model on the toy pair for 600 steps (about 8 s on 2 cores)."""
+    from train import loss_sum
+
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    train_pairs = Toy.pairs(2000, seed=1)
+    tok_src = train_tokenizer([s for s, _ in train_pairs], "wordlevel", 100, 1)
+    tok_tgt = train_tokenizer([t for _, t in train_pairs], "wordlevel", 100, 1)
+    seq_len = 20
+    model = build_transformer(tok_src.get_vocab_size(), tok_tgt.get_vocab_size(), seq_len, seq_len, d_model=32,
+                              N=1, h=2, dropout=0.0, d_ff=64)
+    toy = Toy(model, tok_src, tok_tgt, seq_len, train_pairs, 0.0, 0.0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
+    losses = []
+    model.train()
+    for _ in range(600):
+        batch = toy.batch(rng.sample(train_pairs, 64))
+        logits = model(batch["src"], batch["decoder_input"], batch["src_mask"], batch["tgt_mask"])
+        loss = loss_sum(logits, batch["label"], 0.0) / (batch["label"] != PAD_ID).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    toy.first_loss, toy.last_loss = losses[0], sum(losses[-20:]) / 20
+    return toy
+
+
+# ---------------------------------------------------------------------------- end-to-end run
+
+# Rows a real corpus contains and the loader must skip: an empty side and a missing one.
+BAD_TRAIN_ROWS = [{"id": "bad-1", "translation": {"en": "", "it": "Vuoto."}},
+                  {"id": "bad-2", "translation": {"en": "The cat.", "it": None}}]
+
+
+@dataclass
+class Run:
+    """Output of one in-process train.main call."""
+
+    code: int
+    stdout: str
+    stderr: str
+
+
+@dataclass
+class TrainedRun:
+    """A tiny training run stopped mid-epoch at FIRST_MAX_STEPS, then resumed to SECOND_MAX_STEPS."""
+
+    FIRST_MAX_STEPS: ClassVar[int] = 5
+    SECOND_MAX_STEPS: ClassVar[int] = 60
+    datasource: Path
+    model_folder: Path
+    args: list[str]  # the options both runs share
+    first: Run
+    second: Run
+    first_state: dict[str, Any]
+    first_manifest: dict[str, Any]
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return parse_config(self.args)
+
+    @property
+    def folder(self) -> Path:
+        """weights/<experiment>: checkpoints, tokenizers, config.json."""
+        return weights_dir(self.config)
+
+    @property
+    def runs(self) -> Path:
+        """runs/<experiment>: the TensorBoard event files."""
+        return runs_dir(self.config)
+
+    def latest(self) -> tuple[Path, dict[str, Any]]:
+        manifest = json.loads((self.folder / MANIFEST).read_text())
+        path = self.folder / manifest["latest"]
+        return path, load_checkpoint(path)
+
+
+def train_in_process(argv: list[str]) -> Run:
+    import train
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = train.main(argv)
+    return Run(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
+    root = tmp_path_factory.mktemp("e2e")
+    data = write_hub_dataset(root / "data", {"train": synthetic_pairs(200, 1) + BAD_TRAIN_ROWS,
+                                             "validation": synthetic_pairs(16, 2),
+                                             "test": synthetic_pairs(16, 3)})
+    model_folder, runs_folder = root / "weights", root / "runs"
+    # lr 1e-2: validation BLEU is well above 0 after 60 steps (about 1.5 s), so comparing the
+    # pipeline's BLEU with sacrebleu's is not a comparison of two zeros.
+    args = ["--datasource", str(data), "--preset", "tiny", "--batch_tokens", "256", "--lr", "1e-2",
+            "--num_epochs", "100", "--log_every", "2", "--model_folder", str(model_folder),
+            "--runs_folder", str(runs_folder)]
+    first = train_in_process(args + ["--max_steps", str(TrainedRun.FIRST_MAX_STEPS)])
+    assert first.code == 0, first.stderr
+    run = TrainedRun(data, model_folder, args, first, Run(-1, "", ""), {}, {})
+    _, run.first_state = run.latest()
+    run.first_manifest = json.loads((run.folder / MANIFEST).read_text())
+    run.second = train_in_process(args + ["--max_steps", str(TrainedRun.SECOND_MAX_STEPS)])
+    assert run.second.code == 0, run.second.stderr
+    return run

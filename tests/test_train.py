@@ -1,0 +1,234 @@
+"""train.py end to end on a tiny Hub-layout corpus written by the tests: train, checkpoint,
+resume where it stopped, log to TensorBoard, score like sacrebleu, translate; and the refusals
+(another architecture, --preload none over checkpoints, an unreachable Hub)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import sacrebleu
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+from torch.utils.tensorboard import SummaryWriter
+
+import dataset
+import train
+from checkpoint import MANIFEST, checkpoint_name, load_for_inference
+from config import validate_config
+from dataset import BilingualDataset, load_splits
+from decoding import translate_sentences
+from scoring import corpus_scores
+from tokenizer import PAD_ID
+
+SCALARS = {"train/loss", "train/lr", "train/tokens_per_second", "val/loss", "val/bleu", "val/chrf", "val/cer",
+           "val/wer"}
+
+
+def steps_per_epoch(stderr: str) -> int:
+    return int(re.search(r"(\d+) steps per epoch", stderr).group(1))
+
+
+def error_lines(stderr: str) -> list[str]:
+    return stderr.strip().splitlines()
+
+
+def test_first_run_stops_at_max_steps_with_a_checkpoint(trained_run) -> None:
+    run = trained_run
+    state = run.first_state
+    assert state["global_step"] == run.FIRST_MAX_STEPS
+    assert run.first_manifest["latest"] == checkpoint_name(run.FIRST_MAX_STEPS)
+    assert 0 < state["step_in_epoch"] < steps_per_epoch(run.first.stderr), "premise: the run stopped mid-epoch"
+    assert f"reached --max_steps {run.FIRST_MAX_STEPS}" in run.first.stderr
+    assert "train: skipped 2 of 202 rows" in run.first.stderr
+    # everything a resume needs, as plain data
+    assert {"model", "optimizer", "scheduler", "epoch", "step_in_epoch", "global_step", "config", "tokenizers",
+            "rng", "metrics"} <= set(state)
+    config = dict(state["config"])
+    validate_config(config)
+    assert config == {**run.config, "max_steps": run.FIRST_MAX_STEPS}
+    # tokenizers and the resolved config sit beside the checkpoints
+    assert json.loads((run.folder / "config.json").read_text())["max_steps"] == run.SECOND_MAX_STEPS
+    assert (run.folder / "tokenizer_en.json").read_text() == state["tokenizers"]["src"]
+    assert (run.folder / "tokenizer_it.json").read_text() == state["tokenizers"]["tgt"]
+    assert set(state["metrics"]) == {"loss", "bleu", "chrf", "cer", "wer"}  # validated before saving
+
+
+def test_resume_continues_the_global_step_schedule_and_epoch(trained_run) -> None:
+    run = trained_run
+    path, state = run.latest()
+    assert path.name == checkpoint_name(run.SECOND_MAX_STEPS)
+    assert state["global_step"] == run.SECOND_MAX_STEPS
+    first = run.first_state
+    assert (f"resuming from {run.folder / checkpoint_name(run.FIRST_MAX_STEPS)} (epoch {first['epoch']}, "
+            f"step {run.FIRST_MAX_STEPS})") in run.second.stderr
+    per_epoch = steps_per_epoch(run.second.stderr)
+    assert per_epoch == steps_per_epoch(run.first.stderr)
+    # the resumed run finished the interrupted epoch instead of starting a new one
+    assert state["epoch"] * per_epoch + state["step_in_epoch"] == run.SECOND_MAX_STEPS
+    assert state["scheduler"]["last_epoch"] == run.SECOND_MAX_STEPS
+    assert {int(s["step"]) for s in state["optimizer"]["state"].values()} == {run.SECOND_MAX_STEPS}
+    assert state["tokenizers"] == first["tokenizers"]
+    assert len(list(run.folder.glob("ckpt_*.pt"))) <= run.config["keep_checkpoints"] + 1
+
+
+def test_tensorboard_holds_every_scalar_and_no_step_twice(trained_run) -> None:
+    run = trained_run
+    events = EventAccumulator(str(run.runs), size_guidance={"scalars": 0})
+    events.Reload()
+    assert SCALARS <= set(events.Tags()["scalars"])
+    assert "val/examples/text_summary" in events.Tags()["tensors"]
+
+    files = sorted(run.runs.glob("events.out.tfevents.*"))
+    assert len(files) == 2  # one per run
+    steps: dict[str, list[int]] = defaultdict(list)
+    for file in files:
+        for event in EventFileLoader(str(file)).Load():
+            for value in event.summary.value:
+                steps[value.tag].append(event.step)
+    for tag, logged in steps.items():
+        assert len(logged) == len(set(logged)), f"{tag} logged twice at one step"
+    assert sorted(steps["train/loss"]) == list(range(2, run.SECOND_MAX_STEPS + 1, 2))  # log_every 2, both runs
+    assert {run.FIRST_MAX_STEPS, run.SECOND_MAX_STEPS} <= set(steps["val/bleu"])
+    losses = [e.value for e in events.Scalars("train/loss")]
+    assert losses[-1] < losses[0]  # it trains
+
+
+def test_pipeline_bleu_equals_sacrebleu_on_its_own_outputs(trained_run) -> None:
+    run = trained_run
+    path, state = run.latest()
+    model, tok_src, tok_tgt, config, _ = load_for_inference(path, run.folder, torch.device("cpu"))
+    validation = load_splits(config)["validation"]
+    sources, references = [s for s, _ in validation], [t for _, t in validation]
+    hypotheses = translate_sentences(model, tok_src, tok_tgt, sources, config["seq_len"], config["eval_batch_size"],
+                                     config["val_beam_size"], config["length_penalty"])
+    # these are the outputs the run produced: its last printed examples
+    printed = [line[len("OUTPUT: "):] for line in run.second.stdout.splitlines() if line.startswith("OUTPUT: ")]
+    assert printed[-config["num_examples"]:] == hypotheses[:config["num_examples"]]
+    assert state["metrics"]["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references]).score > 5  # it learned
+    assert state["metrics"]["chrf"] == sacrebleu.corpus_chrf(hypotheses, [references]).score
+    events = EventAccumulator(str(run.runs), size_guidance={"scalars": 0})
+    events.Reload()
+    logged = {e.step: e.value for e in events.Scalars("val/bleu")}
+    assert logged[run.SECOND_MAX_STEPS] == pytest.approx(state["metrics"]["bleu"], rel=1e-6, abs=1e-6)
+
+
+def test_validation_scores_raw_text_and_teacher_forced_loss(trained_run, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    """With known hypotheses (some right, some not), the pipeline's numbers equal sacrebleu's on
+    the raw references, and its loss equals the per-sentence cross-entropy."""
+    run = trained_run
+    path, _ = run.latest()
+    model, tok_src, tok_tgt, config, _ = load_for_inference(path, run.folder, torch.device("cpu"))
+    pairs = load_splits(config)["validation"]
+    references = [t for _, t in pairs]
+    hypotheses = [ref if i % 3 == 0 else " ".join(ref.split()[:-1]) + "." if i % 3 == 1 else "Il gatto."
+                  for i, ref in enumerate(references)]
+    seen_sources = []
+
+    def fixed_translations(model, tok_src, tok_tgt, sentences, *args):
+        seen_sources.extend(sentences)
+        return hypotheses[:len(sentences)]
+
+    monkeypatch.setattr(train, "translate_sentences", fixed_translations)
+    val_ds = BilingualDataset(pairs, tok_src, tok_tgt, config["seq_len"], "validation")
+    writer = SummaryWriter(str(tmp_path))
+    metrics = train.run_validation(model, val_ds, pairs, tok_src, tok_tgt, config, torch.device("cpu"), writer, 77)
+    writer.close()
+    assert seen_sources == [s for s, _ in pairs]
+    expected = corpus_scores(hypotheses, references)
+    assert metrics["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references]).score
+    assert 0 < metrics["bleu"] < 100
+    assert metrics["chrf"] == sacrebleu.corpus_chrf(hypotheses, [references]).score
+    assert (metrics["cer"], metrics["wer"]) == (expected["cer"], expected["wer"])
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    for name, value in metrics.items():
+        [logged] = events.Scalars(f"val/{name}")
+        assert logged.step == 77 and logged.value == pytest.approx(value, rel=1e-6, abs=1e-7)
+    assert [e.step for e in events.Tensors("val/examples/text_summary")] == [77]
+    assert f"BLEU {metrics['bleu']:.2f}" in capsys.readouterr().out
+
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for index in range(len(val_ds)):
+            batch = val_ds.collate([index])
+            logits = model(batch["encoder_input"], batch["decoder_input"], batch["src_mask"], batch["tgt_mask"])
+            total += float(train.loss_sum(logits, batch["label"], 0.0))
+            tokens += int((batch["label"] != PAD_ID).sum())
+    assert metrics["loss"] == pytest.approx(total / tokens, rel=1e-4)
+
+
+def test_translate_prints_the_translation_on_stdout(trained_run, cli) -> None:
+    run = trained_run
+    result = cli("translate.py", "--datasource", str(run.datasource), "--model_folder", str(run.model_folder),
+                 "The cat sees the dog.")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].strip()
+    assert checkpoint_name(run.SECOND_MAX_STEPS) in result.stderr
+    model, tok_src, tok_tgt, config, _ = load_for_inference(None, run.folder, torch.device("cpu"))
+    assert lines[0] == translate_sentences(model, tok_src, tok_tgt, ["The cat sees the dog."], config["seq_len"])[0]
+
+
+@pytest.mark.parametrize("change, key", [(["--d_model", "64"], "d_model"), (["--num_layers", "2"], "num_layers"),
+                                         (["--min_frequency", "3"], "min_frequency"), (["--seed", "7"], "seed")])
+def test_resume_with_another_model_or_vocabulary_is_refused(trained_run, capsys: pytest.CaptureFixture,
+                                                            change: list[str], key: str) -> None:
+    run = trained_run
+    manifest = (run.folder / MANIFEST).read_text()
+    code = train.main(run.args + ["--max_steps", str(run.SECOND_MAX_STEPS + 10)] + change)
+    assert code == 2
+    lines = error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and f"--{key}" in lines[0] and checkpoint_name(run.SECOND_MAX_STEPS) in lines[0]
+    assert (run.folder / MANIFEST).read_text() == manifest
+
+
+def test_preload_none_over_existing_checkpoints_is_refused(trained_run, capsys: pytest.CaptureFixture) -> None:
+    run = trained_run
+    code = train.main(run.args + ["--max_steps", str(run.SECOND_MAX_STEPS + 10), "--preload", "none"])
+    assert code == 2
+    lines = error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and "already holds checkpoints" in lines[0] and "--preload latest" in lines[0]
+    assert run.latest()[1]["global_step"] == run.SECOND_MAX_STEPS
+
+
+def test_finished_run_is_not_trained_again(trained_run, capsys: pytest.CaptureFixture) -> None:
+    run = trained_run
+    before = sorted(p.name for p in run.folder.glob("ckpt_*.pt"))
+    assert train.main(run.args + ["--max_steps", str(run.SECOND_MAX_STEPS)]) == 0
+    assert f"already trained {run.SECOND_MAX_STEPS} steps" in capsys.readouterr().err
+    assert sorted(p.name for p in run.folder.glob("ckpt_*.pt")) == before
+
+
+def test_unreachable_hub_is_one_line_without_hanging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setattr(dataset, "_hub_reachable", lambda timeout=5.0: False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    started = time.monotonic()
+    code = train.main(["--preset", "tiny", "--model_folder", str(tmp_path / "w"), "--runs_folder",
+                       str(tmp_path / "r")])  # the default datasource: the Hub's opus_books
+    assert code == 1 and time.monotonic() - started < 10
+    lines = error_lines(capsys.readouterr().err)
+    assert len(lines) == 1
+    assert "cannot reach the Hugging Face Hub" in lines[0] and "--datasource ../shared/data/tatoeba" in lines[0]
+
+
+def test_unreachable_hub_from_the_command_line(tmp_path: Path, cli) -> None:
+    """The real probe, pointed at a local port nobody listens on (no network needed)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env["HF_ENDPOINT"] = f"http://127.0.0.1:{port}"
+    result = cli("train.py", "--preset", "tiny", "--model_folder", str(tmp_path / "w"), "--runs_folder",
+                 str(tmp_path / "r"), env=env, timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and "Helsinki-NLP/opus_books" in lines[0] and "--datasource" in lines[0]

@@ -1,0 +1,96 @@
+"""translate.py: translations alone on stdout, one clear line for bad input, batch mode from
+stdin that survives bad lines, and --checkpoint PATH (here a checkpoint written on a GPU)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import translate
+from checkpoint import load_for_inference
+from decoding import translate_sentences
+
+FIRST, SECOND = "The cat sees the dog.", "The dog eats the bread."
+
+
+@pytest.fixture(scope="module")
+def expected(trained_run) -> dict[str, str]:
+    """What the trained run's latest checkpoint makes of a few sentences."""
+    model, tok_src, tok_tgt, config, _ = load_for_inference(None, trained_run.folder, torch.device("cpu"))
+    return dict(zip([FIRST, SECOND], translate_sentences(model, tok_src, tok_tgt, [FIRST, SECOND], config["seq_len"])))
+
+
+def experiment(run) -> list[str]:
+    return ["--datasource", str(run.datasource), "--model_folder", str(run.model_folder)]
+
+
+def run_main(capsys: pytest.CaptureFixture, argv: list[str]) -> tuple[int, list[str], list[str]]:
+    try:
+        code = translate.main(argv)
+    except SystemExit as stop:  # argparse errors
+        code = stop.code
+    captured = capsys.readouterr()
+    return code, captured.out.splitlines(), captured.err.strip().splitlines()
+
+
+def test_sentences_as_arguments(trained_run, expected: dict[str, str], capsys: pytest.CaptureFixture) -> None:
+    code, out, err = run_main(capsys, experiment(trained_run) + [FIRST, SECOND])
+    assert code == 0
+    assert out == [expected[FIRST], expected[SECOND]]
+    assert len(err) == 1 and err[0].startswith("translate.py: using ")
+
+
+def test_missing_checkpoint_is_one_line(tmp_path: Path, trained_run, capsys: pytest.CaptureFixture) -> None:
+    code, out, err = run_main(capsys, ["--datasource", str(trained_run.datasource), "--model_folder",
+                                       str(tmp_path / "empty"), FIRST])
+    assert code == 1 and out == []
+    assert len(err) == 1 and "no usable checkpoint" in err[0] and "--checkpoint" in err[0]
+    code, out, err = run_main(capsys, ["--checkpoint", str(tmp_path / "nope.pt"), FIRST])
+    assert code == 1 and out == [] and len(err) == 1 and "nope.pt does not exist" in err[0]
+
+
+@pytest.mark.parametrize("sentences", [[""], ["   "], [FIRST, ""]])
+def test_empty_sentence_is_one_line(trained_run, capsys: pytest.CaptureFixture, sentences: list[str]) -> None:
+    code, out, err = run_main(capsys, experiment(trained_run) + sentences)
+    assert code == 2 and out == []
+    assert len(err) == 1 and f"sentence {len(sentences)} is empty" in err[0]
+
+
+def test_bad_option_is_one_line(trained_run, capsys: pytest.CaptureFixture) -> None:
+    code, out, err = run_main(capsys, experiment(trained_run) + ["--beam_size", "0", FIRST])
+    assert code == 2 and out == [] and len(err) == 1 and "--beam_size" in err[0]
+
+
+def test_too_long_sentence_is_truncated_with_a_warning(trained_run, capsys: pytest.CaptureFixture) -> None:
+    long_sentence = " ".join(["the big black cat sees the small white dog"] * 20) + "."
+    code, out, err = run_main(capsys, experiment(trained_run) + [long_sentence])
+    assert code == 0 and len(out) == 1
+    assert any("warning: truncated 1 source sentence" in line for line in err)
+
+
+def test_stdin_batch_mode_translates_the_good_lines(trained_run, expected: dict[str, str], cli) -> None:
+    stdin = f"{FIRST}\n\n".encode() + b"caf\xe9 latte\n" + f"{SECOND}\n".encode()
+    result = cli("translate.py", *experiment(trained_run), stdin=stdin)
+    assert result.returncode == 1  # some lines could not be translated
+    assert "Traceback" not in result.stderr
+    # one output line per input line, so outputs stay aligned with inputs
+    assert result.stdout.split("\n") == [expected[FIRST], "", "", expected[SECOND], ""]
+    assert "line 2: empty" in result.stderr and "line 3: not valid UTF-8" in result.stderr
+
+
+def test_checkpoint_path_written_on_a_gpu(trained_run, expected: dict[str, str], tmp_path: Path,
+                                          save_as_if_from_cuda, capsys: pytest.CaptureFixture) -> None:
+    """--checkpoint with a file outside any experiment folder (no manifest), whose tensors are
+    recorded as cuda:0: the model is rebuilt from the config inside it, on the CPU."""
+    latest, state = trained_run.latest()
+    moved = tmp_path / "elsewhere" / "from_gpu.pt"
+    moved.parent.mkdir()
+    save_as_if_from_cuda(state, moved)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA"):
+            torch.load(moved, weights_only=True)
+    # no --datasource/--model_folder: the checkpoint alone defines the model and tokenizers
+    code, out, err = run_main(capsys, ["--checkpoint", str(moved), FIRST])
+    assert code == 0 and out == [expected[FIRST]]
+    assert err == [f"translate.py: using {moved}"]
