@@ -63,11 +63,12 @@ def build_evaluate_parser() -> argparse.ArgumentParser:
                      "To score it on another data set, name its experiment or its file: python evaluate.py "
                      "--datasource ../shared/data/flores200_devtest --split test --experiment_name tatoeba_en-it "
                      "--beam_size 5 (or --checkpoint weights/tatoeba_en-it/ckpt_00001234.pt).")
-    parser.add_argument("--split", default="test", help="split to translate and score")
+    parser.add_argument("--split", default="test", help="split to translate and score (default: test)")
     parser.add_argument("--checkpoint", type=Path, default=None,
                         help="checkpoint file; if not given, the newest good one of the experiment (see below)")
     parser.add_argument("--average", type=int, default=1,
-                        help="average the weights of this many newest checkpoints (ending at --checkpoint)")
+                        help="average the weights of this many newest checkpoints, ending at --checkpoint "
+                             "(default: 1, no averaging)")
     parser.add_argument("--output", type=Path, default=None,
                         help="file for the translations; if not given, <runs_folder>/<the checkpoint's experiment>/"
                              "<data>.<split>.<checkpoint>[.avgN].beam<K>.<lang_tgt>")

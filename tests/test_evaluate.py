@@ -1,0 +1,90 @@
+"""evaluate.py end to end: a tiny model trained here, scored on its own test split and on an
+evaluation-only data set, with the printed BLEU checked against sacrebleu on the written file."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sacrebleu
+
+import evaluate
+import train
+from synthetic_data import synthetic_pairs, tiny_corpus, write_hub_dataset
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("evaluate")
+    data = tiny_corpus(root / "toy", train=300, validation=20, test=40)
+    weights, runs = root / "weights", root / "runs"
+    code = train.main(["--datasource", str(data), "--preset", "tiny", "--tokenizer_type", "bpe", "--vocab_size", "80",
+                       "--joint_vocab", "true", "--tie_embeddings", "true", "--d_model", "48", "--d_ff", "96",
+                       "--num_epochs", "25", "--lr", "1e-2", "--model_folder", str(weights), "--runs_folder", str(runs),
+                       "--keep_checkpoints", "6", "--val_max_sentences", "5", "--num_examples", "0"])
+    assert code == 0
+    return {"data": data, "weights": weights, "runs": runs, "root": root}
+
+
+def run_evaluate(capsys, *argv: str) -> tuple[int, list[str], str]:
+    code = evaluate.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out.splitlines(), captured.err
+
+
+def references(folder: Path, split: str) -> list[str]:
+    import datasets
+    return [row["translation"]["it"] for row in datasets.load_dataset(str(folder), "en-it", split=split)]
+
+
+def test_bleu_equals_sacrebleu_on_the_written_hypotheses(trained, capsys, tmp_path) -> None:
+    output = tmp_path / "hyps.txt"
+    code, out, err = run_evaluate(capsys, "--datasource", str(trained["data"]), "--model_folder",
+                                  str(trained["weights"]), "--split", "test", "--beam_size", "3", "--output", str(output))
+    assert code == 0, err
+    hypotheses = output.read_text(encoding="utf-8").splitlines()
+    refs = references(trained["data"], "test")
+    assert len(hypotheses) == len(refs) == 40
+    expected = sacrebleu.corpus_bleu(hypotheses, [refs])
+    assert out[-1] == str(expected) and out[-1].startswith("BLEU = ")
+    assert expected.score > 5, "the toy model should have learnt some of its word-for-word dictionary"
+    chrf = sacrebleu.corpus_chrf(hypotheses, [refs])
+    assert f"chrF2 = {chrf.score:.2f}" in "\n".join(out)
+    assert any(line.startswith("BLEU signature: nrefs:1|case:mixed|eff:no|tok:13a") for line in out)
+
+
+def test_default_output_and_averaging(trained, capsys) -> None:
+    code, out, err = run_evaluate(capsys, "--datasource", str(trained["data"]), "--model_folder",
+                                  str(trained["weights"]), "--runs_folder", str(trained["runs"]),
+                                  "--split", "validation", "--average", "3")
+    assert code == 0, err
+    written = sorted((trained["runs"] / "toy_en-it").glob("toy.validation.ckpt_*.avg3.beam1.it"))
+    assert len(written) == 1 and str(written[0]) in err
+    assert out[-1] == str(sacrebleu.corpus_bleu(written[0].read_text(encoding="utf-8").splitlines(),
+                                                [references(trained["data"], "validation")]))
+    assert "average of 3" in out[0]
+
+
+def test_scores_an_evaluation_only_set_with_another_experiments_model(trained, capsys, tmp_path) -> None:
+    other = write_hub_dataset(tmp_path / "outside", {"test": synthetic_pairs(15, seed=9)})
+    output = tmp_path / "outside.txt"
+    code, out, err = run_evaluate(capsys, "--datasource", str(other), "--model_folder", str(trained["weights"]),
+                                  "--experiment_name", "toy_en-it", "--output", str(output))
+    assert code == 0, err
+    hypotheses = output.read_text(encoding="utf-8").splitlines()
+    assert out[-1] == str(sacrebleu.corpus_bleu(hypotheses, [references(other, "test")]))
+    # Without naming the model's experiment there is no model for this data set: one clear line.
+    code, out, err = run_evaluate(capsys, "--datasource", str(other), "--model_folder", str(trained["weights"]))
+    assert code == 1 and out == [] and err.count("\n") == 1 and "no usable checkpoint" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--split", "dev"], "has no 'dev' split"),
+    (["--average", "9"], "cannot average 9 checkpoints"),
+    (["--checkpoint", "missing.pt"], "does not exist"),
+    (["--lang_tgt", "fr"], "does not match"),
+])
+def test_bad_input_gives_one_line(trained, capsys, argv, message) -> None:
+    code, out, err = run_evaluate(capsys, "--datasource", str(trained["data"]), "--model_folder",
+                                  str(trained["weights"]), "--experiment_name", "toy_en-it", *argv)
+    assert code == 1 and out == []
+    assert err.count("\n") == 1 and message in err
