@@ -99,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     sources, references = [p[0] for p in pairs], [p[1] for p in pairs]
     translations = translate_sentences(model, tok_src, tok_tgt, sources, model_config["seq_len"],
                                        config["eval_batch_size"], config["beam_size"], config["length_penalty"])
-    # One line per sentence in the file, and the scores are of exactly what the file holds.
-    hypotheses = [t.replace("\n", " ") for t in translations]
+    # One line per sentence in the file (any line break a model might emit becomes a space; both
+    # metrics ignore runs of whitespace), and the scores are of exactly what the file holds.
+    hypotheses = [" ".join(t.split()) for t in translations]
     output = args.output or default_output(dict(config, lang_tgt=model_config["lang_tgt"]), path, args.average,
                                            args.split)
     try:
