@@ -24,6 +24,10 @@ from typing import Any
 
 import torch
 
+from config import ConfigError, validate_config
+from model import build_model
+from tokenizer import TokenizerError, tokenizer_from_json
+
 MANIFEST = "checkpoints.json"
 CHECKPOINT_PATTERN = re.compile(r"^ckpt_(\d{8,})\.pt$")
 
@@ -227,10 +231,6 @@ def load_for_inference(path: Path | None, folder: Path, device: torch.device, av
     """(model in eval mode on `device`, source tokenizer, target tokenizer, its config, its path) from
     the checkpoint at `path`, or the newest good one in `folder`; with `average` N > 1, the mean
     weights of the N newest checkpoints (ending at `path` when given)."""
-    from config import ConfigError, validate_config
-    from model import build_model
-    from tokenizer import TokenizerError, tokenizer_from_json
-
     if average > 1:
         paths = checkpoints_to_average(Path(path).parent if path is not None else Path(folder), average, path)
         path, state = paths[0], average_checkpoints(paths)

@@ -52,7 +52,8 @@ def _hub_reachable(timeout: float = 5.0) -> bool:
         return False
 
 
-def _load_dataset_dict(datasource: str, pair: str):
+def load_dataset_dict(datasource: str, pair: str):
+    """The DatasetDict of `pair` from a Hub id or a local folder; DataError with one line on failure."""
     local = os.path.isdir(datasource)
     if not local:
         if datasource.startswith((".", "/", "~")) or datasource.count("/") > 1:
@@ -141,7 +142,7 @@ def split_indices(n: int, val_fraction: float, test_fraction: float, seed: int) 
 def load_splits(config: dict[str, Any]) -> dict[str, list[Pair]]:
     """Train, validation and test pairs of the configured source and language pair."""
     src, tgt = config["lang_src"], config["lang_tgt"]
-    dataset_dict = _load_dataset_dict(config["datasource"], f"{src}-{tgt}")
+    dataset_dict = load_dataset_dict(config["datasource"], f"{src}-{tgt}")
     if "train" not in dataset_dict:
         raise DataError(f"{config['datasource']!r} has no train split (found: {', '.join(dataset_dict)})")
     splits = {name: rows_to_pairs(dataset_dict[name].to_list(), src, tgt, name)

@@ -27,7 +27,7 @@ import torch
 
 from checkpoint import CheckpointError, load_for_inference
 from config import build_parser, config_or_exit, weights_dir
-from dataset import DataError, Pair, _load_dataset_dict, load_splits, log, rows_to_pairs
+from dataset import DataError, Pair, load_dataset_dict, load_splits, log, rows_to_pairs
 from decoding import translate_sentences
 from scoring import corpus_scores
 
@@ -36,7 +36,7 @@ def load_eval_pairs(datasource: str, split: str, model_config: dict[str, Any]) -
     """The pairs of `split` in the model's language pair; a missing validation or test split is
     carved out of train with the model's seed and fractions, so it is the one training held out."""
     pair = f"{model_config['lang_src']}-{model_config['lang_tgt']}"
-    dataset_dict = _load_dataset_dict(datasource, pair)
+    dataset_dict = load_dataset_dict(datasource, pair)
     if split in dataset_dict and split != "train":
         pairs = rows_to_pairs(dataset_dict[split].to_list(), model_config["lang_src"], model_config["lang_tgt"], split)
     elif split in ("train", "validation", "test") and "train" in dataset_dict:

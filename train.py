@@ -40,7 +40,7 @@ from dataset import (BatchPlan, BilingualDataset, DataError, MicroBatches, get_o
 from decoding import translate_sentences
 from model import Transformer, build_model
 from scoring import corpus_scores
-from tokenizer import PAD_ID, TokenizerError, load_tokenizer, tokenizer_from_json
+from tokenizer import PAD_ID, TokenizerError, tokenizer_from_json
 
 
 # ---------------------------------------------------------------------------- setup helpers
