@@ -1,0 +1,142 @@
+"""bench.py: its FLOP count agrees with torch's counter, its baselines compute what they claim,
+and a --quick run reports every figure."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.testing import assert_close
+from torch.utils.flop_counter import FlopCounterMode
+
+import bench
+import model as project_model
+from config import PRESETS, get_config
+from model import MultiHeadAttention, build_model, causal_mask
+from tokenizer import PAD_ID
+
+
+@pytest.fixture
+def tiny_config() -> dict:
+    config = get_config()
+    config.update(PRESETS["tiny"])
+    config.update({"d_model": 16, "num_layers": 2, "num_heads": 2, "d_ff": 24, "dropout": 0.0})
+    return config
+
+
+@pytest.fixture
+def stock_kernels():
+    """Run with F.linear / F.dropout, which torch's FLOP counter understands."""
+    project_model.CPU_FAST_PATHS = False
+    yield
+    project_model.CPU_FAST_PATHS = True
+
+
+def padded_batch(lengths: list[tuple[int, int]], vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    src_len, tgt_len = max(s for s, _ in lengths), max(t for _, t in lengths)
+    src = torch.full((len(lengths), src_len), PAD_ID)
+    tgt = torch.full((len(lengths), tgt_len), PAD_ID)
+    for row, (s, t) in enumerate(lengths):
+        src[row, :s] = torch.randint(4, vocab, (s,), generator=generator)
+        tgt[row, :t] = torch.randint(4, vocab, (t,), generator=generator)
+    return {"src": src, "tgt": tgt, "src_mask": (src != PAD_ID)[:, None, None, :],
+            "tgt_mask": (tgt != PAD_ID)[:, None, None, :] & causal_mask(tgt_len)[None]}
+
+
+def test_train_flops_hand_count() -> None:
+    config = {"d_model": 4, "d_ff": 8, "num_layers": 1}
+    # batch 2, S 3, T 5, V 10: encoder 456, decoder 1216, projection 200 multiply-adds per sentence
+    assert bench.train_flops(2, 3, 5, config, 10) == 3 * 2 * 2 * (456 + 1216 + 200)
+
+
+def test_train_flops_equals_torch_flop_counter(tiny_config: dict, stock_kernels: None) -> None:
+    torch.manual_seed(0)
+    net = build_model(tiny_config, 30, 40).train()
+    batch = padded_batch([(5, 7), (3, 2), (6, 4)], 30)
+    # The math backend runs attention as batched matmuls, which the counter sees.
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        logits = net(batch["src"], batch["tgt"], batch["src_mask"], batch["tgt_mask"])
+        logits.sum().backward()
+    expected = bench.train_flops(3, 6, 7, tiny_config, 40)
+    assert counter.get_total_flops() == expected
+
+
+def test_tutorial_attention_is_the_project_attention() -> None:
+    torch.manual_seed(1)
+    ours = MultiHeadAttention(16, 4, dropout=0.0).eval()
+    tutorial = bench.TutorialAttention(16, 4, dropout=0.0).eval()
+    with torch.no_grad():
+        for name in ("w_q", "w_k", "w_v", "w_o"):
+            getattr(tutorial, name).weight.copy_(getattr(ours, name).weight)
+            getattr(ours, name).bias.zero_()
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 6, 16)
+    keep = torch.tensor([[True] * 6, [True] * 3 + [False] * 3])[:, None, None, :]
+    assert_close(tutorial(x, memory, memory, keep.int()), ours(x, memory, memory, keep), atol=1e-5, rtol=1e-5)
+    assert_close(tutorial(x, x, x, causal_mask(5)[None].int()), ours(x, x, x, causal_mask(5)[None]),
+                 atol=1e-5, rtol=1e-5)
+
+
+def test_tutorial_layer_norm_formula() -> None:
+    x = torch.tensor([[1.0, 2.0, 3.0, 6.0]])
+    norm = bench.TutorialLayerNorm(4)
+    expected = (x - 3.0) / (math.sqrt(14 / 3) + 1e-6)  # unbiased std, eps outside the root
+    assert_close(norm(x), expected)
+
+
+def test_torch_transformer_honours_the_project_masks(tiny_config: dict) -> None:
+    torch.manual_seed(2)
+    net = bench.TorchTransformer(30, 40, tiny_config).eval()
+    batch = padded_batch([(6, 5), (2, 3)], 30, seed=3)
+    src, tgt = batch["src"][1:, :2], batch["tgt"][1:, :3]  # the second pair without its padding
+    changed = batch["tgt"].clone()
+    changed[0, 4] = 7 if changed[0, 4] != 7 else 8  # a future token must not change earlier outputs
+    with torch.no_grad():
+        both = net(batch["src"], batch["tgt"], batch["src_mask"], batch["tgt_mask"])
+        alone = net(src, tgt, (src != PAD_ID)[:, None, None, :], causal_mask(3)[None])
+        later = net(batch["src"], changed, batch["src_mask"], batch["tgt_mask"])
+    assert_close(both[1, :3], alone[0], atol=1e-5, rtol=1e-5)  # padding is invisible
+    assert_close(later[0, :4], both[0, :4], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(later[0, 4], both[0, 4])
+
+
+def test_synthetic_lengths_resemble_opus_books() -> None:
+    pairs = bench.synthetic_pairs(20000, 0, (8000, 10000))
+    lengths = np.array([len(src.split()) for src, _ in pairs])
+    assert 27 <= lengths.mean() <= 33
+    assert 0.002 <= (lengths > 100).mean() <= 0.03
+    assert pairs == bench.synthetic_pairs(20000, 0, (8000, 10000))[:len(pairs)]  # seeded
+
+
+def test_quick_run_reports_every_figure(capsys: pytest.CaptureFixture) -> None:
+    assert bench.main(["--quick", "--json", "--device", "cpu"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert project_model.CPU_FAST_PATHS  # the ablation switched it back on
+    assert set(result["training"]) == {"project", "project, bf16 autocast", "project, stock PyTorch kernels",
+                                       "torch.nn.Transformer", "tutorial"}
+    for row in result["training"].values():
+        assert row["tokens_per_s"] > 0 and row["flops_per_s"] > 0 and row["peak_memory_bytes"] > 0
+    assert result["training"]["project"]["parameters"] == result["training"]["torch.nn.Transformer"]["parameters"]
+    assert 0 <= result["data"]["padding_waste"] < 1
+    greedy = result["decoding"]["greedy"]
+    assert [(row["tokens"], row["cache"]) for row in greedy] == [(2, True), (2, False), (4, True), (4, False),
+                                                                  (6, True), (6, False)]
+    assert all(row["identical"] for row in greedy if row["cache"])
+    assert result["decoding"]["single_sentence"]["output_tokens"] > 0
+    assert len(result["targets"]) == 6
+    assert result["ratios"]["vs_tutorial"] > 0 and result["peak_gflops"]["float32"] > 0
+
+
+def test_quick_table(capsys: pytest.CaptureFixture) -> None:
+    assert bench.main(["--quick", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "QUICK" in out and "torch.nn.Transformer" in out and "targets:" in out
+
+
+def test_missing_datasource_is_one_line(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    assert bench.main(["--quick", "--datasource", str(tmp_path / "missing")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("bench.py: error:") and "missing" in err[-1]
