@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm import tqdm
@@ -115,10 +114,50 @@ def lr_factor(step: int, config: dict[str, Any], total_steps: int) -> float:
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+LOSS_CHUNK_ELEMENTS = 2 ** 22  # 16 MB of fp32 log-probabilities at a time
+
+
+class _SmoothedCrossEntropySum(torch.autograd.Function):
+    """F.cross_entropy(logits.float(), label, ignore_index=PAD_ID, label_smoothing, reduction="sum"),
+    with the gradient computed in the forward pass a few hundred rows at a time.
+
+    The loss over a 10k vocabulary is the step's largest tensor: computed the usual way, the
+    log-probabilities are kept for backward, which then allocates two more tensors of their size.
+    Here only the gradient (in the logits' dtype) outlives the forward pass, and backward scales it
+    in place: about 0.3 GB less at the paper-base size with 4k-token batches."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, label: torch.Tensor, smoothing: float) -> torch.Tensor:
+        rows = max(1, LOSS_CHUNK_ELEMENTS // logits.size(-1))
+        total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
+        for start in range(0, logits.size(0), rows):
+            log_probs = torch.log_softmax(logits[start:start + rows].float(), dim=-1)
+            target = label[start:start + rows]
+            real = (target != PAD_ID).unsqueeze(1)
+            picked = log_probs.gather(1, target.unsqueeze(1))
+            # -(1 - s) log p(label) - (s / V) sum_j log p(j), as F.cross_entropy smooths
+            loss = -(1 - smoothing) * picked - smoothing / log_probs.size(-1) * log_probs.sum(-1, keepdim=True)
+            total += loss.masked_fill(~real, 0.0).sum()
+            if grad is not None:
+                # d/dlogits = softmax - the smoothed target distribution
+                chunk = log_probs.exp_().sub_(smoothing / log_probs.size(-1))
+                chunk.scatter_add_(1, target.unsqueeze(1), torch.full_like(picked, smoothing - 1))
+                grad[start:start + rows] = chunk.masked_fill_(~real, 0.0)
+        ctx.grad = grad
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        grad, ctx.grad = ctx.grad, None
+        if grad is None:
+            raise RuntimeError("backward through loss_sum a second time is not supported")
+        return grad.mul_(grad_output.to(grad.dtype)), None, None
+
+
 def loss_sum(logits: torch.Tensor, label: torch.Tensor, label_smoothing: float) -> torch.Tensor:
     """Summed label-smoothed cross-entropy over the non-padding target tokens (fp32 softmax)."""
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), label.reshape(-1), ignore_index=PAD_ID,
-                           label_smoothing=label_smoothing, reduction="sum")
+    return _SmoothedCrossEntropySum.apply(logits.reshape(-1, logits.size(-1)), label.reshape(-1), label_smoothing)
 
 
 def rng_state() -> dict[str, Any]:

@@ -73,3 +73,27 @@ def test_bf16_autocast_on_cpu_trains(tmp_path: Path, capsys: pytest.CaptureFixtu
     events.Reload()
     losses = [e.value for e in events.Scalars("train/loss")]
     assert len(losses) == 6 and losses[-1] < losses[0] * 0.8, losses
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_loss_sum_equals_f_cross_entropy(monkeypatch: pytest.MonkeyPatch, smoothing: float,
+                                         dtype: torch.dtype) -> None:
+    """Value and gradient of the chunked loss equal F.cross_entropy's, across chunk borders,
+    with padding rows ignored and the incoming gradient (here 0.37) applied."""
+    monkeypatch.setattr(train, "LOSS_CHUNK_ELEMENTS", 3 * 11)  # chunks of 3 rows
+    torch.manual_seed(0)
+    logits = (torch.randn(2, 5, 11) * 3).to(dtype).requires_grad_()
+    label = torch.randint(4, 11, (2, 5))
+    label[1, 3:] = train.PAD_ID
+    ours = train.loss_sum(logits, label, smoothing)
+    (grad,) = torch.autograd.grad(ours * 0.37, logits)
+    reference = torch.nn.functional.cross_entropy(logits.reshape(-1, 11).float(), label.reshape(-1),
+                                                  ignore_index=train.PAD_ID, label_smoothing=smoothing,
+                                                  reduction="sum")
+    (expected,) = torch.autograd.grad(reference * 0.37, logits)
+    torch.testing.assert_close(ours, reference)
+    torch.testing.assert_close(grad, expected)
+    assert grad.dtype == dtype and not grad[1, 3:].any()
+    with torch.no_grad():  # validation: no gradient is computed or kept
+        torch.testing.assert_close(train.loss_sum(logits, label, smoothing), reference.detach())
