@@ -120,7 +120,8 @@ class Toy:
 
 @pytest.fixture(scope="session")
 def toy_translator() -> Toy:
-    """Train a 1-layer, d_model 32 model on the toy pair for 600 steps (about 8 s on 2 cores)."""
+    """Train a 1-layer, d_model 32 model on the toy pair for 600 steps, lr decaying linearly (about
+    8 s on 2 cores)."""
     from train import loss_sum
 
     torch.manual_seed(0)
@@ -133,6 +134,9 @@ def toy_translator() -> Toy:
                               N=1, h=2, dropout=0.0, d_ff=64)
     toy = Toy(model, tok_src, tok_tgt, seq_len, train_pairs, 0.0, 0.0)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
+    # Decaying to zero makes the end point stable: at a constant lr the last steps' noise decided
+    # whether 88% or 99% of unseen sentences came out exactly right.
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / 600)
     losses = []
     model.train()
     for _ in range(600):
@@ -142,6 +146,7 @@ def toy_translator() -> Toy:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        schedule.step()
         losses.append(loss.item())
     model.eval()
     toy.first_loss, toy.last_loss = losses[0], sum(losses[-20:]) / 20
