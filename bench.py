@@ -40,6 +40,9 @@ encoder layer 4Sd^2 (Q, K, V, output) + 2S^2 d (Q K^T and weights @ V) + 2Sd d_f
 decoder layer 4Td^2 + 2T^2 d (masked self-attention, computed in full) + 2Td^2 + 2Sd^2
 (cross-attention: Q and output from the target, K and V from the source) + 2TSd + 2Td d_ff;
 projection T d V_tgt. Embedding lookups, LayerNorm, softmax, dropout and the loss are not counted.
+"% peak" is this count per second over the matmul peak: how well the hardware is used. "real %"
+counts each sentence at its own lengths instead (`real_flops`): the padding computed is not
+useful work, and this figure is lower by about the padding share.
 """
 from __future__ import annotations
 
@@ -434,11 +437,20 @@ def on_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
     return moved
 
 
+def real_flops(batch: dict[str, torch.Tensor], config: dict[str, Any], tgt_vocab: int) -> int:
+    """train_flops of each sentence at its own lengths: what the batch would cost without padding."""
+    src = (batch["encoder_input"] != PAD_ID).sum(1).tolist()
+    tgt = (batch["decoder_input"] != PAD_ID).sum(1).tolist()
+    return sum(train_flops(1, s, t, config, tgt_vocab) for s, t in zip(src, tgt))
+
+
 def measure_training(name: str, step: Callable[[dict[str, torch.Tensor]], None],
                      warmups: Sequence[dict[str, torch.Tensor]],
                      batches: Sequence[dict[str, torch.Tensor]], flops_of: Callable[[dict[str, torch.Tensor]], int],
-                     device: torch.device, tokens_per_batch: float | None = None) -> dict[str, Any]:
-    """Warm-up steps, then the timed steps; throughput in real target tokens per second.
+                     config: dict[str, Any], tgt_vocab: int, device: torch.device,
+                     tokens_per_batch: float | None = None) -> dict[str, Any]:
+    """Warm-up steps, then the timed steps; throughput in real target tokens per second, FLOP/s
+    at the computed (padded) shapes and at the sentences' own lengths (`real_flops`).
 
     The warm-up ends with one untimed pass over the timed batches: a step of a shape not seen
     before grows the heap, and paying for those page faults is a first-epoch cost, not training's
@@ -454,7 +466,9 @@ def measure_training(name: str, step: Callable[[dict[str, torch.Tensor]], None],
     tokens = tokens_per_batch * len(batches) if tokens_per_batch is not None else \
         sum(batch["num_tokens"] for batch in batches)
     return {"tokens_per_s": tokens / total, "ms_per_step": 1000 * total / len(batches),
-            "flops_per_s": sum(flops_of(batch) for batch in batches) / total, "steps": len(batches),
+            "flops_per_s": sum(flops_of(batch) for batch in batches) / total,
+            "real_flops_per_s": sum(real_flops(batch, config, tgt_vocab) for batch in batches) / total,
+            "steps": len(batches),
             "real_tokens_per_step": tokens / len(batches),
             "padded_positions_per_step": statistics.mean(
                 int(b["label"].numel() + b["encoder_input"].numel()) for b in batches)}
@@ -493,7 +507,7 @@ def training_rows(dataset: BilingualDataset, settings: dict[str, Any], vocab: tu
         try:
             with PeakMemory(device) as peak:
                 step = functools.partial(project_step, model, optimizer, config=config, dtype=dtype, device=device)
-                rows[name] = measure_training(name, step, warmups, timed_batches, flops, device)
+                rows[name] = measure_training(name, step, warmups, timed_batches, flops, config, vocab[1], device)
         finally:
             project_model.CPU_FAST_PATHS = True
         rows[name].update({"dtype": str(dtype or torch.float32).replace("torch.", ""),
@@ -519,7 +533,7 @@ def training_rows(dataset: BilingualDataset, settings: dict[str, Any], vocab: tu
             "tutorial", functools.partial(tutorial_step, model, optimizer, config=config, loss_fn=loss_fn),
             tutorial_batches[:1],
             tutorial_batches[1:], lambda batch: train_flops(TUTORIAL_BATCH, seq_len, seq_len, config, vocab[1]),
-            device, tokens_per_batch=TUTORIAL_BATCH * mean_target)
+            config, vocab[1], device, tokens_per_batch=TUTORIAL_BATCH * mean_target)
     rows["tutorial"].update({"dtype": "float32", "parameters": sum(p.numel() for p in model.parameters()),
                              "peak_memory_bytes": peak.peak})
     del model, optimizer
@@ -616,7 +630,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       "share_tgt_over_100": float((dataset.tgt_lens > 100).mean()), "padding_waste": waste}
     for row in rows.values():
         compute = torch.bfloat16 if row["dtype"] == "bfloat16" else torch.float32
-        row["peak_fraction"] = row["flops_per_s"] / 1e9 / result["peak_gflops"][str(compute).replace("torch.", "")]
+        peak = result["peak_gflops"][str(compute).replace("torch.", "")]
+        row["peak_fraction"], row["real_peak_fraction"] = row["flops_per_s"] / 1e9 / peak, row["real_flops_per_s"] / 1e9 / peak
     result["training"] = rows
     result["training_memory"] = memory
     project = rows["project"]["tokens_per_s"]
@@ -671,10 +686,11 @@ def table(result: dict[str, Any]) -> str:
              + "; bf16 " + ", ".join(f"{k} {v:.0f}" for k, v in peak["bfloat16_by_kernel"].items()),
              "",
              f"{'training (fwd+bwd+AdamW)':<34}{'dtype':>9}{'real tok/s':>12}{'ms/step':>10}{'GFLOP/s':>9}"
-             f"{'% peak':>8}{'peak mem GB':>13}"]
+             f"{'% peak':>8}{'real %':>8}{'peak mem GB':>13}"]
     for name, row in result["training"].items():
         lines.append(f"{name:<34}{row['dtype']:>9}{row['tokens_per_s']:>12.1f}{row['ms_per_step']:>10.0f}"
                      f"{row['flops_per_s'] / 1e9:>9.1f}{100 * row['peak_fraction']:>7.0f}%"
+                     f"{100 * row['real_peak_fraction']:>7.0f}%"
                      f"{row['peak_memory_bytes'] / 1e9:>13.2f}")
     lines.append(f"project / tutorial: {result['ratios']['vs_tutorial']:.1f}x;  "
                  f"project / torch.nn.Transformer: {result['ratios']['vs_nn_transformer']:.2f}x")

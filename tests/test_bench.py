@@ -65,6 +65,15 @@ def test_train_flops_equals_torch_flop_counter(tiny_config: dict, stock_kernels:
     assert counter.get_total_flops() == expected
 
 
+def test_real_flops_count_each_sentence_at_its_own_lengths() -> None:
+    config = {"d_model": 4, "d_ff": 8, "num_layers": 1}
+    batch = padded_batch([(3, 5), (2, 1)], 10)
+    batch = {"encoder_input": batch["src"], "decoder_input": batch["tgt"]}
+    assert bench.real_flops(batch, config, 10) == bench.train_flops(1, 3, 5, config, 10) + \
+        bench.train_flops(1, 2, 1, config, 10)
+    assert bench.real_flops(batch, config, 10) < bench.train_flops(2, 3, 5, config, 10)
+
+
 def test_tutorial_attention_is_the_project_attention() -> None:
     torch.manual_seed(1)
     ours = MultiHeadAttention(16, 4, dropout=0.0).eval()
@@ -119,6 +128,7 @@ def test_quick_run_reports_every_figure(capsys: pytest.CaptureFixture) -> None:
                                        "torch.nn.Transformer", "tutorial"}
     for row in result["training"].values():
         assert row["tokens_per_s"] > 0 and row["flops_per_s"] > 0 and row["peak_memory_bytes"] > 0
+        assert 0 < row["real_flops_per_s"] <= row["flops_per_s"]
     assert result["training"]["project"]["parameters"] == result["training"]["torch.nn.Transformer"]["parameters"]
     assert 0 <= result["data"]["padding_waste"] < 1
     greedy = result["decoding"]["greedy"]
