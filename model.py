@@ -26,8 +26,8 @@ from torch import nn
 
 
 # On CPU, torch runs fp32 matrix products on MKL, which uses only its AVX2 code on non-Intel CPUs;
-# oneDNN (bundled with torch) uses AVX-512 where the CPU has it: about twice the GFLOP/s on this
-# project's AMD EPYC. And F.dropout's mask comes from ATen's bernoulli_, which costs about four
+# oneDNN (bundled with torch) uses AVX-512 where the CPU has it: 2.2-2.6x the GFLOP/s of torch.mm
+# on this project's AMD EPYC (bench.py). And F.dropout's mask comes from ATen's bernoulli_, which costs about four
 # times as much as drawing 16 random bits per element.
 CPU_FAST_PATHS = True
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -206,11 +206,16 @@ class MultiHeadAttention(nn.Module):
         """(B, L, d_model) -> (B, h, L, d_k)."""
         return x.view(x.size(0), x.size(1), self.h, self.d_k).transpose(1, 2)
 
+    def project_split(self, x: torch.Tensor, *layers: nn.Linear) -> list[torch.Tensor]:
+        """x (B, L, d_model) through each of `layers`, as one matrix product over their stacked
+        weights, each result split into heads."""
+        out = linear(x, torch.cat([layer.weight for layer in layers]), torch.cat([layer.bias for layer in layers]))
+        return [self.split_heads(part) for part in out.chunk(len(layers), dim=-1)]
+
     def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Split keys and values of x (B, L, d_model), from one matrix product."""
-        kv = linear(x, torch.cat([self.w_k.weight, self.w_v.weight]), torch.cat([self.w_k.bias, self.w_v.bias]))
-        key, value = kv.chunk(2, dim=-1)
-        return self.split_heads(key), self.split_heads(value)
+        key, value = self.project_split(x, self.w_k, self.w_v)
+        return key, value
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                mask: torch.Tensor | None) -> torch.Tensor:
@@ -229,10 +234,7 @@ class MultiHeadAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
         if q is k and k is v:  # self-attention: Q, K and V in one matrix product
-            qkv = linear(q, torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight]),
-                         torch.cat([self.w_q.bias, self.w_k.bias, self.w_v.bias]))
-            query, key, value = (self.split_heads(part) for part in qkv.chunk(3, dim=-1))
-            return self.heads(query, key, value, mask)
+            return self.heads(*self.project_split(q, self.w_q, self.w_k, self.w_v), mask)
         if k is v:  # cross-attention: K and V in one
             key, value = self.project_kv(k)
             return self.attend(q, key, value, mask)
