@@ -542,15 +542,6 @@ def training_rows(dataset: BilingualDataset, settings: dict[str, Any], vocab: tu
 
 # ---------------------------------------------------------------------------- decoding
 
-def source_batch(dataset: BilingualDataset, indices: Sequence[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = [[SOS_ID, *dataset.src_ids[i], EOS_ID] for i in indices]
-    src = torch.full((len(rows), max(map(len, rows))), PAD_ID, dtype=torch.long)
-    for row, ids in enumerate(rows):
-        src[row, :len(ids)] = torch.tensor(ids)
-    src = src.to(device)
-    return src, (src != PAD_ID)[:, None, None, :]
-
-
 def decoding_rows(dataset: BilingualDataset, tok_src: Any, tok_tgt: Any, settings: dict[str, Any],
                   vocab: tuple[int, int], device: torch.device, seed: int) -> dict[str, Any]:
     config = settings["config"]
@@ -560,7 +551,8 @@ def decoding_rows(dataset: BilingualDataset, tok_src: Any, tok_tgt: Any, setting
         model.projection_layer.proj.bias[EOS_ID] = -1e9  # never ends: every output has the full length
     rng = np.random.default_rng(seed)
     batch = settings["decode_batch"]
-    src, src_mask = source_batch(dataset, rng.choice(len(dataset), batch, replace=False), device)
+    sources = dataset.collate(rng.choice(len(dataset), batch, replace=False))
+    src, src_mask = sources["encoder_input"].to(device), sources["src_mask"].to(device)
     rows: list[dict[str, Any]] = []
     with PeakMemory(device) as peak:
         for use_cache in (True, False):
