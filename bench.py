@@ -6,7 +6,7 @@ One process, one device, one run. Prints a table (or with --json one JSON object
 its progress on stderr. The phases, in order:
 
 1. Dense matmul peak of the device, measured here: the best of `torch.mm` and the model's own
-   `model.linear` (oneDNN on CPU) on square fp32 matrices, and of `torch.mm` in bf16.
+   `cpu_kernels.linear` (oneDNN on CPU) on square fp32 matrices, and of `torch.mm` in bf16.
 2. Sentence lengths: the train split of `--datasource`, tokenized with word-level tokenizers
    trained on it, or else seeded synthetic text whose lengths resemble opus_books (log-normal,
    mean about 30 tokens, about 1% past 100). The model's vocabularies are those of the
@@ -33,7 +33,7 @@ its progress on stderr. The phases, in order:
    through /proc/self/clear_refs (after returning freed memory with malloc_trim), so each phase's
    figure is the whole process's peak during that phase; on CUDA `torch.cuda.max_memory_allocated`.
 
-Counting FLOPs (`train_flops`): multiply-adds of every matrix product, at the padded shapes that
+Counting FLOPs (`train.train_flops`): multiply-adds of every matrix product, at the padded shapes that
 are computed (padding included), x 2 FLOPs, x 3 for training (forward, input gradients, weight
 gradients). Per sentence of padded lengths S (source) and T (target), d = d_model:
 encoder layer 4Sd^2 (Q, K, V, output) + 2S^2 d (Q K^T and weights @ V) + 2Sd d_ff (feed-forward);
@@ -65,13 +65,15 @@ import numpy as np
 import torch
 from torch import nn
 
-import model as project_model
-from config import PRESETS, get_config
+import cpu_kernels
+from config import PRESETS, ConfigError, get_config
 from dataset import BatchPlan, BilingualDataset, DataError, load_splits, padding_waste
 from decoding import greedy_decode, max_output_tokens, translate_sentences
 from model import PositionalEncoding, build_model
 from tokenizer import EOS_ID, PAD_ID, SOS_ID, TokenizerError, train_tokenizer
-from train import amp_dtype, build_optimizer, keep_freed_memory, loss_sum
+from device import pick_device
+from loss import loss_sum
+from train import amp_dtype, build_optimizer, train_flops
 
 VOCAB_FLOOR = (8000, 10000)  # opus_books-sized vocabularies (source, target)
 TUTORIAL_SEQ_LEN = 350
@@ -155,13 +157,13 @@ class PeakMemory:
 
 
 def matmul_peak(device: torch.device, size: int, dtype: torch.dtype) -> dict[str, float]:
-    """GFLOP/s of square matmuls of `size`: torch.mm, and on CPU in fp32 also model.linear."""
+    """GFLOP/s of square matmuls of `size`: torch.mm, and on CPU in fp32 also cpu_kernels.linear."""
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(size, size, generator=generator).to(device, dtype)
     b = torch.randn(size, size, generator=generator).to(device, dtype)
     kernels: dict[str, Callable[[], torch.Tensor]] = {"torch.mm": lambda: a @ b}
     if device.type == "cpu" and dtype == torch.float32:
-        kernels["model.linear"] = lambda: project_model.linear(a, b)
+        kernels["cpu_kernels.linear"] = lambda: cpu_kernels.linear(a, b)
     flops = 2 * size ** 3
     results = {}
     with torch.no_grad():
@@ -398,16 +400,6 @@ def tutorial_batch(dataset: BilingualDataset, indices: Sequence[int], seq_len: i
 
 # ---------------------------------------------------------------------------- training
 
-def train_flops(batch: int, src_len: int, tgt_len: int, config: dict[str, Any], tgt_vocab: int) -> int:
-    """FLOPs of one training step's matrix products at padded shapes (see the module docstring)."""
-    d, d_ff, layers = config["d_model"], config["d_ff"], config["num_layers"]
-    s, t = src_len, tgt_len
-    encoder = 4 * s * d * d + 2 * s * s * d + 2 * s * d * d_ff
-    decoder = 4 * t * d * d + 2 * t * t * d + 2 * t * d * d + 2 * s * d * d + 2 * t * s * d + 2 * t * d * d_ff
-    forward_macs = batch * (layers * (encoder + decoder) + t * d * tgt_vocab)
-    return 3 * 2 * forward_macs
-
-
 def project_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
                  config: dict[str, Any], dtype: torch.dtype | None, device: torch.device) -> None:
     """One optimizer step the way train.py takes it (one micro-batch, no DDP)."""
@@ -503,13 +495,13 @@ def training_rows(dataset: BilingualDataset, settings: dict[str, Any], vocab: tu
         torch.manual_seed(seed)
         model = build().to(device).train()
         optimizer = build_optimizer(model, config)
-        project_model.CPU_FAST_PATHS = fast
+        cpu_kernels.CPU_FAST_PATHS = fast
         try:
             with PeakMemory(device) as peak:
                 step = functools.partial(project_step, model, optimizer, config=config, dtype=dtype, device=device)
                 rows[name] = measure_training(name, step, warmups, timed_batches, flops, config, vocab[1], device)
         finally:
-            project_model.CPU_FAST_PATHS = True
+            cpu_kernels.CPU_FAST_PATHS = True
         rows[name].update({"dtype": str(dtype or torch.float32).replace("torch.", ""),
                            "parameters": sum(p.numel() for p in model.parameters()), "peak_memory_bytes": peak.peak})
         if name == "project":
@@ -586,11 +578,7 @@ def decoding_rows(dataset: BilingualDataset, tok_src: Any, tok_tgt: Any, setting
 
 # ---------------------------------------------------------------------------- report
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
-    if device.type == "cpu":
-        keep_freed_memory()  # as train.py does
+def run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     settings = bench_settings(args.quick)
     config = settings["config"]
     result: dict[str, Any] = {
@@ -704,20 +692,26 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, command_line: bool = False) -> int:
+    """bench.py's entry point; as a program (`command_line`) on CPU it sets glibc to keep freed memory,
+    as train.py's command line does, so the figures are those of a training run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasource", default=None, help="local dataset folder in Hub layout (default: "
                                                            "synthetic opus_books-like lengths)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the benchmark itself")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda", "mps"), default="auto")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("bench.py: error: --device cuda: no CUDA device is available", file=sys.stderr)
-        return 2
     try:
-        result = run(args)
+        device = pick_device(args.device)
+    except ConfigError as error:
+        print(f"bench.py: error: {error}", file=sys.stderr)
+        return 2
+    if command_line and device.type == "cpu":
+        cpu_kernels.keep_freed_memory()
+    try:
+        result = run(args, device)
     except (DataError, TokenizerError) as error:
         print(f"bench.py: error: {error}", file=sys.stderr)
         return 1
@@ -729,4 +723,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(command_line=True))

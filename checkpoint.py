@@ -1,6 +1,7 @@
 """Checkpoints that survive crashes, full disks, tampering and concurrent runs.
 
-- Written atomically: a temporary file in the same folder, fsync, rename, then fsync the folder.
+- Written atomically (atomic_files.py): a temporary file in the same folder, fsync, rename, then
+  fsync the folder.
 - Verified: the sha256 of every checkpoint is recorded in `checkpoints.json` (the manifest, itself
   replaced atomically and only after the checkpoint's rename); loading checks it.
 - Safe: loaded with `torch.load(weights_only=True)`, which refuses pickles that would run code;
@@ -11,8 +12,6 @@
 """
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
 import pickle
@@ -24,6 +23,7 @@ from typing import Any
 
 import torch
 
+from atomic_files import atomic_write, atomic_write_bytes, sha256_of
 from config import ConfigError, validate_config
 from model import build_model
 from tokenizer import TokenizerError, tokenizer_from_json
@@ -38,63 +38,6 @@ class CheckpointError(RuntimeError):
 
 def checkpoint_name(global_step: int) -> str:
     return f"ckpt_{global_step:08d}.pt"
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return  # not supported on this platform
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-class _HashingFile(io.RawIOBase):
-    """A write-only file that hashes what passes through it."""
-
-    def __init__(self, handle) -> None:
-        self.handle = handle
-        self.sha256 = hashlib.sha256()
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data) -> int:
-        self.sha256.update(data)
-        return self.handle.write(data)
-
-
-def atomic_write(path: Path, write) -> str:
-    """Call `write(file)` on a temporary file beside `path`, fsync, rename over `path`.
-    Returns the sha256 of what was written. On any error the old `path` is untouched."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(temporary, "wb") as handle:
-            hashing = _HashingFile(handle)
-            write(hashing)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return hashing.sha256.hexdigest()
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> str:
-    return atomic_write(path, lambda handle: handle.write(data))
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 1. `load_splits` reads `datasets.load_dataset(datasource, "src-tgt")` (a Hub id or a local folder
    in Hub layout), skips and counts unusable rows, and carves validation/test out of train with
    the run's seed when the source lacks them (the same seed gives the same split on every run).
-2. `get_or_build_tokenizers` trains tokenizers on the training split only, or reloads them.
+2. Tokenizers are trained on the training split only (tokenizer.py).
 3. `BilingualDataset` holds token ids; pairs longer than `seq_len` are dropped up front and counted.
 4. `BatchPlan` groups sentences of similar length into token-budget batches whose order is a
    function of (seed, epoch) alone; each global step takes world_size * accum_steps of them, and
@@ -26,9 +26,8 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
-from checkpoint import atomic_write_bytes
 from model import causal_mask
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, load_tokenizer, train_tokenizer
+from tokenizer import EOS_ID, PAD_ID, SOS_ID
 
 Pair = tuple[str, str]
 SPLITS = ("train", "validation", "test")
@@ -162,37 +161,6 @@ def load_splits(config: dict[str, Any]) -> dict[str, list[Pair]]:
     if not splits["train"]:
         raise DataError(f"{config['datasource']!r} has no usable {src}-{tgt} training pairs")
     return splits
-
-
-def tokenizer_paths(folder: Path, config: dict[str, Any]) -> tuple[Path, Path]:
-    if config["joint_vocab"]:
-        joint = folder / f"tokenizer_{config['lang_src']}-{config['lang_tgt']}.json"
-        return joint, joint
-    return folder / f"tokenizer_{config['lang_src']}.json", folder / f"tokenizer_{config['lang_tgt']}.json"
-
-
-def get_or_build_tokenizers(config: dict[str, Any], train_pairs: Sequence[Pair] | None, folder: Path,
-                            rebuild: bool = False) -> tuple[Tokenizer, Tokenizer]:
-    """Reload the experiment's tokenizers, or (when missing or `rebuild`) train them on the
-    training pairs and save them."""
-    src_path, tgt_path = tokenizer_paths(folder, config)
-    if not rebuild and src_path.exists() and tgt_path.exists():
-        return load_tokenizer(src_path), load_tokenizer(tgt_path)
-    if train_pairs is None:
-        raise DataError(f"no tokenizers in {folder}")
-    settings = (config["tokenizer_type"], config["vocab_size"], config["min_frequency"])
-    folder.mkdir(parents=True, exist_ok=True)
-    if config["joint_vocab"]:
-        both = [text for pair in train_pairs for text in pair]
-        tok_src = tok_tgt = train_tokenizer(both, *settings)
-    else:
-        tok_src = train_tokenizer((p[0] for p in train_pairs), *settings)
-        tok_tgt = train_tokenizer((p[1] for p in train_pairs), *settings)
-    for path, tokenizer in ((src_path, tok_src), (tgt_path, tok_tgt)):
-        atomic_write_bytes(path, tokenizer.to_str().encode("utf-8"))
-    log(f"trained {config['tokenizer_type']} tokenizers on {len(train_pairs)} training pairs: "
-        f"{tok_src.get_vocab_size()} source and {tok_tgt.get_vocab_size()} target entries")
-    return tok_src, tok_tgt
 
 
 class BilingualDataset(Dataset):

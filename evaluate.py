@@ -26,9 +26,10 @@ from typing import Any
 import torch
 
 from checkpoint import CheckpointError, load_for_inference
-from config import build_parser, config_or_exit, weights_dir
+from config import ConfigError, build_parser, config_or_exit, weights_dir
 from dataset import DataError, Pair, load_dataset_dict, load_splits, log, rows_to_pairs
 from decoding import translate_sentences
+from device import pick_device
 from scoring import corpus_scores
 
 
@@ -81,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     config = config_or_exit(args, parser)
     if args.average < 1:
         parser.error(f"--average must be at least 1, got {args.average}")
-    device = torch.device("cuda" if torch.cuda.is_available() and config["device"] in ("auto", "cuda") else "cpu")
+    try:
+        device = pick_device(config["device"])
+    except ConfigError as error:
+        parser.error(str(error))
     try:
         model, tok_src, tok_tgt, model_config, path = load_for_inference(args.checkpoint, weights_dir(config), device,
                                                                          args.average)

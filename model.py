@@ -4,17 +4,21 @@ API kept from the tutorials: `build_transformer(...)`, `model.encode(src, src_ma
 `model.decode(encoder_output, src_mask, tgt, tgt_mask)`, `model.project(x)` returning logits.
 Masks are boolean or 0/1 with True/1 = may attend: src_mask (B, 1, 1, S), tgt_mask (B, 1, T, T).
 
-Attention runs through `scaled_dot_product_attention`, so no B x h x L x L tensor outlives the
-call. `decode(..., cache=KVCache)` decodes incrementally: self-attention keys/values are appended
-per step and cross-attention keys/values are computed once per sentence.
+The blocks map one to one to the paper: InputEmbeddings (3.4), PositionalEncoding (3.5),
+MultiHeadAttention (3.2.2), FeedForwardBlock (3.3), ResidualConnection (5.4, with pre-norm as an
+option), EncoderBlock and DecoderBlock (3.1), ProjectionLayer (the pre-softmax linear map, 3.4).
 
-Speed (measured with bench.py): self-attention computes Q, K and V with one matrix product over
-the concatenated w_q, w_k, w_v (cross-attention: K and V over w_k, w_v), and on CPU the fp32
-matrix products and the dropout masks take faster routes than torch's defaults (`linear`,
-`dropout`, `relu_dropout`; switched off with CPU_FAST_PATHS = False). Results and gradients are
-those of F.linear, F.dropout and relu up to float rounding and the dropout rate's rounding to
-1/65536. The feed-forward block's ReLU and dropout are one step that keeps a single d_ff
-activation per position for backward, the largest saving of activation memory.
+Attention runs through `scaled_dot_product_attention`. In inference, and in training where a fused
+kernel applies (CUDA), the B x h x Lq x Lk attention weights exist only inside the call. Training
+with attention dropout on CPU takes SDPA's math path, which keeps those weights for backward: one
+such tensor per attention layer, the largest activation at long lengths.
+
+`decode(..., cache=KVCache)` decodes incrementally: self-attention keys/values are appended per
+step and cross-attention keys/values are computed once per sentence.
+
+The matrix products and dropout go through cpu_kernels.py, which takes faster routes on CPU and is
+exactly torch's ops elsewhere; self-attention computes Q, K and V with one matrix product over the
+concatenated w_q, w_k, w_v (cross-attention: K and V over w_k, w_v).
 """
 from __future__ import annotations
 
@@ -24,134 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-# On CPU, torch runs fp32 matrix products on MKL, which uses only its AVX2 code on non-Intel CPUs;
-# oneDNN (bundled with torch) uses AVX-512 where the CPU has it: 2.2-2.6x the GFLOP/s of torch.mm
-# on this project's AMD EPYC (bench.py). And F.dropout's mask comes from ATen's bernoulli_, which costs about four
-# times as much as drawing 16 random bits per element.
-CPU_FAST_PATHS = True
-_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-def _cpu_fast_path(x: torch.Tensor) -> bool:
-    return CPU_FAST_PATHS and x.device.type == "cpu" and not torch.compiler.is_compiling()
-
-
-def _onednn_matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """a @ b.T (+ bias) on oneDNN, for 2-D a and b of any strides."""
-    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
-
-
-class _OneDNNLinear(torch.autograd.Function):
-    """x @ weight.T + bias with all three products (forward, grad of x, grad of weight) on oneDNN."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        rows = x.reshape(-1, x.size(-1)).contiguous()
-        ctx.save_for_backward(rows, weight)
-        ctx.input_shape, ctx.has_bias = x.shape, bias is not None
-        return _onednn_matmul(rows, weight, bias).view(*x.shape[:-1], weight.size(0))
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        rows, weight = ctx.saved_tensors
-        grad = grad.reshape(-1, grad.size(-1)).contiguous()
-        grad_x = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_x = _onednn_matmul(grad, weight.t()).view(ctx.input_shape)
-        if ctx.needs_input_grad[1]:
-            # grad.T @ rows; oneDNN is fastest with the larger dimension as its output's columns.
-            if grad.size(1) >= rows.size(1):
-                grad_weight = _onednn_matmul(rows.t(), grad.t()).t()
-            else:
-                grad_weight = _onednn_matmul(grad.t(), rows.t())
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_bias = grad.sum(0)
-        return grad_x, grad_weight, grad_bias
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear; fp32 on CPU (outside autocast and torch.compile) runs on oneDNN."""
-    if _ONEDNN and _cpu_fast_path(x) and x.dtype == weight.dtype == torch.float32 and x.numel() \
-            and not torch.is_autocast_enabled("cpu"):
-        return _OneDNNLinear.apply(x, weight, bias)
-    return F.linear(x, weight, bias)
-
-
-class Linear(nn.Linear):
-    """nn.Linear (same parameters and state_dict) computed with `linear`."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
-
-
-class _ScaledMask(torch.autograd.Function):
-    """x * keep * scale, keeping only the boolean mask (1 byte per element) for backward."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return (x * keep).mul_(scale)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        keep, = ctx.saved_tensors
-        return (grad * keep).mul_(ctx.scale), None, None
-
-
-class _ReluDropout(torch.autograd.Function):
-    """relu(x) * keep * scale, keeping only its output for backward: the gradient passes, times
-    scale, exactly where the output is positive. The next layer keeps that output anyway, so the
-    feed-forward block stores one d_ff activation per position instead of three."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
-        out = torch.relu(x).mul_(keep).mul_(scale)
-        ctx.save_for_backward(out)
-        ctx.scale = scale
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        out, = ctx.saved_tensors
-        # relu's own backward kernel: grad where out > 0, else 0 (an eighth of masked_fill_'s time)
-        return torch.ops.aten.threshold_backward(grad, out, 0).mul_(ctx.scale), None, None
-
-
-def _keep_mask(x: torch.Tensor, p: float) -> tuple[torch.Tensor, float]:
-    """Which elements of x dropout keeps, and their scale, from 16 random bits per element."""
-    dropped = round(p * 65536)
-    # One 64-bit draw gives four 16-bit numbers, uniform on [-32768, 32767].
-    draws = torch.randint(-2 ** 63, 2 ** 63 - 1, ((x.numel() + 3) // 4,), dtype=torch.int64, device=x.device)
-    bits = draws.view(torch.int16)[:x.numel()].view(x.shape)
-    return bits >= dropped - 32768, 65536 / (65536 - dropped)
-
-
-def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """F.dropout; on CPU each element's fate is decided by 16 random bits, so p is rounded to a
-    multiple of 1/65536 (0.1 becomes 0.100006) and the kept values are scaled by 1 / (1 - that)."""
-    if not training or p == 0.0:
-        return x
-    if not _cpu_fast_path(x) or p >= 1.0:
-        return F.dropout(x, p, True)
-    return _ScaledMask.apply(x, *_keep_mask(x, p))
-
-
-def relu_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """dropout(relu(x), p, training), on CPU as one step that stores less (see _ReluDropout)."""
-    if not training or p == 0.0:
-        return torch.relu(x)
-    if not _cpu_fast_path(x) or p >= 1.0:
-        return F.dropout(torch.relu(x), p, True)
-    return _ReluDropout.apply(x, *_keep_mask(x, p))
-
-
-class Dropout(nn.Dropout):
-    """nn.Dropout computed with `dropout`."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dropout(x, self.p, self.training)
+from cpu_kernels import Dropout, Linear, linear, relu_dropout
 
 
 class InputEmbeddings(nn.Module):
@@ -200,7 +77,7 @@ class MultiHeadAttention(nn.Module):
         self.w_k = Linear(d_model, d_model)
         self.w_v = Linear(d_model, d_model)
         self.w_o = Linear(d_model, d_model)
-        self.dropout = dropout
+        self.dropout_p = dropout  # on the attention weights, inside scaled_dot_product_attention
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """(B, L, d_model) -> (B, h, L, d_k)."""
@@ -212,32 +89,33 @@ class MultiHeadAttention(nn.Module):
         out = linear(x, torch.cat([layer.weight for layer in layers]), torch.cat([layer.bias for layer in layers]))
         return [self.split_heads(part) for part in out.chunk(len(layers), dim=-1)]
 
-    def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Split keys and values of x (B, L, d_model), from one matrix product."""
+    def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of x (B, L, d_model), split into heads, from one matrix product."""
         key, value = self.project_split(x, self.w_k, self.w_v)
         return key, value
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               mask: torch.Tensor | None) -> torch.Tensor:
-        """Attention of queries x (B, Lq, d_model) over already split keys and values."""
-        return self.heads(self.split_heads(self.w_q(q)), k, v, mask)
-
-    def heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """Scaled dot-product attention of split heads, merged and projected by w_o."""
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """softmax(Q K^T / sqrt(d_k)) V of split heads (B, h, L, d_k), heads merged and projected by w_o."""
         if mask is not None and mask.dtype != torch.bool:
             mask = mask.bool()
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                             dropout_p=self.dropout if self.training else 0.0)
+                                             dropout_p=self.dropout_p if self.training else 0.0)
         out = out.transpose(1, 2).reshape(out.size(0), -1, self.h * self.d_k)
         return self.w_o(out)
 
+    def attend(self, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               mask: torch.Tensor | None) -> torch.Tensor:
+        """Queries from x (B, Lq, d_model), projected here by w_q, attending over keys and values
+        already projected and split into heads."""
+        return self.attention(self.split_heads(self.w_q(x)), key, value, mask)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
+        """The paper's MultiHead(Q, K, V) on unprojected inputs (B, L, d_model)."""
         if q is k and k is v:  # self-attention: Q, K and V in one matrix product
-            return self.heads(*self.project_split(q, self.w_q, self.w_k, self.w_v), mask)
+            return self.attention(*self.project_split(q, self.w_q, self.w_k, self.w_v), mask)
         if k is v:  # cross-attention: K and V in one
-            key, value = self.project_kv(k)
-            return self.attend(q, key, value, mask)
+            return self.attend(q, *self.keys_values(k), mask)
         return self.attend(q, self.split_heads(self.w_k(k)), self.split_heads(self.w_v(v)), mask)
 
 
@@ -247,11 +125,11 @@ class FeedForwardBlock(nn.Module):
     def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
         super().__init__()
         self.linear_1 = Linear(d_model, d_ff)
-        self.dropout = dropout
+        self.dropout_p = dropout
         self.linear_2 = Linear(d_ff, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_2(relu_dropout(self.linear_1(x), self.dropout, self.training))
+        return self.linear_2(relu_dropout(self.linear_1(x), self.dropout_p, self.training))
 
 
 class ResidualConnection(nn.Module):
@@ -332,7 +210,7 @@ class DecoderBlock(nn.Module):
 
         def cached_cross_attention(y: torch.Tensor) -> torch.Tensor:
             if cache.cross_kv[layer] is None:
-                cache.cross_kv[layer] = self.cross_attention.project_kv(encoder_output)
+                cache.cross_kv[layer] = self.cross_attention.keys_values(encoder_output)
             k, v = cache.cross_kv[layer]
             return self.cross_attention.attend(y, k, v, src_mask)
 

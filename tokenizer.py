@@ -3,14 +3,20 @@
 Special tokens and their ids are defined here once. Every model splits text the same way:
 a Metaspace pre-tokenizer marks word starts with "▁" and punctuation is split off, so the
 Metaspace decoder gives back natural text ("Hello, world." not "Hello , world .").
-Tokenizers are trained on the training split only and saved as JSON (safe to load: no code).
+
+Tokenizers are trained on the training split only, from an iterator (`train_tokenizers` takes a
+function that streams the sentence pairs afresh for each pass), and saved as JSON beside the
+checkpoints with atomic writes (safe to load: JSON holds no code). Checkpoints carry them too.
 """
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from atomic_files import atomic_write_bytes
 
 UNK, PAD, SOS, EOS = "[UNK]", "[PAD]", "[SOS]", "[EOS]"
 SPECIAL_TOKENS = [UNK, PAD, SOS, EOS]
@@ -68,7 +74,48 @@ def tokenizer_from_json(text: str) -> Tokenizer:
 
 
 def load_tokenizer(path: Path) -> Tokenizer:
-    return tokenizer_from_json(Path(path).read_text(encoding="utf-8"))
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise TokenizerError(f"cannot read tokenizer {path}: {error}") from None
+    return tokenizer_from_json(text)
+
+
+def tokenizer_hash(tokenizer: Tokenizer) -> str:
+    """sha256 of the tokenizer's JSON: what a data store tokenized with it is keyed by."""
+    return hashlib.sha256(tokenizer.to_str().encode("utf-8")).hexdigest()
+
+
+def tokenizer_paths(folder: Path, config: dict[str, Any]) -> tuple[Path, Path]:
+    """Where an experiment keeps its source and target tokenizers (one file for a joint vocabulary)."""
+    folder = Path(folder)
+    if config["joint_vocab"]:
+        joint = folder / f"tokenizer_{config['lang_src']}-{config['lang_tgt']}.json"
+        return joint, joint
+    return folder / f"tokenizer_{config['lang_src']}.json", folder / f"tokenizer_{config['lang_tgt']}.json"
+
+
+def train_tokenizers(config: dict[str, Any],
+                     pairs: Callable[[], Iterator[tuple[str, str]]]) -> tuple[Tokenizer, Tokenizer]:
+    """Source and target tokenizers (one shared one with `joint_vocab`) of the configured type,
+    trained on the sentence pairs `pairs()` yields; it is called once per pass."""
+    settings = (config["tokenizer_type"], config["vocab_size"], config["min_frequency"])
+    if config["joint_vocab"]:
+        joint = train_tokenizer((text for pair in pairs() for text in pair), *settings)
+        return joint, joint
+    return (train_tokenizer((src for src, _ in pairs()), *settings),
+            train_tokenizer((tgt for _, tgt in pairs()), *settings))
+
+
+def save_tokenizers(folder: Path, config: dict[str, Any], tok_src: Tokenizer, tok_tgt: Tokenizer) -> None:
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for path, tokenizer in zip(tokenizer_paths(folder, config), (tok_src, tok_tgt)):
+        atomic_write_bytes(path, tokenizer.to_str().encode("utf-8"))
+
+
+def load_tokenizers(folder: Path, config: dict[str, Any]) -> tuple[Tokenizer, Tokenizer]:
+    src_path, tgt_path = tokenizer_paths(folder, config)
+    return load_tokenizer(src_path), load_tokenizer(tgt_path)
 
 
 def encode_ids(tokenizer: Tokenizer, text: str) -> list[int]:

@@ -1,9 +1,15 @@
 """Train the Transformer: `python train.py [--preset cpu] [--key value ...]`.
 
-Reads top to bottom: config -> distributed setup -> data and tokenizers -> model, optimizer,
-schedule -> resume -> the loop (token-budget batches, AMP, gradient accumulation, clipping,
-non-finite step skipping) -> validation and checkpoints at epoch ends, at max_steps, at
-max_minutes, every save_every_steps, and on SIGINT/SIGTERM.
+The run reads top to bottom, one named phase after another:
+1. `train`: the ranks of a torchrun job, the device, the run lock, then a `Trainer`.
+2. `Trainer.start_or_resume`: which checkpoint to continue, the data and tokenizers, the model,
+   optimizer, schedule and counters.
+3. `Trainer.train_epoch`: forward and backward of each micro-batch (AMP, gradient accumulation);
+   `Trainer.optimizer_step` after the last micro-batch of each step (clipping, skipping a non-finite
+   step); then `Trainer.stop_decision` (max_steps, max_minutes, a signal, too many non-finite steps).
+4. `Trainer.end_of_epoch`: validation, early stopping and a checkpoint, at each epoch's end and
+   when training stops.
+Checkpoints are also written every `save_every_steps`, and on SIGINT/SIGTERM.
 
 Under `torchrun --nproc_per_node N train.py ...` each rank trains on a disjoint share of every
 global step (DistributedDataParallel); rank 0 alone writes tokenizers, checkpoints, TensorBoard and
@@ -12,7 +18,6 @@ the progress bar, and runs validation while the others wait.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import json
 import math
@@ -21,6 +26,7 @@ import random
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,53 +37,22 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from atomic_files import atomic_write_bytes
 from attention_plot import attention_figure
-from checkpoint import (CheckpointError, RunLock, atomic_write_bytes, checkpoint_candidates, load_checkpoint,
-                        load_latest, save_checkpoint)
+from checkpoint import CheckpointError, RunLock, checkpoint_candidates, load_checkpoint, load_latest, save_checkpoint
 from config import IDENTITY_KEYS, ConfigError, parse_config, runs_dir, validate_config, weights_dir
-from dataset import (BatchPlan, BilingualDataset, DataError, MicroBatches, get_or_build_tokenizers, load_splits,
-                     log, padding_waste)
+from cpu_kernels import keep_freed_memory, linear
+from dataset import BatchPlan, BilingualDataset, DataError, MicroBatches, load_splits, log, padding_waste
 from decoding import translate_sentences
+from device import pick_device
+from loss import loss_sum
 from model import Transformer, build_model
 from scoring import corpus_scores
-from tokenizer import PAD_ID, TokenizerError, tokenizer_from_json
+from tokenizer import (PAD_ID, TokenizerError, load_tokenizers, save_tokenizers, tokenizer_from_json,
+                       train_tokenizers)
 
 
-# ---------------------------------------------------------------------------- setup helpers
-
-def pick_device(config: dict[str, Any], local_rank: int) -> torch.device:
-    choice = config["device"]
-    if choice == "auto":
-        if torch.cuda.is_available():
-            choice = "cuda"
-        elif torch.backends.mps.is_available():
-            choice = "mps"
-        else:
-            choice = "cpu"
-    if choice == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("--device cuda: no CUDA device is available")
-        return torch.device("cuda", local_rank)
-    if choice == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("--device mps: MPS is not available")
-    return torch.device(choice)
-
-
-def keep_freed_memory() -> None:
-    """Make glibc's malloc keep freed memory for reuse instead of handing it back to the OS.
-
-    By default every block over 32 MB (at base size: feed-forward activations, logits) is mapped
-    afresh and page-faulted in on first touch, every training step on CPU: at the paper-base size
-    with 4k-token batches that was a quarter of the step's time (bench.py). The cost is that the
-    process keeps its peak heap until it exits. Does nothing where the C library is not glibc."""
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return
-    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
-    mallopt(m_mmap_max, 0)
-    mallopt(m_trim_threshold, 2 ** 31 - 1)
-
+# ---------------------------------------------------------------------------- the parts of a run
 
 def amp_dtype(config: dict[str, Any], device: torch.device) -> torch.dtype | None:
     """bf16 where the hardware has it, else fp16 (with a GradScaler); off on CPU unless asked."""
@@ -102,62 +77,57 @@ def build_optimizer(model: torch.nn.Module, config: dict[str, Any]) -> torch.opt
 
 def lr_factor(step: int, config: dict[str, Any], total_steps: int) -> float:
     """Multiplier of the peak lr after `step` optimizer steps: linear warmup, then the paper's
-    inverse square root, or a cosine decay to min_lr at `total_steps`."""
+    inverse square root (from the first step when there is no warmup), or a cosine decay to
+    min_lr at `total_steps`."""
     step += 1
     warmup = config["warmup_steps"]
     if warmup and step < warmup:
         return step / warmup
     if config["lr_schedule"] == "inverse_sqrt":
-        return math.sqrt(warmup / step) if warmup else 1.0
+        return math.sqrt(max(warmup, 1) / step)
     progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
     floor = config["min_lr"] / config["lr"]
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-LOSS_CHUNK_ELEMENTS = 2 ** 22  # 16 MB of fp32 log-probabilities at a time
+def train_flops(batch: int, src_len: int, tgt_len: int, config: dict[str, Any], tgt_vocab: int) -> int:
+    """FLOPs of one training step (forward, input and weight gradients: x3) on a batch padded to
+    (src_len, tgt_len): the matrix products only, at the shapes computed (bench.py documents the count)."""
+    d, d_ff, layers = config["d_model"], config["d_ff"], config["num_layers"]
+    s, t = src_len, tgt_len
+    encoder = 4 * s * d * d + 2 * s * s * d + 2 * s * d * d_ff
+    decoder = 4 * t * d * d + 2 * t * t * d + 2 * t * d * d + 2 * s * d * d + 2 * t * s * d + 2 * t * d * d_ff
+    multiply_adds = layers * (encoder + decoder) + t * d * tgt_vocab
+    return 3 * 2 * batch * multiply_adds
 
 
-class _SmoothedCrossEntropySum(torch.autograd.Function):
-    """F.cross_entropy(logits.float(), label, ignore_index=PAD_ID, label_smoothing, reduction="sum"),
-    with the gradient computed in the forward pass a few hundred rows at a time.
-
-    The loss over a 10k vocabulary is the step's largest tensor: computed the usual way, the
-    log-probabilities are kept for backward, which then allocates two more tensors of their size.
-    Here only the gradient (in the logits' dtype) outlives the forward pass, and backward scales it
-    in place: about 0.5 GB less peak RSS at the paper-base size with 4k-token batches (bench.py)."""
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, label: torch.Tensor, smoothing: float) -> torch.Tensor:
-        rows = max(1, LOSS_CHUNK_ELEMENTS // logits.size(-1))
-        total = torch.zeros((), dtype=torch.float32, device=logits.device)
-        grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
-        for start in range(0, logits.size(0), rows):
-            log_probs = torch.log_softmax(logits[start:start + rows].float(), dim=-1)
-            target = label[start:start + rows]
-            real = (target != PAD_ID).unsqueeze(1)
-            picked = log_probs.gather(1, target.unsqueeze(1))
-            # -(1 - s) log p(label) - (s / V) sum_j log p(j), as F.cross_entropy smooths
-            loss = -(1 - smoothing) * picked - smoothing / log_probs.size(-1) * log_probs.sum(-1, keepdim=True)
-            total += loss.masked_fill(~real, 0.0).sum()
-            if grad is not None:
-                # d/dlogits = softmax - the smoothed target distribution
-                chunk = log_probs.exp_().sub_(smoothing / log_probs.size(-1))
-                chunk.scatter_add_(1, target.unsqueeze(1), torch.full_like(picked, smoothing - 1))
-                grad[start:start + rows] = chunk.masked_fill_(~real, 0.0)
-        ctx.grad = grad
-        return total
-
-    @staticmethod
-    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        grad, ctx.grad = ctx.grad, None
-        if grad is None:
-            raise RuntimeError("backward through loss_sum a second time is not supported")
-        return grad.mul_(grad_output.to(grad.dtype)), None, None
+def cpu_epoch_estimate(config: dict[str, Any], batches: list[np.ndarray], dataset: BilingualDataset,
+                       tgt_vocab: int) -> float:
+    """Roughly how many seconds one epoch takes on this CPU: the epoch's FLOPs over half the
+    GFLOP/s of the model's own matrix product, timed here in about a tenth of a second (whole
+    training steps reach about 50-60% of it at the paper-base size; bench.py)."""
+    flops = sum(train_flops(len(b), int(dataset.src_lens[b].max()), int(dataset.tgt_lens[b].max()), config,
+                            tgt_vocab) for b in batches)
+    rows, width = 1024, config["d_model"]
+    generator = torch.Generator().manual_seed(0)  # not the global RNG: that drives dropout
+    x = torch.randn(rows, width, generator=generator)
+    weight = torch.randn(config["d_ff"], width, generator=generator)
+    linear(x, weight)  # warm-up
+    started, repeats = time.perf_counter(), 0
+    while time.perf_counter() - started < 0.1:
+        linear(x, weight)
+        repeats += 1
+    flops_per_second = 2 * rows * width * config["d_ff"] * repeats / (time.perf_counter() - started)
+    return flops / (0.5 * flops_per_second)
 
 
-def loss_sum(logits: torch.Tensor, label: torch.Tensor, label_smoothing: float) -> torch.Tensor:
-    """Summed label-smoothed cross-entropy over the non-padding target tokens (fp32 softmax)."""
-    return _SmoothedCrossEntropySum.apply(logits.reshape(-1, logits.size(-1)), label.reshape(-1), label_smoothing)
+def check_resumable(checkpoint_config: dict[str, Any], config: dict[str, Any], path: Path) -> None:
+    """Refuse a checkpoint whose model, vocabulary or data split differs from the config."""
+    validate_config(checkpoint_config)
+    for key in IDENTITY_KEYS:
+        if checkpoint_config[key] != config[key]:
+            raise ConfigError(f"checkpoint {path} was trained with --{key} {checkpoint_config[key]!r} but this run "
+                              f"has {config[key]!r}; use the same options to resume, or a new --experiment_name")
 
 
 def rng_state() -> dict[str, Any]:
@@ -176,15 +146,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def check_resumable(checkpoint_config: dict[str, Any], config: dict[str, Any], path: Path) -> None:
-    """Refuse a checkpoint whose model, vocabulary or data split differs from the config."""
-    validate_config(checkpoint_config)
-    for key in IDENTITY_KEYS:
-        if checkpoint_config[key] != config[key]:
-            raise ConfigError(f"checkpoint {path} was trained with --{key} {checkpoint_config[key]!r} but this run "
-                              f"has {config[key]!r}; use the same options to resume, or a new --experiment_name")
 
 
 class GracefulStop:
@@ -208,8 +169,6 @@ class GracefulStop:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
 
-
-# ---------------------------------------------------------------------------- validation
 
 @torch.no_grad()
 def run_validation(model: Transformer, val_ds: BilingualDataset, val_pairs: list[tuple[str, str]], tok_src, tok_tgt,
@@ -248,296 +207,381 @@ def run_validation(model: Transformer, val_ds: BilingualDataset, val_pairs: list
     return metrics
 
 
-# ---------------------------------------------------------------------------- training
+@dataclass(frozen=True)
+class Ranks:
+    """Where this process sits in a torchrun job; a plain run is rank 0 of 1."""
 
-def train(config: dict[str, Any]) -> int:
-    started = time.monotonic()
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    distributed = world_size > 1
-    device = pick_device(config, local_rank)
-    if device.type == "cpu":
-        keep_freed_memory()
-    if distributed:
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        # Long timeout: ranks wait at a barrier while rank 0 validates.
-        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=60))
-    is_main = rank == 0
+    world_size: int = 1
+    rank: int = 0
+    local_rank: int = 0
 
-    folder = weights_dir(config)
-    lock = RunLock(folder)
-    if is_main:
-        lock.acquire()
-    try:
-        return _train(config, started, device, world_size, rank, distributed, is_main, folder)
-    finally:
-        lock.release()
-        if distributed:
-            dist.destroy_process_group()
+    @classmethod
+    def from_environment(cls) -> "Ranks":
+        return cls(int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0")),
+                   int(os.environ.get("LOCAL_RANK", "0")))
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
 
 
-def _train(config: dict[str, Any], started: float, device: torch.device, world_size: int, rank: int,
-           distributed: bool, is_main: bool, folder: Path) -> int:
-    random.seed(config["seed"])
-    np.random.seed(config["seed"])
-    torch.manual_seed(config["seed"])
+# ---------------------------------------------------------------------------- the run
 
-    # Which checkpoint, if any, this run continues.
-    resume: dict[str, Any] | None = None
-    if config["preload"] == "latest":
-        found = load_latest(folder)
-        if found:
-            resume_path, resume = found
-    elif config["preload"] == "none":
-        if checkpoint_candidates(folder):
-            raise ConfigError(f"{folder} already holds checkpoints; resume them with --preload latest, or start "
-                              f"a new run with another --experiment_name")
-    else:
-        resume_path = Path(config["preload"])
-        resume = load_checkpoint(resume_path)
-    if resume is not None:
-        check_resumable(resume["config"], config, resume_path)
-        log(f"resuming from {resume_path} (epoch {resume['epoch']}, step {resume['global_step']})")
+class Trainer:
+    """One training run, phase by phase (see the module docstring)."""
 
-    splits = load_splits(config)
-    if resume is not None:
-        tok_src = tokenizer_from_json(resume["tokenizers"]["src"])
-        tok_tgt = tokenizer_from_json(resume["tokenizers"]["tgt"])
-    else:
-        if is_main:
-            tok_src, tok_tgt = get_or_build_tokenizers(config, splits["train"], folder, rebuild=True)
-        if distributed:
+    def __init__(self, config: dict[str, Any], device: torch.device, ranks: Ranks, started: float) -> None:
+        self.config, self.device, self.ranks, self.started = config, device, ranks, started
+        self.folder = weights_dir(config)
+        self.epoch = self.step_in_epoch = self.global_step = 0
+        self.best_bleu, self.stale_validations = -1.0, 0
+        self.nonfinite_run, self.last_validation_seconds = 0, 0.0
+        self.writer = None
+
+    # ------------------------------------------------------------------ 1. start or resume
+
+    def start_or_resume(self) -> None:
+        config, ranks = self.config, self.ranks
+        random.seed(config["seed"])
+        np.random.seed(config["seed"])
+        torch.manual_seed(config["seed"])
+        resume_path, resume = self.checkpoint_to_resume()
+
+        self.splits = load_splits(config)
+        self.tok_src, self.tok_tgt = self.tokenizers(resume)
+        if ranks.is_main:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(self.folder / "config.json", json.dumps(config, indent=1).encode("utf-8"))
+        self.train_ds = BilingualDataset(self.splits["train"], self.tok_src, self.tok_tgt, config["seq_len"], "train")
+        self.val_ds = BilingualDataset(self.splits["validation"], self.tok_src, self.tok_tgt, config["seq_len"],
+                                       "validation")
+        if len(self.train_ds) == 0:
+            raise DataError(f"no training pairs fit in --seq_len {config['seq_len']}")
+        self.plan = BatchPlan(self.train_ds, config["batch_tokens"], config["seed"], ranks.world_size, ranks.rank,
+                              config["accum_steps"])
+
+        self.model = build_model(config, self.tok_src.get_vocab_size(), self.tok_tgt.get_vocab_size()).to(self.device)
+        self.optimizer = build_optimizer(self.model, config)
+        steps_per_epoch = self.plan.steps_per_epoch(0)
+        if steps_per_epoch == 0:
+            raise DataError(f"too little training data for one step of {ranks.world_size * config['accum_steps']} "
+                            f"batches")
+        total_steps = config["max_steps"] or config["num_epochs"] * steps_per_epoch
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
+                                                           lambda step: lr_factor(step, config, total_steps))
+        self.autocast_dtype = amp_dtype(config, self.device)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.autocast_dtype == torch.float16)
+        if resume is not None:
+            self.restore(resume, resume_path)
+            del resume  # free the CPU copy of the weights
+        if ranks.distributed:
+            # Dropout differs per rank, and a resumed run gets the same streams as an unbroken one.
+            torch.manual_seed(config["seed"] + 1_000_003 * self.global_step + ranks.rank)
+
+        self.raw_model = self.model
+        if config["compile"]:
+            self.model = torch.compile(self.model)
+        if ranks.distributed:
+            self.model = DistributedDataParallel(self.model, device_ids=[self.device.index]
+                                                 if self.device.type == "cuda" else None)
+        if ranks.is_main:
+            self.start_logging(steps_per_epoch)
+
+    def checkpoint_to_resume(self) -> tuple[Path | None, dict[str, Any] | None]:
+        """The checkpoint `preload` names (latest: the newest good one, if any), checked against the config."""
+        config = self.config
+        path, state = None, None
+        if config["preload"] == "latest":
+            found = load_latest(self.folder)
+            if found:
+                path, state = found
+        elif config["preload"] == "new":
+            if checkpoint_candidates(self.folder):
+                raise ConfigError(f"{self.folder} already holds checkpoints; resume them with --preload latest, or "
+                                  f"start a new run with another --experiment_name")
+        else:
+            path = Path(config["preload"])
+            state = load_checkpoint(path)
+        if state is not None:
+            check_resumable(state["config"], config, path)
+            log(f"resuming from {path} (epoch {state['epoch']}, step {state['global_step']})")
+        return path, state
+
+    def tokenizers(self, resume: dict[str, Any] | None) -> tuple[Any, Any]:
+        """A resumed run's tokenizers come from its checkpoint; a new run's are trained by rank 0 on
+        the training split and read back by the other ranks."""
+        if resume is not None:
+            return tokenizer_from_json(resume["tokenizers"]["src"]), tokenizer_from_json(resume["tokenizers"]["tgt"])
+        if self.ranks.is_main:
+            tok_src, tok_tgt = train_tokenizers(self.config, lambda: iter(self.splits["train"]))
+            save_tokenizers(self.folder, self.config, tok_src, tok_tgt)
+            log(f"trained {self.config['tokenizer_type']} tokenizers on {len(self.splits['train'])} training pairs: "
+                f"{tok_src.get_vocab_size()} source and {tok_tgt.get_vocab_size()} target entries")
+        if self.ranks.distributed:
             dist.barrier()  # the other ranks read what rank 0 wrote
-        if not is_main:
-            tok_src, tok_tgt = get_or_build_tokenizers(config, None, folder)
-    if is_main:
-        folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(folder / "config.json", json.dumps(config, indent=1).encode("utf-8"))
+        if not self.ranks.is_main:
+            tok_src, tok_tgt = load_tokenizers(self.folder, self.config)
+        return tok_src, tok_tgt
 
-    train_ds = BilingualDataset(splits["train"], tok_src, tok_tgt, config["seq_len"], "train")
-    val_ds = BilingualDataset(splits["validation"], tok_src, tok_tgt, config["seq_len"], "validation")
-    if len(train_ds) == 0:
-        raise DataError(f"no training pairs fit in --seq_len {config['seq_len']}")
-    plan = BatchPlan(train_ds, config["batch_tokens"], config["seed"], world_size, rank, config["accum_steps"])
-
-    model = build_model(config, tok_src.get_vocab_size(), tok_tgt.get_vocab_size()).to(device)
-    optimizer = build_optimizer(model, config)
-    steps_per_epoch = plan.steps_per_epoch(0)
-    if steps_per_epoch == 0:
-        raise DataError(f"too little training data for one step of {world_size * config['accum_steps']} batches")
-    total_steps = config["max_steps"] or config["num_epochs"] * steps_per_epoch
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config, total_steps))
-    dtype = amp_dtype(config, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-
-    epoch, step_in_epoch, global_step = 0, 0, 0
-    best_bleu, stale_validations = -1.0, 0
-    if resume is not None:
+    def restore(self, state: dict[str, Any], path: Path) -> None:
         try:
-            model.load_state_dict(resume["model"])
+            self.model.load_state_dict(state["model"])
         except RuntimeError as error:
-            raise ConfigError(f"checkpoint {resume_path} does not fit this model: {str(error).splitlines()[0]}") \
-                from None
-        optimizer.load_state_dict(resume["optimizer"])
-        scheduler.load_state_dict(resume["scheduler"])
-        scaler.load_state_dict(resume["scaler"])
-        epoch, step_in_epoch, global_step = resume["epoch"], resume["step_in_epoch"], resume["global_step"]
-        best_bleu, stale_validations = resume["best_bleu"], resume["stale_validations"]
-        set_rng_state(resume["rng"])
-        del resume  # free the CPU copy of the weights
-    if distributed:
-        # Dropout differs per rank, and a resumed run gets the same streams as an unbroken one.
-        torch.manual_seed(config["seed"] + 1_000_003 * global_step + rank)
+            raise ConfigError(f"checkpoint {path} does not fit this model: {str(error).splitlines()[0]}") from None
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.epoch, self.step_in_epoch, self.global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
+        self.best_bleu, self.stale_validations = state["best_bleu"], state["stale_validations"]
+        set_rng_state(state["rng"])
 
-    raw_model = model
-    if config["compile"]:
-        model = torch.compile(model)
-    if distributed:
-        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-
-    writer = None
-    if is_main:
-        from torch.utils.tensorboard import SummaryWriter
+    def start_logging(self, steps_per_epoch: int) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # slow to import; rank 0 only
+        config, ranks = self.config, self.ranks
         # purge_step drops events a killed run logged after its last checkpoint, so no step is logged twice.
-        writer = SummaryWriter(str(runs_dir(config)), purge_step=global_step + 1 if global_step else None)
-        waste = padding_waste(plan.epoch_batches(epoch), train_ds.src_lens, train_ds.tgt_lens)
-        log(f"{len(train_ds)} training pairs, {steps_per_epoch} steps per epoch, {waste:.1%} padding, "
-            f"{sum(p.numel() for p in raw_model.parameters()):,} parameters, device {device}"
-            + (f", {world_size} ranks" if distributed else "")
-            + (f", autocast {str(dtype).replace('torch.', '')}" if dtype else ""))
+        self.writer = SummaryWriter(str(runs_dir(config)),
+                                    purge_step=self.global_step + 1 if self.global_step else None)
+        batches = self.plan.epoch_batches(self.epoch)
+        waste = padding_waste(batches, self.train_ds.src_lens, self.train_ds.tgt_lens)
+        log(f"{len(self.train_ds)} training pairs, {steps_per_epoch} steps per epoch, {waste:.1%} padding, "
+            f"{sum(p.numel() for p in self.raw_model.parameters()):,} parameters, device {self.device}"
+            + (f", {ranks.world_size} ranks" if ranks.distributed else "")
+            + (f", autocast {str(self.autocast_dtype).replace('torch.', '')}" if self.autocast_dtype else ""))
+        if self.device.type == "cpu":
+            minutes = cpu_epoch_estimate(config, batches, self.train_ds, self.tok_tgt.get_vocab_size()) / 60
+            hint = ("; --preset cpu trains a small model in minutes" if minutes > 10 else "")
+            log(f"no GPU: one epoch will take roughly {minutes:.0f} min on this CPU{hint}"
+                if minutes >= 1 else f"no GPU: one epoch will take roughly {minutes * 60:.0f} s on this CPU")
 
-    def save(metrics: dict[str, float] | None = None) -> None:
-        if not is_main:
+    # ------------------------------------------------------------------ 2. training
+
+    def run(self) -> int:
+        self.start_or_resume()
+        config = self.config
+        if config["max_steps"] and self.global_step >= config["max_steps"]:
+            log(f"already trained {self.global_step} steps (--max_steps {config['max_steps']}); raise --max_steps "
+                f"to go on")
+            return 0
+        if self.epoch >= config["num_epochs"]:
+            log(f"already trained {self.epoch} epochs; raise --num_epochs to go on")
+            return 0
+        self.model.train()
+        stop = None
+        with GracefulStop() as graceful:
+            while self.epoch < config["num_epochs"] and stop is None:
+                stop = self.train_epoch(graceful)
+                stop = self.end_of_epoch(stop)
+        return self.finish(stop)
+
+    def train_epoch(self, graceful: GracefulStop) -> str | None:
+        """Train from the current position to the end of the epoch, or until a stop; returns the
+        reason for stopping (None at the epoch's end)."""
+        config, device, ranks = self.config, self.device, self.ranks
+        epoch_steps = self.plan.steps_per_epoch(self.epoch)
+        workers = config["num_workers"] if config["num_workers"] >= 0 else (2 if device.type == "cuda" else 0)
+        # Its own generator: a loader draws worker seeds from the global RNG otherwise, which
+        # would shift the dropout stream of a run resumed mid-epoch.
+        loader = DataLoader(MicroBatches(self.train_ds, self.plan.micro_batches(self.epoch, self.step_in_epoch)),
+                            batch_size=None, shuffle=False, num_workers=workers, pin_memory=device.type == "cuda",
+                            generator=torch.Generator().manual_seed(config["seed"] + self.epoch))
+        autocast = torch.autocast(device.type, dtype=self.autocast_dtype) if self.autocast_dtype \
+            else contextlib.nullcontext()
+        epoch_started = time.monotonic()
+        progress = tqdm(total=epoch_steps, initial=self.step_in_epoch, desc=f"epoch {self.epoch}",
+                        disable=not ranks.is_main, file=sys.stderr, dynamic_ncols=True)
+        step_loss = torch.zeros((), device=device)
+        self.log_loss, self.log_tokens, self.log_started = torch.zeros((), device=device), 0, time.monotonic()
+        stop = None
+        for index, batch in enumerate(loader):
+            # Token counts stay on the host: reading them back from the device would sync.
+            step_tokens, num_tokens = int(batch.pop("step_tokens")), int(batch.pop("num_tokens"))
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            last_micro = index % config["accum_steps"] == config["accum_steps"] - 1
+            # DDP all-reduces gradients only on the last micro-batch of a step.
+            sync = self.model.no_sync() if ranks.distributed and not last_micro else contextlib.nullcontext()
+            with sync:
+                with autocast:
+                    logits = self.model(batch["encoder_input"], batch["decoder_input"], batch["src_mask"],
+                                        batch["tgt_mask"])
+                summed = loss_sum(logits, batch["label"], config["label_smoothing"])
+                del logits  # backward needs only the gradient the loss stored: free the logits
+                # Normalised by the whole global step's target tokens; DDP averages over ranks.
+                self.scaler.scale(summed * (ranks.world_size / step_tokens)).backward()
+            step_loss += summed.detach()
+            self.log_tokens += num_tokens
+            if not last_micro:
+                continue
+            self.optimizer_step(step_loss)
+            step_loss = torch.zeros((), device=device)
+            progress.update(1)
+            stop = self.stop_decision(graceful)
+            if stop:
+                break
+            if config["save_every_steps"] and self.global_step % config["save_every_steps"] == 0 \
+                    and self.step_in_epoch < epoch_steps:
+                self.save()
+        progress.close()
+        if self.step_in_epoch >= epoch_steps:
+            if ranks.is_main:
+                log(f"epoch {self.epoch} trained in {time.monotonic() - epoch_started:.1f} s")
+            self.epoch, self.step_in_epoch = self.epoch + 1, 0
+        return stop
+
+    def optimizer_step(self, step_loss: torch.Tensor) -> None:
+        """Clip, then apply the step, or skip it (weights, optimizer and schedule untouched) when its
+        loss or gradient is not finite; then log every `log_every` steps."""
+        config = self.config
+        self.scaler.unscale_(self.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), config["clip_grad"] or float("inf"))
+        # One sync per step: whether the step is usable decides whether to apply it.
+        # (With fp16 the scaler itself skips steps whose gradients overflowed.)
+        finite = torch.isfinite(step_loss)
+        if not self.scaler.is_enabled():
+            finite &= torch.isfinite(grad_norm)
+        if bool(finite):
+            self.scaler.step(self.optimizer)
+            self.scheduler.step()
+            self.nonfinite_run = 0
+            self.log_loss += step_loss
+        else:
+            self.nonfinite_run += 1
+            log(f"step {self.global_step + 1}: non-finite loss or gradient, step skipped "
+                f"({self.nonfinite_run} in a row)")
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.global_step += 1
+        self.step_in_epoch += 1
+        if self.ranks.is_main and self.global_step % config["log_every"] == 0:
+            elapsed = time.monotonic() - self.log_started
+            tokens_per_second = self.log_tokens * self.ranks.world_size / max(elapsed, 1e-9)
+            mean_loss = float(self.log_loss) / max(1, self.log_tokens)
+            lr = self.scheduler.get_last_lr()[0]
+            self.writer.add_scalar("train/loss", mean_loss, self.global_step)
+            self.writer.add_scalar("train/lr", lr, self.global_step)
+            self.writer.add_scalar("train/tokens_per_second", tokens_per_second, self.global_step)
+            self.log_loss, self.log_tokens, self.log_started = torch.zeros((), device=self.device), 0, time.monotonic()
+
+    def stop_decision(self, graceful: GracefulStop) -> str | None:
+        """Why training stops after this step, if it does."""
+        config = self.config
+        stop = None
+        if self.nonfinite_run >= config["max_nonfinite_steps"]:
+            stop = "nonfinite"
+        elif config["max_steps"] and self.global_step >= config["max_steps"]:
+            stop = "max_steps"
+        elif config["max_minutes"] and \
+                time.monotonic() - self.started + self.last_validation_seconds >= 60 * config["max_minutes"]:
+            stop = "max_minutes"
+        elif graceful.requested:
+            stop = "signal"
+        if self.ranks.distributed:
+            # Every rank must stop at the same step: share the decision.
+            flag = torch.tensor([0 if stop is None else 1], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() and stop is None:
+                stop = "signal"
+        return stop
+
+    # ------------------------------------------------------------------ 3. end of an epoch
+
+    def end_of_epoch(self, stop: str | None) -> str | None:
+        """Validation (unless a signal or non-finite steps stopped the run), early stopping, and a
+        checkpoint; returns the stop reason, which early stopping may set."""
+        metrics = None
+        if stop not in ("signal", "nonfinite"):
+            validation_started = time.monotonic()
+            if self.ranks.is_main and self.splits["validation"]:
+                metrics = run_validation(self.raw_model, self.val_ds, self.splits["validation"], self.tok_src,
+                                         self.tok_tgt, self.config, self.device, self.writer, self.global_step)
+            if self.ranks.distributed:
+                dist.barrier()
+            self.last_validation_seconds = time.monotonic() - validation_started
+            if metrics is not None:
+                if metrics["bleu"] > self.best_bleu:
+                    self.best_bleu, self.stale_validations = metrics["bleu"], 0
+                else:
+                    self.stale_validations += 1
+                patience = self.config["early_stopping_patience"]
+                if patience and self.stale_validations >= patience:
+                    stop = "early_stopping"
+            if self.ranks.distributed:
+                flag = torch.tensor([1 if stop else 0], device=self.device)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                stop = stop or ("early_stopping" if flag.item() else None)
+        self.save(metrics)
+        if self.ranks.distributed:
+            dist.barrier()
+        return stop
+
+    def save(self, metrics: dict[str, float] | None = None) -> None:
+        if not self.ranks.is_main:
             return
         state = {
-            "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-            "epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step,
-            "config": config, "tokenizers": {"src": tok_src.to_str(), "tgt": tok_tgt.to_str()},
-            "rng": rng_state(), "best_bleu": best_bleu, "stale_validations": stale_validations,
+            "model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+            "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+            "config": self.config, "tokenizers": {"src": self.tok_src.to_str(), "tgt": self.tok_tgt.to_str()},
+            "rng": rng_state(), "best_bleu": self.best_bleu, "stale_validations": self.stale_validations,
             "metrics": metrics or {},
         }
-        path = save_checkpoint(folder, state, global_step, config["keep_checkpoints"],
+        path = save_checkpoint(self.folder, state, self.global_step, self.config["keep_checkpoints"],
                                metrics["bleu"] if metrics else None)
         log(f"saved {path}")
 
-    def validate() -> dict[str, float] | None:
-        metrics = None
-        if is_main and splits["validation"]:
-            metrics = run_validation(raw_model, val_ds, splits["validation"], tok_src, tok_tgt, config, device,
-                                     writer, global_step)
-        if distributed:
-            dist.barrier()
-        return metrics
-
-    if config["max_steps"] and global_step >= config["max_steps"]:
-        log(f"already trained {global_step} steps (--max_steps {config['max_steps']}); raise --max_steps to go on")
-        return 0
-    if epoch >= config["num_epochs"]:
-        log(f"already trained {epoch} epochs; raise --num_epochs to go on")
-        return 0
-
-    model.train()
-    autocast = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
-    stop_reason, nonfinite_run, last_validation_seconds = None, 0, 0.0
-    with GracefulStop() as graceful:
-        while epoch < config["num_epochs"] and stop_reason is None:
-            micro_batches = plan.micro_batches(epoch, step_in_epoch)
-            epoch_steps = plan.steps_per_epoch(epoch)
-            workers = config["num_workers"] if config["num_workers"] >= 0 else (2 if device.type == "cuda" else 0)
-            # Its own generator: a loader draws worker seeds from the global RNG otherwise, which
-            # would shift the dropout stream of a run resumed mid-epoch.
-            loader = DataLoader(MicroBatches(train_ds, micro_batches), batch_size=None, shuffle=False,
-                                num_workers=workers, pin_memory=device.type == "cuda",
-                                generator=torch.Generator().manual_seed(config["seed"] + epoch))
-            epoch_started = time.monotonic()
-            progress = tqdm(total=epoch_steps, initial=step_in_epoch, desc=f"epoch {epoch}",
-                            disable=not is_main, file=sys.stderr, dynamic_ncols=True)
-            step_loss = torch.zeros((), device=device)
-            log_loss, log_tokens, log_started = torch.zeros((), device=device), 0, time.monotonic()
-            for index, batch in enumerate(loader):
-                # Token counts stay on the host: reading them back from the device would sync.
-                step_tokens, num_tokens = int(batch.pop("step_tokens")), int(batch.pop("num_tokens"))
-                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-                last_micro = index % config["accum_steps"] == config["accum_steps"] - 1
-                # DDP all-reduces gradients only on the last micro-batch of a step.
-                sync = model.no_sync() if distributed and not last_micro else contextlib.nullcontext()
-                with sync:
-                    with autocast:
-                        logits = model(batch["encoder_input"], batch["decoder_input"], batch["src_mask"],
-                                       batch["tgt_mask"])
-                    summed = loss_sum(logits, batch["label"], config["label_smoothing"])
-                    del logits  # backward needs only the gradient the loss stored: free the logits
-                    # Normalised by the whole global step's target tokens; DDP averages over ranks.
-                    scaler.scale(summed * (world_size / step_tokens)).backward()
-                step_loss += summed.detach()
-                log_tokens += num_tokens
-                if not last_micro:
-                    continue
-
-                scaler.unscale_(optimizer)
-                grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), config["clip_grad"] or float("inf"))
-                # One sync per step: whether the step is usable decides whether to apply it.
-                # (With fp16 the scaler itself skips steps whose gradients overflowed.)
-                finite = torch.isfinite(step_loss)
-                if not scaler.is_enabled():
-                    finite &= torch.isfinite(grad_norm)
-                if bool(finite):
-                    scaler.step(optimizer)
-                    scheduler.step()
-                    nonfinite_run = 0
-                    log_loss += step_loss
-                else:
-                    nonfinite_run += 1
-                    log(f"step {global_step + 1}: non-finite loss or gradient, step skipped "
-                        f"({nonfinite_run} in a row)")
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                step_loss = torch.zeros((), device=device)
-                global_step += 1
-                step_in_epoch += 1
-                progress.update(1)
-
-                if is_main and global_step % config["log_every"] == 0:
-                    elapsed = time.monotonic() - log_started
-                    tokens_per_second = log_tokens * world_size / max(elapsed, 1e-9)
-                    mean_loss = float(log_loss) / max(1, log_tokens)
-                    lr = scheduler.get_last_lr()[0]
-                    writer.add_scalar("train/loss", mean_loss, global_step)
-                    writer.add_scalar("train/lr", lr, global_step)
-                    writer.add_scalar("train/tokens_per_second", tokens_per_second, global_step)
-                    progress.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
-                    log_loss, log_tokens, log_started = torch.zeros((), device=device), 0, time.monotonic()
-
-                if nonfinite_run >= config["max_nonfinite_steps"]:
-                    stop_reason = "nonfinite"
-                elif config["max_steps"] and global_step >= config["max_steps"]:
-                    stop_reason = "max_steps"
-                elif config["max_minutes"] and \
-                        time.monotonic() - started + last_validation_seconds >= 60 * config["max_minutes"]:
-                    stop_reason = "max_minutes"
-                elif graceful.requested:
-                    stop_reason = "signal"
-                if distributed:
-                    # Every rank must stop at the same step: share the decision.
-                    flag = torch.tensor([0 if stop_reason is None else 1], device=device)
-                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                    if flag.item() and stop_reason is None:
-                        stop_reason = "signal"
-                if stop_reason:
-                    break
-                if config["save_every_steps"] and global_step % config["save_every_steps"] == 0 \
-                        and step_in_epoch < epoch_steps:
-                    save()
-            progress.close()
-            if step_in_epoch >= epoch_steps:
-                if is_main:
-                    log(f"epoch {epoch} trained in {time.monotonic() - epoch_started:.1f} s")
-                epoch, step_in_epoch = epoch + 1, 0
-
-            metrics = None
-            if stop_reason not in ("signal", "nonfinite"):
-                validation_started = time.monotonic()
-                metrics = validate()
-                last_validation_seconds = time.monotonic() - validation_started
-                if metrics is not None:
-                    if metrics["bleu"] > best_bleu:
-                        best_bleu, stale_validations = metrics["bleu"], 0
-                    else:
-                        stale_validations += 1
-                    if config["early_stopping_patience"] and stale_validations >= config["early_stopping_patience"]:
-                        stop_reason = "early_stopping"
-                if distributed:
-                    flag = torch.tensor([1 if stop_reason else 0], device=device)
-                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                    stop_reason = stop_reason or ("early_stopping" if flag.item() else None)
-            save(metrics)
-            if distributed:
-                dist.barrier()
-
-    if writer is not None:
-        writer.close()
-    if is_main:
-        command = " ".join(["python", "train.py", *sys.argv[1:]])
-        messages = {
-            None: f"finished {config['num_epochs']} epochs ({global_step} steps)",
-            "max_steps": f"reached --max_steps {config['max_steps']}",
-            "max_minutes": f"reached --max_minutes {config['max_minutes']} ({global_step} steps)",
-            "early_stopping": f"stopped early: no better validation BLEU in {stale_validations} validations",
-            "signal": f"stopped at step {global_step}; resume with: {command}",
-            "nonfinite": f"stopped after {nonfinite_run} non-finite steps in a row at step {global_step}; "
-                         f"the checkpoint holds the last good weights (try a lower --lr or --amp off)",
-        }
-        log(messages[stop_reason])
-    return 1 if stop_reason == "nonfinite" else 0
+    def finish(self, stop: str | None) -> int:
+        if self.writer is not None:
+            self.writer.close()
+        config = self.config
+        if self.ranks.is_main:
+            command = " ".join(["python", "train.py", *sys.argv[1:]])
+            messages = {
+                None: f"finished {config['num_epochs']} epochs ({self.global_step} steps)",
+                "max_steps": f"reached --max_steps {config['max_steps']}",
+                "max_minutes": f"reached --max_minutes {config['max_minutes']} ({self.global_step} steps)",
+                "early_stopping": f"stopped early: no better validation BLEU in {self.stale_validations} validations",
+                "signal": f"stopped at step {self.global_step}; resume with: {command}",
+                "nonfinite": f"stopped after {self.nonfinite_run} non-finite steps in a row at step "
+                             f"{self.global_step}; the checkpoint holds the last good weights (try a lower --lr or "
+                             f"--amp off)",
+            }
+            log(messages[stop])
+        return 1 if stop == "nonfinite" else 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def train(config: dict[str, Any], started: float | None = None) -> int:
+    """Run one training job with this config; the exit code."""
+    started = time.monotonic() if started is None else started
+    ranks = Ranks.from_environment()
+    device = pick_device(config["device"], ranks.local_rank)
+    if ranks.distributed:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        # Long timeout: ranks wait at a barrier while rank 0 validates.
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=60))
+    lock = RunLock(weights_dir(config))
+    if ranks.is_main:
+        lock.acquire()
+    try:
+        return Trainer(config, device, ranks, started).run()
+    finally:
+        lock.release()
+        if ranks.distributed:
+            dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None, command_line: bool = False) -> int:
+    """train.py's entry point. `command_line` is True only when run as a program: then, and only
+    then, process-wide settings (`keep_freed_memory` on CPU) are applied."""
+    started = time.monotonic()
     config = parse_config(argv, description=__doc__.splitlines()[0])
     try:
-        return train(config)
+        if command_line and config["keep_freed_memory"] and pick_device(config["device"]).type == "cpu":
+            keep_freed_memory()
+        return train(config, started)
     except (ConfigError, DataError, CheckpointError, TokenizerError) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2 if isinstance(error, ConfigError) else 1
@@ -547,4 +591,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(command_line=True))

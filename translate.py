@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 
 from checkpoint import CheckpointError, load_for_inference
-from config import build_parser, config_or_exit, weights_dir
+from config import ConfigError, build_parser, config_or_exit, weights_dir
 from decoding import translate_sentences
+from device import pick_device
 
 
 def read_stdin_lines() -> list[str | None]:
@@ -54,7 +55,10 @@ def main(argv: list[str] | None = None) -> int:
             except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
                 parser.error(f"sentence {number} is not valid UTF-8")
 
-    device = torch.device("cuda" if torch.cuda.is_available() and config["device"] in ("auto", "cuda") else "cpu")
+    try:
+        device = pick_device(config["device"])
+    except ConfigError as error:
+        parser.error(str(error))
     try:
         model, tok_src, tok_tgt, model_config, path = load_for_inference(args.checkpoint, weights_dir(config), device,
                                                                          args.average)

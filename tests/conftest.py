@@ -122,7 +122,7 @@ class Toy:
 def toy_translator() -> Toy:
     """Train a 1-layer, d_model 32 model on the toy pair for 600 steps, lr decaying linearly (about
     8 s on 2 cores)."""
-    from train import loss_sum
+    from loss import loss_sum
 
     torch.manual_seed(0)
     rng = random.Random(0)

@@ -13,7 +13,7 @@ from torch.testing import assert_close
 from torch.utils.flop_counter import FlopCounterMode
 
 import bench
-import model as project_model
+import cpu_kernels
 from config import PRESETS, get_config
 from model import MultiHeadAttention, build_model, causal_mask
 from tokenizer import PAD_ID
@@ -30,9 +30,9 @@ def tiny_config() -> dict:
 @pytest.fixture
 def stock_kernels():
     """Run with F.linear / F.dropout, which torch's FLOP counter understands."""
-    project_model.CPU_FAST_PATHS = False
+    cpu_kernels.CPU_FAST_PATHS = False
     yield
-    project_model.CPU_FAST_PATHS = True
+    cpu_kernels.CPU_FAST_PATHS = True
 
 
 def padded_batch(lengths: list[tuple[int, int]], vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -123,7 +123,7 @@ def test_synthetic_lengths_resemble_opus_books() -> None:
 def test_quick_run_reports_every_figure(capsys: pytest.CaptureFixture) -> None:
     assert bench.main(["--quick", "--json", "--device", "cpu"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert project_model.CPU_FAST_PATHS  # the ablation switched it back on
+    assert cpu_kernels.CPU_FAST_PATHS  # the ablation switched it back on
     assert set(result["training"]) == {"project", "project, bf16 autocast", "project, stock PyTorch kernels",
                                        "torch.nn.Transformer", "tutorial"}
     for row in result["training"].values():

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from config import get_config
-from dataset import (BatchPlan, BilingualDataset, DataError, MicroBatches, get_or_build_tokenizers, load_splits,
+from dataset import (BatchPlan, BilingualDataset, DataError, MicroBatches, load_splits,
                      padding_waste, rows_to_pairs, token_batches)
 from synthetic_data import synthetic_pairs, write_hub_dataset
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK_ID, encode_ids, train_tokenizer
+from tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK_ID, encode_ids, train_tokenizer, train_tokenizers
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -70,7 +70,7 @@ def test_tokenizers_never_see_validation_or_test(tmp_path: Path, source: str) ->
             10, "v"), "test": numbered_pairs(10, "t")})
     config = config_for(folder)
     splits = load_splits(config)
-    tok_src, tok_tgt = get_or_build_tokenizers(config, splits["train"], tmp_path / "weights")
+    tok_src, tok_tgt = train_tokenizers(config, lambda: iter(splits["train"]))
     held_out = {s.split()[2] for s, _ in splits["validation"] + splits["test"]}
     assert len(held_out) == 20
     for word in held_out:
@@ -78,22 +78,6 @@ def test_tokenizers_never_see_validation_or_test(tmp_path: Path, source: str) ->
         assert encode_ids(tok_tgt, word) == [UNK_ID]
     for source_text, _ in splits["train"][:5]:
         assert UNK_ID not in encode_ids(tok_src, source_text)
-
-
-def test_tokenizers_are_saved_and_reused(tmp_path: Path) -> None:
-    config = config_for(tmp_path)
-    folder = tmp_path / "weights"
-    first = get_or_build_tokenizers(config, numbered_pairs(10), folder)
-    assert sorted(p.name for p in folder.iterdir()) == ["tokenizer_en.json", "tokenizer_it.json"]
-    # on resume the saved ones are used, whatever pairs are passed
-    again = get_or_build_tokenizers(config, numbered_pairs(10, "other"), folder)
-    assert [t.get_vocab() for t in again] == [t.get_vocab() for t in first]
-    rebuilt = get_or_build_tokenizers(config, numbered_pairs(10, "other"), folder, rebuild=True)
-    assert rebuilt[0].token_to_id("▁other3") is not None
-    joint_src, joint_tgt = get_or_build_tokenizers({**config, "joint_vocab": True}, numbered_pairs(10),
-                                                   tmp_path / "joint")
-    assert joint_src.get_vocab() == joint_tgt.get_vocab()
-    assert joint_src.token_to_id("▁parola") is not None and joint_src.token_to_id("▁word") is not None
 
 
 def test_bad_rows_are_skipped_and_counted(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -314,7 +298,7 @@ def test_tatoeba_loads_whole_and_deterministically(tmp_path: Path) -> None:
     assert {name: len(pairs) for name, pairs in splits.items()} == usable
     assert load_splits(config) == splits
     # the real lengths, batched as the cpu preset does, waste little on padding
-    tok_src, tok_tgt = get_or_build_tokenizers(config, splits["train"], tmp_path)
+    tok_src, tok_tgt = train_tokenizers(config, lambda: iter(splits["train"]))
     dataset = BilingualDataset(splits["train"], tok_src, tok_tgt, seq_len=128)
     for budget in (512, 3000, 4096):
         batches = token_batches(dataset.src_lens, dataset.tgt_lens, budget, np.random.default_rng(0))

@@ -1,4 +1,4 @@
-"""model.py's CPU fast paths (oneDNN linear, 16-bit dropout masks, fused ReLU + dropout) compute
+"""cpu_kernels.py: the CPU fast paths (oneDNN linear, 16-bit dropout masks, fused ReLU + dropout) compute
 what F.linear, F.dropout and relu do, forward and backward."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-import model as project_model
+import cpu_kernels
 from config import PRESETS, get_config
 from model import build_model, causal_mask
 from tokenizer import PAD_ID
@@ -14,9 +14,9 @@ from tokenizer import PAD_ID
 
 @pytest.fixture
 def fast_paths():
-    """Yields a setter for model.CPU_FAST_PATHS and always switches them back on."""
-    yield lambda on: setattr(project_model, "CPU_FAST_PATHS", on)
-    project_model.CPU_FAST_PATHS = True
+    """Yields a setter for cpu_kernels.CPU_FAST_PATHS and always switches them back on."""
+    yield lambda on: setattr(cpu_kernels, "CPU_FAST_PATHS", on)
+    cpu_kernels.CPU_FAST_PATHS = True
 
 
 def small_batch() -> dict[str, torch.Tensor]:
@@ -39,7 +39,7 @@ def test_fast_linear_equals_f_linear(shape: tuple[int, ...], out_features: int, 
     results = []
     for fast in (True, False):
         fast_paths(fast)
-        out = project_model.linear(x, weight, bias)
+        out = cpu_kernels.linear(x, weight, bias)
         grads = torch.autograd.grad((out * torch.arange(out.numel()).view_as(out).sin()).sum(), (x, weight, bias))
         results.append((out, *grads))
     for fast, stock in zip(*results):
@@ -50,7 +50,7 @@ def test_fast_dropout_rate_scale_and_gradient() -> None:
     torch.manual_seed(5)
     x = torch.randn(200, 500, requires_grad=True)
     torch.manual_seed(6)
-    out = project_model.dropout(x, 0.1, training=True)
+    out = cpu_kernels.dropout(x, 0.1, training=True)
     kept = out != 0
     dropped_share = 1 - kept.float().mean().item()
     assert abs(dropped_share - 0.1) < 0.005
@@ -59,23 +59,23 @@ def test_fast_dropout_rate_scale_and_gradient() -> None:
     (grad,) = torch.autograd.grad(out.sum(), x)
     assert_close(grad, kept.float() * scale)
     torch.manual_seed(6)
-    assert torch.equal(project_model.dropout(x, 0.1, training=True), out)  # follows torch's seed
-    assert project_model.dropout(x, 0.1, training=False) is x
+    assert torch.equal(cpu_kernels.dropout(x, 0.1, training=True), out)  # follows torch's seed
+    assert cpu_kernels.dropout(x, 0.1, training=False) is x
 
 
 def test_fused_relu_dropout_equals_relu_then_dropout() -> None:
     x = torch.randn(300, 400, requires_grad=True)
     weights = torch.randn(300, 400)  # a gradient that differs per element
     results = []
-    for function in (lambda v: project_model.relu_dropout(v, 0.1, True),
-                     lambda v: project_model.dropout(torch.relu(v), 0.1, True)):
+    for function in (lambda v: cpu_kernels.relu_dropout(v, 0.1, True),
+                     lambda v: cpu_kernels.dropout(torch.relu(v), 0.1, True)):
         torch.manual_seed(7)  # the same random draws give the same mask
         out = function(x)
         results.append((out, *torch.autograd.grad((out * weights).sum(), x)))
     assert_close(results[0], results[1], atol=0, rtol=0)
     dropped_share = (results[0][0][x > 0] == 0).float().mean().item()  # of the values relu passes
     assert abs(dropped_share - 0.1) < 0.01
-    assert torch.equal(project_model.relu_dropout(x, 0.1, False), torch.relu(x))
+    assert torch.equal(cpu_kernels.relu_dropout(x, 0.1, False), torch.relu(x))
 
 
 def test_stock_relu_dropout_off_the_fast_path(fast_paths) -> None:
@@ -83,7 +83,7 @@ def test_stock_relu_dropout_off_the_fast_path(fast_paths) -> None:
     torch.manual_seed(8)
     x = torch.randn(50, 60)
     torch.manual_seed(9)
-    ours = project_model.relu_dropout(x, 0.3, True)
+    ours = cpu_kernels.relu_dropout(x, 0.3, True)
     torch.manual_seed(9)
     assert torch.equal(ours, torch.nn.functional.dropout(torch.relu(x), 0.3, True))
 

@@ -7,8 +7,10 @@ import pytest
 from tokenizers import Tokenizer, models, trainers
 
 import tokenizer as tk
+from config import get_config
 from tokenizer import (EOS_ID, PAD_ID, SOS_ID, SPECIAL_TOKENS, UNK_ID, TokenizerError, decode_ids, encode_ids,
-                       load_tokenizer, tokenizer_from_json, train_tokenizer)
+                       load_tokenizer, load_tokenizers, save_tokenizers, tokenizer_from_json, train_tokenizer,
+                       train_tokenizers)
 
 SENTENCES = [
     "Hello, world.",
@@ -44,8 +46,6 @@ def test_punctuation_is_split_off_words() -> None:
 
 
 def test_special_ids_are_0_to_3_in_every_kind() -> None:
-    assert (UNK_ID, PAD_ID, SOS_ID, EOS_ID) == (0, 1, 2, 3)
-    assert SPECIAL_TOKENS == ["[UNK]", "[PAD]", "[SOS]", "[EOS]"]
     for kind in ("wordlevel", "bpe", "unigram"):
         tokenizer = train_tokenizer(SENTENCES, kind, 200, 1)
         assert [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3]
@@ -82,3 +82,27 @@ def test_tokenizer_with_other_special_ids_is_refused() -> None:
         tokenizer_from_json(other.to_str())
     with pytest.raises(TokenizerError, match="not a valid tokenizer"):
         tokenizer_from_json("{not json")
+
+
+def numbered_pairs(count: int, prefix: str = "w") -> list[tuple[str, str]]:
+    return [(f"The word {prefix}{i} is here.", f"La parola {prefix}{i} è qui.") for i in range(count)]
+
+
+def test_experiment_tokenizers_are_saved_and_loaded(tmp_path: Path) -> None:
+    config = {**get_config(), "min_frequency": 1}
+    tok_src, tok_tgt = train_tokenizers(config, lambda: iter(numbered_pairs(10)))
+    assert tok_src.token_to_id("▁word") is not None and tok_src.token_to_id("▁parola") is None
+    assert tok_tgt.token_to_id("▁parola") is not None and tok_tgt.token_to_id("▁word") is None
+    save_tokenizers(tmp_path / "separate", config, tok_src, tok_tgt)
+    assert sorted(p.name for p in (tmp_path / "separate").iterdir()) == ["tokenizer_en.json", "tokenizer_it.json"]
+    loaded = load_tokenizers(tmp_path / "separate", config)
+    assert [t.to_str() for t in loaded] == [tok_src.to_str(), tok_tgt.to_str()]
+
+    joint_config = {**config, "joint_vocab": True}
+    joint_src, joint_tgt = train_tokenizers(joint_config, lambda: iter(numbered_pairs(10)))
+    assert joint_src is joint_tgt
+    assert joint_src.token_to_id("▁parola") is not None and joint_src.token_to_id("▁word") is not None
+    save_tokenizers(tmp_path / "joint", joint_config, joint_src, joint_tgt)
+    assert [p.name for p in (tmp_path / "joint").iterdir()] == ["tokenizer_en-it.json"]
+    with pytest.raises(TokenizerError, match="tokenizer_en.json"):
+        load_tokenizers(tmp_path / "joint", config)  # the separate files are not there

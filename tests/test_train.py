@@ -1,6 +1,6 @@
 """train.py end to end on a tiny Hub-layout corpus written by the tests: train, checkpoint,
 resume where it stopped, log to TensorBoard, score like sacrebleu, translate; and the refusals
-(another architecture, --preload none over checkpoints, an unreachable Hub)."""
+(another architecture, --preload new over checkpoints, an unreachable Hub)."""
 from __future__ import annotations
 
 import json
@@ -24,6 +24,7 @@ from checkpoint import MANIFEST, checkpoint_name, load_for_inference
 from config import validate_config
 from dataset import BilingualDataset, load_splits
 from decoding import translate_sentences
+from loss import loss_sum
 from scoring import corpus_scores
 from tokenizer import PAD_ID
 
@@ -160,7 +161,7 @@ def test_validation_scores_raw_text_and_teacher_forced_loss(trained_run, monkeyp
         for index in range(len(val_ds)):
             batch = val_ds.collate([index])
             logits = model(batch["encoder_input"], batch["decoder_input"], batch["src_mask"], batch["tgt_mask"])
-            total += float(train.loss_sum(logits, batch["label"], 0.0))
+            total += float(loss_sum(logits, batch["label"], 0.0))
             tokens += int((batch["label"] != PAD_ID).sum())
     assert metrics["loss"] == pytest.approx(total / tokens, rel=1e-4)
 
@@ -190,9 +191,9 @@ def test_resume_with_another_model_or_vocabulary_is_refused(trained_run, capsys:
     assert (run.folder / MANIFEST).read_text() == manifest
 
 
-def test_preload_none_over_existing_checkpoints_is_refused(trained_run, capsys: pytest.CaptureFixture) -> None:
+def test_preload_new_over_existing_checkpoints_is_refused(trained_run, capsys: pytest.CaptureFixture) -> None:
     run = trained_run
-    code = train.main(run.args + ["--max_steps", str(run.SECOND_MAX_STEPS + 10), "--preload", "none"])
+    code = train.main(run.args + ["--max_steps", str(run.SECOND_MAX_STEPS + 10), "--preload", "new"])
     assert code == 2
     lines = error_lines(capsys.readouterr().err)
     assert len(lines) == 1 and "already holds checkpoints" in lines[0] and "--preload latest" in lines[0]

@@ -8,10 +8,12 @@ import pytest
 import torch
 
 import train
+from loss import loss_sum
 from config import get_config
-from dataset import BilingualDataset, get_or_build_tokenizers, load_splits, token_batches
+from dataset import BilingualDataset, load_splits, token_batches
 from model import build_model
 from synthetic_data import tiny_corpus
+from tokenizer import train_tokenizers
 
 
 def test_accumulating_four_micro_batches_equals_one_batch_of_all(tmp_path: Path) -> None:
@@ -20,7 +22,7 @@ def test_accumulating_four_micro_batches_equals_one_batch_of_all(tmp_path: Path)
     config = dict(get_config(), datasource=str(tiny_corpus(tmp_path / "data")), d_model=32, num_heads=2, d_ff=64,
                   num_layers=2, dropout=0.0, min_frequency=1, seq_len=64)
     splits = load_splits(config)
-    tok_src, tok_tgt = get_or_build_tokenizers(config, splits["train"], tmp_path / "w")
+    tok_src, tok_tgt = train_tokenizers(config, lambda: iter(splits["train"]))
     dataset = BilingualDataset(splits["train"], tok_src, tok_tgt, config["seq_len"])
     micro = token_batches(dataset.src_lens, dataset.tgt_lens, 120, np.random.default_rng(0))[:4]
     assert len({int(dataset.src_lens[b].max()) for b in micro}) > 1, "micro-batches should pad differently"
@@ -34,7 +36,7 @@ def test_accumulating_four_micro_batches_equals_one_batch_of_all(tmp_path: Path)
         for indices in batches:
             batch = dataset.collate(indices)
             logits = model(batch["encoder_input"], batch["decoder_input"], batch["src_mask"], batch["tgt_mask"])
-            (train.loss_sum(logits, batch["label"], 0.1) / step_tokens).backward()
+            (loss_sum(logits, batch["label"], 0.1) / step_tokens).backward()
         return {n: p.grad.clone() for n, p in model.named_parameters()}
 
     accumulated = gradients(micro)
@@ -73,27 +75,3 @@ def test_bf16_autocast_on_cpu_trains(tmp_path: Path, capsys: pytest.CaptureFixtu
     events.Reload()
     losses = [e.value for e in events.Scalars("train/loss")]
     assert len(losses) == 6 and losses[-1] < losses[0] * 0.8, losses
-
-
-@pytest.mark.parametrize("smoothing", [0.0, 0.1])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_loss_sum_equals_f_cross_entropy(monkeypatch: pytest.MonkeyPatch, smoothing: float,
-                                         dtype: torch.dtype) -> None:
-    """Value and gradient of the chunked loss equal F.cross_entropy's, across chunk borders,
-    with padding rows ignored and the incoming gradient (here 0.37) applied."""
-    monkeypatch.setattr(train, "LOSS_CHUNK_ELEMENTS", 3 * 11)  # chunks of 3 rows
-    torch.manual_seed(0)
-    logits = (torch.randn(2, 5, 11) * 3).to(dtype).requires_grad_()
-    label = torch.randint(4, 11, (2, 5))
-    label[1, 3:] = train.PAD_ID
-    ours = train.loss_sum(logits, label, smoothing)
-    (grad,) = torch.autograd.grad(ours * 0.37, logits)
-    reference = torch.nn.functional.cross_entropy(logits.reshape(-1, 11).float(), label.reshape(-1),
-                                                  ignore_index=train.PAD_ID, label_smoothing=smoothing,
-                                                  reduction="sum")
-    (expected,) = torch.autograd.grad(reference * 0.37, logits)
-    torch.testing.assert_close(ours, reference)
-    torch.testing.assert_close(grad, expected)
-    assert grad.dtype == dtype and not grad[1, 3:].any()
-    with torch.no_grad():  # validation: no gradient is computed or kept
-        torch.testing.assert_close(train.loss_sum(logits, label, smoothing), reference.detach())

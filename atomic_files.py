@@ -1,0 +1,70 @@
+"""Atomic, verified file writes: used for checkpoints, tokenizers, configs and the data store.
+
+`atomic_write(path, write)` writes through a temporary file beside `path`, fsyncs it, renames it over
+`path` and fsyncs the folder, so a crash or a full disk leaves either the old file or the new one,
+never a mixture. It returns the sha256 of what was written, which callers record and check on load.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from pathlib import Path
+from typing import Callable
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # not supported on this platform
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _HashingFile(io.RawIOBase):
+    """A write-only file that hashes what passes through it."""
+
+    def __init__(self, handle) -> None:
+        self.handle = handle
+        self.sha256 = hashlib.sha256()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        return self.handle.write(data)
+
+
+def atomic_write(path: Path, write: Callable[[io.RawIOBase], object]) -> str:
+    """Call `write(file)` on a temporary file beside `path`, fsync, rename over `path`.
+    Returns the sha256 of what was written. On any error the old `path` is untouched."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(temporary, "wb") as handle:
+            hashing = _HashingFile(handle)
+            write(hashing)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return hashing.sha256.hexdigest()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> str:
+    return atomic_write(path, lambda handle: handle.write(data))
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,64 @@
+"""loss.py: the chunked label-smoothed loss equals F.cross_entropy in value and gradient, in fp32,
+bf16 and fp16 under a GradScaler (where tiny probabilities must survive the cast to fp16)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import loss
+from loss import loss_sum
+from tokenizer import PAD_ID
+
+
+def reference(logits: torch.Tensor, label: torch.Tensor, smoothing: float) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), label.reshape(-1), ignore_index=PAD_ID,
+                           label_smoothing=smoothing, reduction="sum")
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_loss_sum_equals_f_cross_entropy(monkeypatch: pytest.MonkeyPatch, smoothing: float,
+                                         dtype: torch.dtype) -> None:
+    """Value and gradient of the chunked loss equal F.cross_entropy's, across chunk borders,
+    with padding rows ignored and the incoming gradient (here 0.37) applied."""
+    monkeypatch.setattr(loss, "LOSS_CHUNK_ELEMENTS", 3 * 11)  # chunks of 3 rows
+    torch.manual_seed(0)
+    logits = (torch.randn(2, 5, 11) * 3).to(dtype).requires_grad_()
+    label = torch.randint(4, 11, (2, 5))
+    label[1, 3:] = PAD_ID
+    ours = loss_sum(logits, label, smoothing)
+    (grad,) = torch.autograd.grad(ours * 0.37, logits)
+    expected_loss = reference(logits, label, smoothing)
+    (expected,) = torch.autograd.grad(expected_loss * 0.37, logits)
+    torch.testing.assert_close(ours, expected_loss)
+    torch.testing.assert_close(grad, expected)
+    assert grad.dtype == dtype and not grad[1, 3:].any()
+    with torch.no_grad():  # validation: no gradient is computed or kept
+        torch.testing.assert_close(loss_sum(logits, label, smoothing), expected_loss.detach())
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_fp16_gradient_is_scaled_before_it_is_rounded(smoothing: float) -> None:
+    """fp16 logits under a GradScaler, as train.py runs fp16 autocast: one logit per row dominates,
+    so the other probabilities are about 2e-9, below fp16's smallest number. Scaled by 2**16 they
+    are about 1.3e-4, which fp16 holds. The gradient must equal what autograd gives through
+    F.cross_entropy on the float logits under the same scaler, those entries included."""
+    torch.manual_seed(0)
+    logits = torch.randn(6, 12) * 0.1
+    label = torch.randint(4, 12, (6,))
+    logits[torch.arange(6), (label + 1) % 12] += 20.0  # a confident, wrong prediction per row
+    label[5] = PAD_ID
+    logits = logits.half()
+    grads = []
+    for compute in (lambda x: loss_sum(x, label, smoothing), lambda x: reference(x, label, smoothing)):
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+        leaf = logits.clone().requires_grad_()
+        scaler.scale(compute(leaf)).backward()
+        grads.append(leaf.grad)
+    ours, expected = grads
+    assert ours.dtype == torch.float16
+    tiny = torch.softmax(logits.float(), dim=-1) < 6e-8
+    tiny[5] = False  # the padding row has no gradient at all
+    assert tiny.sum() > 20 and (expected[tiny] != 0).all(), "premise: the scaled gradient survives fp16"
+    torch.testing.assert_close(ours.float(), expected.float(), rtol=1e-3, atol=1e-7)
