@@ -32,11 +32,11 @@ def cross_attention_weights(model: Transformer, tok_src: Tokenizer, tok_tgt: Tok
     was_training = model.training
     model.eval()
     try:
-        source = encode_sources(tok_src, [sentence], seq_len)[0]
+        source = encode_sources(tok_src, [sentence], seq_len)[0][0]
         src = torch.tensor([source], device=device)
         src_mask = torch.ones(1, 1, 1, len(source), dtype=torch.bool, device=device)
         # Teacher-forced rerun over [SOS] + translation: its query positions are the decoding steps.
-        generated = greedy_decode(model, src, src_mask, max_output_tokens(len(source) - 2, seq_len))[0]
+        generated, _ = greedy_decode(model, src, src_mask, max_output_tokens(len(source) - 2, seq_len))[0]
         decoder_input = torch.tensor([[source[0], *generated]], device=device)
         attention = model.decoder.layers[-1].cross_attention
         captured: dict[str, torch.Tensor] = {}

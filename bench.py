@@ -27,7 +27,7 @@ its progress on stderr. The phases, in order:
    Throughput counts real target tokens (labels that are not padding, [EOS] included) per second.
 4. Decoding with `decoding.greedy_decode`, with and without the KV cache, on an untrained
    base-size model whose [EOS] logit is pushed to -1e9, so every sentence of the batch generates
-   exactly 10, 50 and 150 tokens; then one sentence through `decoding.translate_sentences`, as
+   exactly 10, 50 and 150 tokens; then one sentence through `translator.TorchTranslator`, as
    translate.py does (it stops at `max_output_tokens`: 2 x source length + 10).
 5. Peak memory: on CPU the process's peak resident set (VmHWM), reset at the start of each phase
    through /proc/self/clear_refs (after returning freed memory with malloc_trim), so each phase's
@@ -68,12 +68,13 @@ from torch import nn
 import cpu_kernels
 from config import PRESETS, ConfigError, get_config
 from dataset import BatchPlan, BilingualDataset, DataError, load_splits, padding_waste
-from decoding import greedy_decode, max_output_tokens, translate_sentences
+from decoding import greedy_decode, max_output_tokens
 from model import PositionalEncoding, build_model
 from tokenizer import EOS_ID, PAD_ID, SOS_ID, TokenizerError, train_tokenizer
 from device import pick_device
 from loss import loss_sum
 from train import amp_dtype, build_optimizer, train_flops
+from translator import DecodingOptions, TorchTranslator
 
 VOCAB_FLOOR = (8000, 10000)  # opus_books-sized vocabularies (source, target)
 TUTORIAL_SEQ_LEN = 350
@@ -554,19 +555,20 @@ def decoding_rows(dataset: BilingualDataset, tok_src: Any, tok_tgt: Any, setting
             for use_cache in (True, False):
                 seconds, outputs[use_cache] = timed(device, lambda: greedy_decode(model, src, src_mask, length,
                                                                                   use_cache=use_cache))
-                assert all(len(tokens) == length for tokens in outputs[use_cache]), "an output ended early"
+                assert all(len(tokens) == length for tokens, _ in outputs[use_cache]), "an output ended early"
                 rows.append({"tokens": length, "cache": use_cache, "batch": batch, "seconds": seconds,
                              "sentences_per_s": batch / seconds, "ms_per_step": 1000 * seconds / length,
                              "tokens_per_s": batch * length / seconds})
                 log(f"decoding: {length} tokens, cache {'on' if use_cache else 'off'}: {seconds:.2f} s")
             rows[-2]["speedup"] = rows[-1]["seconds"] / rows[-2]["seconds"]
-            rows[-2]["identical"] = outputs[True] == outputs[False]
+            rows[-2]["identical"] = [t for t, _ in outputs[True]] == [t for t, _ in outputs[False]]
 
         # translate.py's way: raw text in, one sentence, until max_output_tokens.
         median = int(np.argsort(dataset.src_lens)[len(dataset) // 2])
         sentence = dataset.pairs[median][0]
         source_tokens = int(dataset.src_lens[median]) - 2
-        translate = lambda: translate_sentences(model, tok_src, tok_tgt, [sentence], config["seq_len"])  # noqa: E731
+        translator = TorchTranslator(model, tok_src, tok_tgt, config)
+        translate = lambda: translator.translate_best([sentence], DecodingOptions())  # noqa: E731
         translate()
         latency = statistics.median(timed(device, translate)[0] for _ in range(3))
     generated = max_output_tokens(source_tokens, config["seq_len"])
@@ -683,7 +685,7 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"{row['tokens']:>6}{'on' if row['cache'] else 'off':>7}{row['sentences_per_s']:>9.2f}"
                      f"{row['ms_per_step']:>10.1f}{row['tokens_per_s']:>9.0f}{extra}")
     single = decoding["single_sentence"]
-    lines += [f"translate_sentences, one sentence of {single['source_tokens']} tokens -> {single['output_tokens']} "
+    lines += [f"TorchTranslator, one sentence of {single['source_tokens']} tokens -> {single['output_tokens']} "
               f"tokens: {single['ms']:.0f} ms ({single['ms_per_token']:.1f} ms/token)", "", "targets:"]
     for target in result["targets"]:
         lines.append(f"  [{'met ' if target['met'] else 'MISS'}] {target['target']}: {target['value']:.2f} "

@@ -67,7 +67,10 @@ def get_config() -> dict[str, Any]:
         "val_max_sentences": 0,  # cap on decoded validation sentences; 0 = whole split
         "eval_batch_size": 64,  # sentences per decoding batch
         "beam_size": 1,
-        "length_penalty": 1.0,
+        "length_penalty": 1.0,  # hypothesis scores are log-probability / length ** length_penalty
+        "sampling_topk": 0,  # translate.py: sample from the k most likely tokens (0 = no top-k cut)
+        "sampling_topp": 0.0,  # translate.py: sample from the smallest set reaching this probability (0 = off)
+        "temperature": 1.0,  # sampling: divide the logits by this first
         "val_beam_size": 1,  # validation decodes greedily unless raised
         "num_examples": 3,
         "early_stopping_patience": 0,  # validations without a better BLEU before stopping; 0 = never
@@ -239,6 +242,12 @@ def validate_config(config: dict[str, Any]) -> None:
         raise ConfigError("--lang_src and --lang_tgt must be two different, non-empty language codes")
     if config["num_workers"] < -1:
         raise ConfigError(f"--num_workers must be -1 (auto) or more, got {config['num_workers']}")
+    if config["sampling_topk"] < 0 or not 0 <= config["sampling_topp"] <= 1:
+        raise ConfigError("--sampling_topk must not be negative and --sampling_topp must be in [0, 1]")
+    if not config["temperature"] > 0:
+        raise ConfigError(f"--temperature must be positive, got {config['temperature']}")
+    if (config["sampling_topk"] or config["sampling_topp"]) and config["beam_size"] != 1:
+        raise ConfigError(f"sampling (--sampling_topk, --sampling_topp) needs --beam_size 1, got {config['beam_size']}")
     if config["min_lr"] > config["lr"]:
         raise ConfigError(f"--min_lr {config['min_lr']} is above the peak --lr {config['lr']}")
     if config["length_penalty"] < 0:

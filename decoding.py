@@ -1,14 +1,26 @@
-"""Turning source sentences into translations, shared by train.py, translate.py and evaluate.py.
+"""Greedy decoding, beam search and sampling over the model and its KV cache.
 
-`greedy_decode` and `beam_search` work on a padded batch of sentences and use the model's KV
-cache: each step feeds only the newest token. Greedy drops finished sentences from the batch;
-beam search keeps finished hypotheses aside (never extended) and ranks them by
-score / ((5 + length) / 6) ** length_penalty (GNMT). `translate_sentences` handles raw text:
-tokenize, truncate to what the model accepts, batch by length, decode, detokenize.
+All three work on a padded batch of sources (B, S) and feed the decoder only the newest token of
+each hypothesis per step. A sentence whose work is done leaves the batch at once, so the rest of
+the batch decodes without it; the hypotheses of one sentence (beams, samples) share its
+cross-attention keys and values (model.KVCache).
+
+Scores are what fairseq and CTranslate2 report: the sum of the model's log-probabilities of the
+hypothesis's tokens, its [EOS] included, divided by length ** length_penalty, the length counting
+that [EOS] (a hypothesis cut off at `max_tokens` has no [EOS] and counts its tokens). So with
+`length_penalty` 0 a score is the log-probability of the hypothesis, with 1 its mean per token.
+
+Beam search (`beam_search`) keeps `beam_size` open hypotheses per sentence, ranked by their raw
+log-probability. Of each step's 2 x beam_size best extensions, those among the first beam_size
+that end with [EOS] are finished (as in fairseq and CTranslate2) and the first beam_size others
+stay open. A sentence is done when no open hypothesis can still beat its `n_best`-th finished one:
+an open hypothesis's log-probability only falls as it grows, so the best score it can still reach
+is its log-probability divided by the longest length it may reach (`max_tokens`) ** length_penalty.
+At `max_tokens` the open hypotheses compete with the finished ones as they are.
 """
 from __future__ import annotations
 
-import sys
+import math
 from typing import Sequence
 
 import torch
@@ -16,7 +28,9 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from model import Transformer, causal_mask
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, decode_ids
+from tokenizer import EOS_ID, SOS_ID
+
+Hypotheses = list[tuple[list[int], float]]  # (tokens without [SOS]/[EOS], score), best first
 
 
 def max_output_tokens(src_len: int, seq_len: int) -> int:
@@ -25,144 +39,190 @@ def max_output_tokens(src_len: int, seq_len: int) -> int:
     return max(1, min(seq_len - 1, 2 * src_len + 10))
 
 
+def length_normalised(log_prob: float, length: int, length_penalty: float) -> float:
+    """A hypothesis's score: its log-probability over length ** length_penalty."""
+    return log_prob / (length ** length_penalty)
+
+
+def _drop_finished(cache, keep: torch.Tensor, per_sentence: int) -> None:
+    """Keep only sentences `keep` in the cache (with their `per_sentence` hypothesis rows each)."""
+    rows = (keep[:, None] * per_sentence + torch.arange(per_sentence, device=keep.device)).reshape(-1)
+    cache.reorder_hypotheses(rows)
+    cache.keep_sentences(keep)
+
+
 @torch.no_grad()
 def greedy_decode(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_tokens: int,
-                  use_cache: bool = True) -> list[list[int]]:
-    """Most likely next token at each step, for each row of `src` (B, S); EOS not included."""
+                  length_penalty: float = 1.0, use_cache: bool = True) -> list[tuple[list[int], float]]:
+    """The most likely next token at each step, for each row of `src` (B, S): (tokens without
+    [EOS], score) per row."""
     memory = model.encode(src, src_mask)
     cache = model.new_cache() if use_cache else None
     rows = torch.arange(src.size(0), device=src.device)  # original row of each sentence still decoding
     ys = torch.full((src.size(0), 1), SOS_ID, dtype=torch.long, device=src.device)
-    outputs: list[list[int]] = [[] for _ in range(src.size(0))]
-    for _ in range(max_tokens):
+    log_prob = torch.zeros(src.size(0), device=src.device)
+    outputs: list[tuple[list[int], float]] = [([], 0.0)] * src.size(0)
+    for step in range(max_tokens):
         if cache is not None:
             hidden = model.decode(memory, src_mask, ys[:, -1:], None, cache)
         else:
             hidden = model.decode(memory, src_mask, ys, causal_mask(ys.size(1), ys.device).unsqueeze(0))
-        next_token = model.project(hidden[:, -1]).argmax(dim=-1)
+        logits = model.project(hidden[:, -1]).float()
+        best, next_token = logits.max(dim=-1)
+        log_prob += best - logits.logsumexp(dim=-1)
         ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)
         finished = next_token == EOS_ID
         if bool(finished.any()):  # one sync per step: the batch shrinks as sentences end
-            for row, tokens in zip(rows[finished].tolist(), ys[finished, 1:-1].tolist()):
-                outputs[row] = tokens
+            for row, tokens, score in zip(rows[finished].tolist(), ys[finished, 1:-1].tolist(),
+                                          log_prob[finished].tolist()):
+                outputs[row] = (tokens, length_normalised(score, step + 1, length_penalty))
             keep = (~finished).nonzero().squeeze(1)
-            rows, ys, memory, src_mask = rows[keep], ys[keep], memory[keep], src_mask[keep]
+            rows, ys, log_prob, memory, src_mask = rows[keep], ys[keep], log_prob[keep], memory[keep], src_mask[keep]
             if cache is not None:
-                cache.select(keep)
+                _drop_finished(cache, keep, 1)
             if rows.numel() == 0:
                 break
-    for row, tokens in zip(rows.tolist(), ys[:, 1:].tolist()):
-        outputs[row] = tokens
+    for row, tokens, score in zip(rows.tolist(), ys[:, 1:].tolist(), log_prob.tolist()):
+        outputs[row] = (tokens, length_normalised(score, len(tokens), length_penalty))
     return outputs
-
-
-def length_normalised(score: float, length: int, length_penalty: float) -> float:
-    return score / (((5.0 + length) / 6.0) ** length_penalty)
 
 
 @torch.no_grad()
 def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_tokens: int,
-                beam_size: int, length_penalty: float = 1.0, n_best: int = 1) -> list[list[tuple[list[int], float]]]:
-    """The `n_best` hypotheses (tokens without EOS, normalised score) of each row of `src`.
-
-    A sentence is done once `beam_size` hypotheses have ended with EOS; hypotheses still open at
-    `max_tokens` are ranked with the finished ones."""
-    batch, k = src.size(0), beam_size
-    memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)
-    src_mask = src_mask.repeat_interleave(k, dim=0)
+                beam_size: int, length_penalty: float = 1.0, n_best: int = 1) -> list[Hypotheses]:
+    """The `n_best` best hypotheses of each row of `src` (see the module docstring)."""
+    if not 1 <= n_best <= beam_size:
+        raise ValueError(f"n_best must be between 1 and beam_size {beam_size}, got {n_best}")
+    k, device = beam_size, src.device
+    memory = model.encode(src, src_mask)
     cache = model.new_cache()
-    tokens = torch.full((batch * k, 1), SOS_ID, dtype=torch.long, device=src.device)
-    scores = torch.full((batch, k), float("-inf"), device=src.device)
-    scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
-    done = [False] * batch
+    sentences = torch.arange(src.size(0), device=device)  # original row of each sentence still searching
+    tokens = torch.full((src.size(0) * k, 1), SOS_ID, dtype=torch.long, device=device)
+    log_probs_so_far = torch.full((src.size(0), k), float("-inf"), device=device)
+    log_probs_so_far[:, 0] = 0.0  # the beams start identical: extend only the first
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(src.size(0))]
+    best_reachable_divisor = max_tokens ** length_penalty
     for step in range(max_tokens):
         logits = model.project(model.decode(memory, src_mask, tokens[:, -1:], None, cache))[:, -1]
         log_probs = F.log_softmax(logits.float(), dim=-1)
         vocab = log_probs.size(-1)
-        candidates = (scores.view(-1, 1) + log_probs).view(batch, k * vocab)
+        candidates = (log_probs_so_far.view(-1, 1) + log_probs).view(-1, k * vocab)
         top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=1)
-        next_scores = torch.full((batch, k), float("-inf"), device=src.device)
-        origin = torch.arange(batch * k, device=src.device).view(batch, k).clone()
-        next_tokens = torch.full((batch, k), PAD_ID, dtype=torch.long, device=src.device)
-        cand_scores, cand_index = top_scores.tolist(), top_index.tolist()
-        for b in range(batch):
-            if done[b]:
-                continue
-            filled = 0
-            for score, index in zip(cand_scores[b], cand_index[b]):
-                if score == float("-inf") or filled == k:
-                    break
-                beam, token = divmod(index, vocab)
-                if token == EOS_ID:
-                    hypothesis = tokens[b * k + beam, 1:].tolist()
-                    finished[b].append((length_normalised(score, step + 1, length_penalty), hypothesis))
-                    continue
-                next_scores[b, filled] = score
-                origin[b, filled] = b * k + beam
-                next_tokens[b, filled] = token
-                filled += 1
-            done[b] = len(finished[b]) >= k or filled == 0
-        if all(done):
+        top_beam, top_token = top_index // vocab, top_index % vocab
+        ends = (top_token == EOS_ID) & torch.isfinite(top_scores)
+        # The first k extensions that do not end stay open, in order of their log-probability.
+        positions = torch.arange(top_scores.size(1), device=device)
+        open_order = (ends.long() * top_scores.size(1) + positions).argsort(dim=1)[:, :k]
+        next_scores = top_scores.gather(1, open_order)
+        origin = top_beam.gather(1, open_order) + torch.arange(len(sentences), device=device)[:, None] * k
+        next_tokens = top_token.gather(1, open_order)
+
+        # Host side, once per step: record finished hypotheses and decide which sentences are done.
+        last_step = step == max_tokens - 1
+        ends_first_k = ends[:, :k].tolist()
+        scores_host, beams_host = top_scores.tolist(), top_beam.tolist()
+        open_best = next_scores[:, 0].tolist()
+        history = tokens[:, 1:].tolist()
+        keep: list[int] = []
+        for b, sentence in enumerate(sentences.tolist()):
+            for j in range(k):
+                if ends_first_k[b][j]:
+                    hypothesis = history[b * k + beams_host[b][j]]
+                    finished[sentence].append((length_normalised(scores_host[b][j], step + 1, length_penalty),
+                                               hypothesis))
+            ranked = sorted(finished[sentence], key=lambda item: item[0], reverse=True)[:n_best]
+            finished[sentence] = ranked
+            can_improve = math.isfinite(open_best[b]) and (
+                len(ranked) < n_best or open_best[b] / best_reachable_divisor > ranked[-1][0])
+            if last_step and can_improve:
+                # Out of steps: the open hypotheses compete with the finished ones as they are.
+                final_scores, final_origin = next_scores[b].tolist(), origin[b].tolist()
+                final_tokens = next_tokens[b].tolist()
+                for score, row, token in zip(final_scores, final_origin, final_tokens):
+                    if math.isfinite(score):
+                        finished[sentence].append((length_normalised(score, step + 1, length_penalty),
+                                                   history[row] + [token]))
+                finished[sentence] = sorted(finished[sentence], key=lambda item: item[0], reverse=True)[:n_best]
+            elif can_improve:
+                keep.append(b)
+        if not keep:
             break
-        flat_origin = origin.view(-1)
-        cache.select(flat_origin)
-        tokens = torch.cat([tokens[flat_origin], next_tokens.view(-1, 1)], dim=1)
-        scores = next_scores
-    else:
-        # Out of steps: open hypotheses compete with the finished ones as they are.
-        open_scores = scores.tolist()
-        for b in range(batch):
-            if not done[b]:
-                for beam in range(k):
-                    if open_scores[b][beam] != float("-inf"):
-                        hypothesis = tokens[b * k + beam, 1:].tolist()
-                        finished[b].append((length_normalised(open_scores[b][beam], len(hypothesis),
-                                                              length_penalty), hypothesis))
-    results = []
-    for hypotheses in finished:
-        ranked = sorted(hypotheses, key=lambda item: item[0], reverse=True)[:n_best]
-        results.append([(tokens_, score) for score, tokens_ in ranked])
-    return results
+        if len(keep) < len(sentences):
+            kept = torch.tensor(keep, device=device)
+            sentences, memory, src_mask = sentences[kept], memory[kept], src_mask[kept]
+            cache.keep_sentences(kept)
+            next_scores, origin, next_tokens = next_scores[kept], origin[kept], next_tokens[kept]
+        flat_origin = origin.reshape(-1)
+        cache.reorder_hypotheses(flat_origin)
+        tokens = torch.cat([tokens[flat_origin], next_tokens.reshape(-1, 1)], dim=1)
+        log_probs_so_far = next_scores
+    return [[(hypothesis, score) for score, hypothesis in ranked] for ranked in finished]
 
 
-def encode_sources(tok_src: Tokenizer, sentences: Sequence[str], seq_len: int) -> list[list[int]]:
-    """Token ids with [SOS]/[EOS]; longer sources are truncated to seq_len, with a warning."""
+@torch.no_grad()
+def sample(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_tokens: int, samples: int = 1,
+           topk: int = 0, topp: float = 0.0, temperature: float = 1.0, length_penalty: float = 1.0,
+           generator: torch.Generator | None = None) -> list[Hypotheses]:
+    """`samples` random translations of each row of `src`, each token drawn from the model's
+    distribution divided by `temperature`, restricted to the `topk` most likely tokens (0: all)
+    and to the smallest set of most likely tokens whose probability reaches `topp` (0: all).
+    Scores are those of the module docstring under the model's own distribution (temperature 1,
+    nothing cut off), as rescoring wants them; each sentence's samples come best first."""
+    device = src.device
+    memory = model.encode(src, src_mask)
+    cache = model.new_cache()
+    sentences = torch.arange(src.size(0), device=device)
+    rows = src.size(0) * samples
+    tokens = torch.full((rows, 1), SOS_ID, dtype=torch.long, device=device)
+    log_prob = torch.zeros(rows, device=device)
+    alive = torch.ones(rows, dtype=torch.bool, device=device)
+    results: list[list[tuple[float, list[int]]]] = [[] for _ in range(src.size(0))]
+    for step in range(max_tokens):
+        logits = model.project(model.decode(memory, src_mask, tokens[:, -1:], None, cache))[:, -1].float()
+        model_log_probs = F.log_softmax(logits, dim=-1)
+        filtered = logits / temperature
+        if topk:
+            kth = filtered.topk(min(topk, filtered.size(-1)), dim=-1).values[:, -1:]
+            filtered = filtered.masked_fill(filtered < kth, float("-inf"))
+        if topp:
+            ordered, order = filtered.sort(dim=-1, descending=True)
+            probabilities = ordered.softmax(dim=-1)
+            # Cut a token when the more likely ones already reach topp (so the first always stays).
+            cut_in_order = probabilities.cumsum(dim=-1) - probabilities >= topp
+            filtered = filtered.masked_fill(torch.zeros_like(cut_in_order).scatter(1, order, cut_in_order),
+                                            float("-inf"))
+        drawn = torch.multinomial(filtered.softmax(dim=-1), 1, generator=generator).squeeze(1)
+        drawn = torch.where(alive, drawn, EOS_ID)
+        log_prob += torch.where(alive, model_log_probs.gather(1, drawn[:, None]).squeeze(1), 0.0)
+        tokens = torch.cat([tokens, drawn[:, None]], dim=1)
+        alive &= drawn != EOS_ID
+        per_sentence_alive = alive.view(len(sentences), samples).any(dim=1)
+        if step == max_tokens - 1 or not bool(per_sentence_alive.all()):
+            done = (~per_sentence_alive).nonzero().squeeze(1).tolist() if step < max_tokens - 1 \
+                else list(range(len(sentences)))
+            history, scores, ended = tokens[:, 1:].tolist(), log_prob.tolist(), (~alive).tolist()
+            for b in done:
+                for row in range(b * samples, (b + 1) * samples):
+                    hypothesis = history[row]
+                    if ended[row]:
+                        hypothesis = hypothesis[:hypothesis.index(EOS_ID)]
+                    length = len(hypothesis) + 1 if ended[row] else len(hypothesis)
+                    results[int(sentences[b])].append((length_normalised(scores[row], length, length_penalty),
+                                                       hypothesis))
+            keep = per_sentence_alive.nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            row_index = (keep[:, None] * samples + torch.arange(samples, device=device)).reshape(-1)
+            sentences, memory, src_mask = sentences[keep], memory[keep], src_mask[keep]
+            tokens, log_prob, alive = tokens[row_index], log_prob[row_index], alive[row_index]
+            _drop_finished(cache, keep, samples)
+    return [[(hypothesis, score) for score, hypothesis in sorted(found, key=lambda item: item[0], reverse=True)]
+            for found in results]
+
+
+def encode_sources(tok_src: Tokenizer, sentences: Sequence[str], seq_len: int) -> tuple[list[list[int]], int]:
+    """Token ids with [SOS]/[EOS], sources longer than the model's seq_len truncated to it; and
+    how many were truncated."""
     encoded = [e.ids for e in tok_src.encode_batch(list(sentences), add_special_tokens=False)]
-    too_long = [i for i, ids in enumerate(encoded) if len(ids) + 2 > seq_len]
-    if too_long:
-        print(f"warning: truncated {len(too_long)} source sentence(s) to the model's limit of "
-              f"{seq_len - 2} tokens", file=sys.stderr, flush=True)
-    return [[SOS_ID, *ids[:seq_len - 2], EOS_ID] for ids in encoded]
-
-
-def translate_sentences(model: Transformer, tok_src: Tokenizer, tok_tgt: Tokenizer, sentences: Sequence[str],
-                        seq_len: int, batch_size: int = 64, beam_size: int = 1,
-                        length_penalty: float = 1.0) -> list[str]:
-    """Translate raw sentences in length-sorted batches; returns them in the input order."""
-    device = next(model.parameters()).device
-    sources = encode_sources(tok_src, sentences, seq_len)
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]), reverse=True)
-    translations = [""] * len(sources)
-    was_training = model.training
-    model.eval()
-    try:
-        for start in range(0, len(order), batch_size):
-            chunk = order[start:start + batch_size]
-            longest = len(sources[chunk[0]])
-            src = torch.full((len(chunk), longest), PAD_ID, dtype=torch.long)
-            for row, index in enumerate(chunk):
-                src[row, :len(sources[index])] = torch.tensor(sources[index])
-            src = src.to(device)
-            src_mask = (src != PAD_ID)[:, None, None, :]
-            max_tokens = max_output_tokens(longest - 2, seq_len)
-            if beam_size == 1:
-                outputs = greedy_decode(model, src, src_mask, max_tokens)
-            else:
-                outputs = [hyps[0][0] for hyps in beam_search(model, src, src_mask, max_tokens, beam_size,
-                                                                length_penalty)]
-            for index, ids in zip(chunk, outputs):
-                translations[index] = decode_ids(tok_tgt, ids)
-    finally:
-        model.train(was_training)
-    return translations
+    truncated = sum(len(ids) + 2 > seq_len for ids in encoded)
+    return [[SOS_ID, *ids[:seq_len - 2], EOS_ID] for ids in encoded], truncated

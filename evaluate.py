@@ -4,11 +4,12 @@ Translates every source sentence of the split in batches (greedy, or beam search
 --beam_size), writes the translations one per line, and prints chrF and sacreBLEU with their
 signatures against the raw references; the last line of stdout is sacreBLEU's own `BLEU = ...`.
 
-The checkpoint is found like translate.py finds it: the newest good one of the experiment that
+The model is found like translate.py finds it: the newest good checkpoint of the experiment that
 --datasource and the language pair name (weights/<data>_<src>-<tgt>/). To score a model on another
 data set, for example the out-of-domain ../shared/data/flores200_devtest, name the model's
 experiment with --experiment_name tatoeba_en-it, or pass --checkpoint PATH. --average N averages the
-weights of the N newest checkpoints (ending at --checkpoint when given) first.
+weights of the N newest checkpoints (ending at --checkpoint when given) first. With
+`--engine ctranslate2 --model_dir DIR` the model is one exported by export.py.
 
 A split the source has (flores200_devtest and newstest2009 have only `test`) is used as it is; a
 validation or test split the source lacks is carved out of train exactly as training did, with the
@@ -23,14 +24,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from checkpoint import CheckpointError, load_for_inference
-from config import ConfigError, build_parser, config_or_exit, weights_dir
+from checkpoint import CheckpointError
+from config import ConfigError, build_parser, config_or_exit
 from dataset import DataError, Pair, load_dataset_dict, load_splits, log, rows_to_pairs
-from decoding import translate_sentences
-from device import pick_device
 from scoring import corpus_scores
+from translator import DecodingOptions, TranslatorError, add_translator_arguments, load_translator
 
 
 def load_eval_pairs(datasource: str, split: str, model_config: dict[str, Any]) -> list[Pair]:
@@ -49,12 +47,14 @@ def load_eval_pairs(datasource: str, split: str, model_config: dict[str, Any]) -
     return pairs
 
 
-def default_output(config: dict[str, Any], checkpoint: Path, average: int, split: str) -> Path:
-    """runs/<the checkpoint's experiment>/<data>.<split>.<checkpoint>[.avgN].beamK.<tgt>"""
+def default_output(config: dict[str, Any], model: Path, average: int, split: str, engine: str) -> Path:
+    """runs/<the model's experiment>/<data>.<split>.<checkpoint>[.avgN][.ctranslate2].beamK.<tgt>,
+    `model` being the checkpoint file or the exported model directory."""
     data = re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.basename(os.path.normpath(config["datasource"]))) or "data"
-    name = f"{data}.{split}.{checkpoint.stem}{f'.avg{average}' if average > 1 else ''}" \
+    engine_part = "" if engine == "pytorch" else f".{engine}"
+    name = f"{data}.{split}.{model.stem}{f'.avg{average}' if average > 1 else ''}{engine_part}" \
            f".beam{config['beam_size']}.{config['lang_tgt']}"
-    return Path(config["runs_folder"]) / checkpoint.parent.name / name
+    return Path(config["runs_folder"]) / model.parent.name / name
 
 
 def build_evaluate_parser() -> argparse.ArgumentParser:
@@ -65,11 +65,7 @@ def build_evaluate_parser() -> argparse.ArgumentParser:
                      "--datasource ../shared/data/flores200_devtest --split test --experiment_name tatoeba_en-it "
                      "--beam_size 5 (or --checkpoint weights/tatoeba_en-it/ckpt_00001234.pt).")
     parser.add_argument("--split", default="test", help="split to translate and score (default: test)")
-    parser.add_argument("--checkpoint", type=Path, default=None,
-                        help="checkpoint file; if not given, the newest good one of the experiment (see below)")
-    parser.add_argument("--average", type=int, default=1,
-                        help="average the weights of this many newest checkpoints, ending at --checkpoint "
-                             "(default: 1, no averaging)")
+    add_translator_arguments(parser)
     parser.add_argument("--output", type=Path, default=None,
                         help="file for the translations; if not given, <runs_folder>/<the checkpoint's experiment>/"
                              "<data>.<split>.<checkpoint>[.avgN].beam<K>.<lang_tgt>")
@@ -80,34 +76,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_evaluate_parser()
     args = parser.parse_args(argv)
     config = config_or_exit(args, parser)
-    if args.average < 1:
-        parser.error(f"--average must be at least 1, got {args.average}")
     try:
-        device = pick_device(config["device"])
-    except ConfigError as error:
-        parser.error(str(error))
-    try:
-        model, tok_src, tok_tgt, model_config, path = load_for_inference(args.checkpoint, weights_dir(config), device,
-                                                                         args.average)
+        options = DecodingOptions.from_config(config)
+        translator = load_translator(args, config)
+        model_config = translator.model_config
         for key in ("lang_src", "lang_tgt"):
             if getattr(args, key) is not None and getattr(args, key) != model_config[key]:
-                raise DataError(f"--{key} {getattr(args, key)} does not match the checkpoint's {model_config[key]}")
+                raise DataError(f"--{key} {getattr(args, key)} does not match the model's {model_config[key]}")
         pairs = load_eval_pairs(config["datasource"], args.split, model_config)
-    except (CheckpointError, DataError) as error:
+    except ConfigError as error:
+        parser.error(str(error))
+    except (CheckpointError, TranslatorError, DataError) as error:
         print(f"evaluate.py: error: {error}", file=sys.stderr)
         return 1
-    averaged = f" (average of {args.average} ending here)" if args.average > 1 else ""
-    log(f"evaluate.py: {path}{averaged}: translating {len(pairs)} sentences of {config['datasource']} "
+    log(f"evaluate.py: {translator.source}: translating {len(pairs)} sentences of {config['datasource']} "
         f"{args.split} with beam size {config['beam_size']}")
 
     sources, references = [p[0] for p in pairs], [p[1] for p in pairs]
-    translations = translate_sentences(model, tok_src, tok_tgt, sources, model_config["seq_len"],
-                                       config["eval_batch_size"], config["beam_size"], config["length_penalty"])
+    translations = translator.translate_best(sources, options)
     # One line per sentence in the file (any line break a model might emit becomes a space; both
     # metrics ignore runs of whitespace), and the scores are of exactly what the file holds.
     hypotheses = [" ".join(t.split()) for t in translations]
-    output = args.output or default_output(dict(config, lang_tgt=model_config["lang_tgt"]), path, args.average,
-                                           args.split)
+    output = args.output or default_output(dict(config, lang_tgt=model_config["lang_tgt"]), translator.path,
+                                           args.average, args.split, args.engine)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
@@ -117,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"evaluate.py: wrote {len(hypotheses)} translations to {output}")
 
     scores = corpus_scores(hypotheses, references)
-    print(f"checkpoint: {path}{averaged}")
+    print(f"model: {translator.source} ({translator.engine})")
     print(f"data: {config['datasource']} {args.split}, {len(pairs)} sentences, beam size {config['beam_size']}, "
           f"length penalty {config['length_penalty']}")
     print(f"chrF2 = {scores['chrf']:.2f} ({scores['chrf_signature']})")

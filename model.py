@@ -164,9 +164,12 @@ class EncoderBlock(nn.Module):
 class KVCache:
     """Per-layer keys and values for incremental decoding of a batch of sentences.
 
-    Self-attention entries grow by one position per step; cross-attention entries are computed
-    from the encoder output on the first step and reused. `select` keeps a subset (or a
-    reordering, for beam search) of the batch rows.
+    Self-attention entries have one row per decoded hypothesis and grow by one position per step.
+    Cross-attention entries have one row per sentence: computed from the encoder output on the first
+    step and reused. A sentence may have several consecutive hypothesis rows (the beams of beam
+    search, or samples); they share their sentence's cross-attention entry, which is never copied
+    when beams are reordered. `reorder_hypotheses` keeps or reorders hypothesis rows;
+    `keep_sentences` drops finished sentences' cross-attention entries.
     """
 
     def __init__(self, num_layers: int) -> None:
@@ -174,11 +177,15 @@ class KVCache:
         self.cross_kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
         self.length = 0  # positions already decoded
 
-    def select(self, index: torch.Tensor) -> None:
-        def pick(entry):
-            return None if entry is None else (entry[0].index_select(0, index), entry[1].index_select(0, index))
-        self.self_kv = [pick(e) for e in self.self_kv]
-        self.cross_kv = [pick(e) for e in self.cross_kv]
+    @staticmethod
+    def _pick(entries: list, index: torch.Tensor) -> list:
+        return [None if e is None else (e[0].index_select(0, index), e[1].index_select(0, index)) for e in entries]
+
+    def reorder_hypotheses(self, index: torch.Tensor) -> None:
+        self.self_kv = self._pick(self.self_kv, index)
+
+    def keep_sentences(self, index: torch.Tensor) -> None:
+        self.cross_kv = self._pick(self.cross_kv, index)
 
 
 class DecoderBlock(nn.Module):
@@ -212,7 +219,11 @@ class DecoderBlock(nn.Module):
             if cache.cross_kv[layer] is None:
                 cache.cross_kv[layer] = self.cross_attention.keys_values(encoder_output)
             k, v = cache.cross_kv[layer]
-            return self.cross_attention.attend(y, k, v, src_mask)
+            # A sentence's hypotheses all query the same keys: stacked along the query axis they
+            # attend in one call, without a copy of the keys per hypothesis.
+            sentences = k.size(0)
+            queries = y.reshape(sentences, -1, y.size(-1))
+            return self.cross_attention.attend(queries, k, v, src_mask).reshape(y.shape)
 
         x = self.residual[0](x, cached_self_attention)
         x = self.residual[1](x, cached_cross_attention)
@@ -273,8 +284,10 @@ class Transformer(nn.Module):
 
     def decode(self, encoder_output: torch.Tensor, src_mask: torch.Tensor | None, tgt: torch.Tensor,
                tgt_mask: torch.Tensor | None, cache: KVCache | None = None) -> torch.Tensor:
-        """Decoder states for `tgt`. With a cache, `tgt` is the one newest position (B, 1) and
-        `tgt_mask` may be None: that position sees itself and every cached one."""
+        """Decoder states for `tgt`. With a cache, `tgt` is the one newest position of each
+        hypothesis (B * n, 1), n consecutive rows per sentence of `encoder_output` (B, S, d_model)
+        and `src_mask` (B, 1, 1, S), and `tgt_mask` may be None: that position sees itself and
+        every cached one."""
         offset = 0 if cache is None else cache.length
         x = self.decoder(self.tgt_pos(self.tgt_embed(tgt), offset), encoder_output, src_mask, tgt_mask, cache)
         if cache is not None:

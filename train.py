@@ -43,13 +43,13 @@ from checkpoint import CheckpointError, RunLock, checkpoint_candidates, load_che
 from config import IDENTITY_KEYS, ConfigError, parse_config, runs_dir, validate_config, weights_dir
 from cpu_kernels import keep_freed_memory, linear
 from dataset import BatchPlan, BilingualDataset, DataError, MicroBatches, load_splits, log, padding_waste
-from decoding import translate_sentences
 from device import pick_device
 from loss import loss_sum
 from model import Transformer, build_model
 from scoring import corpus_scores
 from tokenizer import (PAD_ID, TokenizerError, load_tokenizers, save_tokenizers, tokenizer_from_json,
                        train_tokenizers)
+from translator import DecodingOptions, TorchTranslator
 
 
 # ---------------------------------------------------------------------------- the parts of a run
@@ -186,8 +186,9 @@ def run_validation(model: Transformer, val_ds: BilingualDataset, val_pairs: list
     metrics = {"loss": float(total) / max(1, tokens)}
     pairs = val_pairs[:config["val_max_sentences"]] if config["val_max_sentences"] else val_pairs
     sources, references = [p[0] for p in pairs], [p[1] for p in pairs]
-    hypotheses = translate_sentences(model, tok_src, tok_tgt, sources, config["seq_len"], config["eval_batch_size"],
-                                     config["val_beam_size"], config["length_penalty"])
+    translator = TorchTranslator(model, tok_src, tok_tgt, config)
+    hypotheses = translator.translate_best(sources, DecodingOptions.from_config(
+        config, beam_size=config["val_beam_size"], sampling_topk=0, sampling_topp=0.0))
     scores = corpus_scores(hypotheses, references)
     metrics.update({k: scores[k] for k in ("bleu", "chrf", "cer", "wer")})
     model.train()

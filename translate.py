@@ -1,96 +1,125 @@
-"""Translate with a trained checkpoint: `python translate.py "I love you."`.
+"""Translate with a trained model: `python translate.py "I love you."`.
 
-Prints only translations on stdout, one per input; diagnostics go to stderr. With no sentence
-arguments it translates standard input, one sentence per line, in batches; a line that cannot be
-translated (empty, invalid UTF-8) gets an empty output line, a message naming it, and exit code 1,
-while the other lines are translated. The model is rebuilt from the config stored in the
-checkpoint: the latest good one of the configured experiment, or `--checkpoint PATH`, or the
-average of the newest N (`--average N`). `--plot_attention FILE.png` also saves the first
-sentence's cross-attention heatmap.
+Prints translations on stdout, one line per input; diagnostics go to stderr. With no sentence
+arguments it translates standard input, one sentence per line, `--chunk_size` lines at a time: each
+chunk's translations are written and flushed as soon as they are done, so memory stays bounded on
+inputs of any length and a killed run leaves complete lines behind. A line that cannot be translated
+(empty, invalid UTF-8) gets an empty output line and a message naming it, the others are translated,
+and the exit code is 1.
+
+The model: the newest good checkpoint of the experiment that --datasource and the language pair
+name, or `--checkpoint PATH`, or the average of the N newest (`--average N`); or with
+`--engine ctranslate2 --model_dir DIR` a model exported by export.py. The model is rebuilt from the
+config stored with it, so only decoding options matter here:
+- `--beam_size K` and `--length_penalty A` (scores are log-probability / length ** A);
+- sampling, for back-translation: `--sampling_topk K` and/or `--sampling_topp P`, `--temperature T`,
+  reproducible with `--seed S`;
+- `--n_best N`: N hypotheses per input (the N best of the beam, or N samples), one per line as
+  `LINE<TAB>SCORE<TAB>TRANSLATION`: LINE is the input's number (1-based), SCORE its score with four
+  decimals, best first within a line. An input that cannot be translated gets no hypothesis lines.
+`--plot_attention FILE.png` also saves the first sentence's cross-attention heatmap (PyTorch engine).
 """
 from __future__ import annotations
 
 import sys
+from itertools import islice
 from pathlib import Path
+from typing import Iterable, Iterator
 
-import torch
-
-from checkpoint import CheckpointError, load_for_inference
-from config import ConfigError, build_parser, config_or_exit, weights_dir
-from decoding import translate_sentences
-from device import pick_device
+from checkpoint import CheckpointError
+from config import ConfigError, build_parser, config_or_exit
+from translator import DecodingOptions, Translator, TranslatorError, add_translator_arguments, load_translator
 
 
-def read_stdin_lines() -> list[str | None]:
-    """Lines of standard input; None for a line that is not valid UTF-8."""
-    lines: list[str | None] = []
+def numbered_stdin_lines() -> Iterator[str | None]:
+    """Lines of standard input as they arrive; None for a line that is not valid UTF-8."""
     for raw in sys.stdin.buffer:
         try:
-            lines.append(raw.decode("utf-8").rstrip("\r\n"))
+            yield raw.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError:
-            lines.append(None)
-    return lines
+            yield None
+
+
+def chunks(lines: Iterable[str | None], size: int) -> Iterator[list[str | None]]:
+    iterator = iter(lines)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
+
+
+def translate_chunk(translator: Translator, inputs: list[str | None], first_number: int, options: DecodingOptions,
+                    n_best: bool) -> tuple[str, int]:
+    """The output text of one chunk of inputs, numbered from `first_number`, and how many were bad."""
+    usable = [i for i, text in enumerate(inputs) if text is not None and text.strip()]
+    for offset, text in enumerate(inputs):
+        if text is None:
+            print(f"translate.py: line {first_number + offset}: not valid UTF-8, skipped", file=sys.stderr)
+        elif not text.strip():
+            print(f"translate.py: line {first_number + offset}: empty, skipped", file=sys.stderr)
+    found = translator.translate([inputs[i].strip() for i in usable], options)
+    hypotheses: list[list] = [[] for _ in inputs]
+    for index, result in zip(usable, found):
+        hypotheses[index] = result
+    if n_best:
+        lines = [f"{first_number + offset}\t{h.score:.4f}\t{h.text}" for offset, result in enumerate(hypotheses)
+                 for h in result]
+    else:
+        lines = [result[0].text if result else "" for result in hypotheses]
+    return "".join(line + "\n" for line in lines), len(inputs) - len(usable)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser(__doc__.splitlines()[0])
     parser.add_argument("sentences", nargs="*", help="sentences to translate; none = read standard input")
-    parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint file (default: latest)")
-    parser.add_argument("--average", type=int, default=1,
-                        help="average the weights of this many newest checkpoints (ending at --checkpoint)")
+    add_translator_arguments(parser)
+    parser.add_argument("--n_best", type=int, default=0, metavar="N",
+                        help="print the N best hypotheses (or N samples) per input as LINE<TAB>SCORE<TAB>TRANSLATION")
+    parser.add_argument("--chunk_size", type=int, default=500, metavar="LINES",
+                        help="standard input lines translated, written and flushed together (default: 500)")
     parser.add_argument("--plot_attention", type=Path, default=None, metavar="FILE.png",
                         help="also save the cross-attention heatmap of the first sentence to this file")
     args = parser.parse_args(argv)
     config = config_or_exit(args, parser)
-    if args.average < 1:
-        parser.error(f"--average must be at least 1, got {args.average}")
-    from_stdin = not args.sentences
-    inputs: list[str | None] = read_stdin_lines() if from_stdin else list(args.sentences)
-    if not from_stdin:
-        for number, text in enumerate(args.sentences, start=1):
-            if not text.strip():
-                parser.error(f"sentence {number} is empty: nothing to translate")
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
-                parser.error(f"sentence {number} is not valid UTF-8")
-
+    if args.n_best < 0 or args.chunk_size < 1:
+        parser.error("--n_best must not be negative and --chunk_size must be at least 1")
+    for number, text in enumerate(args.sentences, start=1):
+        if not text.strip():
+            parser.error(f"sentence {number} is empty: nothing to translate")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
+            parser.error(f"sentence {number} is not valid UTF-8")
+    if args.plot_attention is not None and args.engine != "pytorch":
+        parser.error("--plot_attention draws the PyTorch model's attention: it needs --engine pytorch")
     try:
-        device = pick_device(config["device"])
+        options = DecodingOptions.from_config(config, n_best=max(1, args.n_best))
+        translator = load_translator(args, config)
     except ConfigError as error:
         parser.error(str(error))
-    try:
-        model, tok_src, tok_tgt, model_config, path = load_for_inference(args.checkpoint, weights_dir(config), device,
-                                                                         args.average)
-    except CheckpointError as error:
+    except (CheckpointError, TranslatorError) as error:
         print(f"translate.py: error: {error}", file=sys.stderr)
         return 1
-    averaged = f" averaged with the {args.average - 1} before it" if args.average > 1 else ""
-    print(f"translate.py: using {path}{averaged}", file=sys.stderr)
+    print(f"translate.py: using {translator.source}", file=sys.stderr)
 
-    usable = [i for i, text in enumerate(inputs) if text is not None and text.strip()]
-    for number, text in enumerate(inputs, start=1):
-        if text is None:
-            print(f"translate.py: line {number}: not valid UTF-8, skipped", file=sys.stderr)
-        elif not text.strip():
-            print(f"translate.py: line {number}: empty, skipped", file=sys.stderr)
-    translations = translate_sentences(model, tok_src, tok_tgt, [inputs[i].strip() for i in usable],
-                                       model_config["seq_len"], config["eval_batch_size"], config["beam_size"],
-                                       config["length_penalty"])
-    outputs = [""] * len(inputs)
-    for index, translation in zip(usable, translations):
-        outputs[index] = translation
-    for line in outputs:
-        print(line)
-    if args.plot_attention is not None and usable:
+    inputs = chunks(args.sentences, len(args.sentences)) if args.sentences else \
+        chunks(numbered_stdin_lines(), args.chunk_size)
+    first_number, bad, first_sentence = 1, 0, None
+    for chunk in inputs:
+        text, chunk_bad = translate_chunk(translator, chunk, first_number, options, args.n_best > 0)
+        # One write per chunk, flushed: what a killed run leaves behind is whole lines.
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        first_sentence = first_sentence or next((line.strip() for line in chunk if line and line.strip()), None)
+        first_number, bad = first_number + len(chunk), bad + chunk_bad
+    if args.plot_attention is not None and first_sentence is not None:
         from attention_plot import save_attention_plot  # matplotlib is only needed here
         try:
-            save_attention_plot(model, tok_src, tok_tgt, inputs[usable[0]].strip(), args.plot_attention)
+            save_attention_plot(translator.model, translator.tok_src, translator.tok_tgt, first_sentence,
+                                args.plot_attention)
         except (OSError, ValueError) as error:
             print(f"translate.py: error: cannot write {args.plot_attention}: {error}", file=sys.stderr)
             return 1
         print(f"translate.py: saved the attention plot to {args.plot_attention}", file=sys.stderr)
-    return 0 if len(usable) == len(inputs) else 1
+    return 0 if bad == 0 else 1
 
 
 if __name__ == "__main__":

@@ -101,6 +101,12 @@ class Toy:
                           " ".join(TOY_TARGET[w] for w in reversed(words)) + "."))
         return pairs
 
+    def translator(self) -> Any:
+        """The toy model behind the translator interface."""
+        from config import get_config
+        from translator import TorchTranslator
+        return TorchTranslator(self.model, self.tok_src, self.tok_tgt, dict(get_config(), seq_len=self.seq_len))
+
     def batch(self, pairs: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
         """A teacher-forcing batch built directly from token ids (independent of dataset.py)."""
         sources = [[SOS_ID, *encode_ids(self.tok_src, s), EOS_ID] for s, _ in pairs]

@@ -1,22 +1,32 @@
-"""decoding.py: the KV cache changes nothing, beam 1 is greedy, raw text keeps its order and
-over-long sources are truncated with a warning."""
+"""decoding.py: the KV cache changes nothing, beam search finds what it should and stops when nothing
+better can come, finished sentences leave the batch, sampling is reproducible and respects its cuts.
+
+The hand-worked cases use a stub model whose next-token distribution is a fixed table keyed by the
+prefix, so every expected hypothesis and score is worked out below.
+"""
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 from torch.testing import assert_close
 
-from decoding import beam_search, encode_sources, greedy_decode, max_output_tokens, translate_sentences
-from model import build_transformer, causal_mask
+from decoding import beam_search, encode_sources, greedy_decode, length_normalised, max_output_tokens, sample
+from model import KVCache, build_transformer, causal_mask
 from tokenizer import EOS_ID, PAD_ID, SOS_ID
 
 
 def source_batch(toy, sentences: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = encode_sources(toy.tok_src, sentences, toy.seq_len)
+    rows, _ = encode_sources(toy.tok_src, sentences, toy.seq_len)
     src = torch.full((len(rows), max(map(len, rows))), PAD_ID)
     for i, row in enumerate(rows):
         src[i, :len(row)] = torch.tensor(row)
     return src, (src != PAD_ID)[:, None, None, :]
+
+
+def tokens_of(hypotheses: list[tuple[list[int], float]]) -> list[list[int]]:
+    return [tokens for tokens, _ in hypotheses]
 
 
 @pytest.fixture(scope="module")
@@ -25,17 +35,20 @@ def mixed_lengths(toy_translator) -> list[str]:
     return [s for s, _ in toy_translator.pairs(24, seed=7)]
 
 
+# ---------------------------------------------------------------------------- the cache and greedy
+
 def test_cached_greedy_equals_uncached_greedy(toy_translator, mixed_lengths: list[str]) -> None:
     src, src_mask = source_batch(toy_translator, mixed_lengths)
     cached = greedy_decode(toy_translator.model, src, src_mask, max_tokens=20)
     uncached = greedy_decode(toy_translator.model, src, src_mask, max_tokens=20, use_cache=False)
-    assert cached == uncached
-    assert len({len(tokens) for tokens in cached}) >= 4  # rows really finished at different steps
-    assert all(EOS_ID not in tokens and SOS_ID not in tokens for tokens in cached)
+    assert tokens_of(cached) == tokens_of(uncached)
+    assert_close(torch.tensor([s for _, s in cached]), torch.tensor([s for _, s in uncached]), rtol=1e-5, atol=1e-6)
+    assert len({len(tokens) for tokens, _ in cached}) >= 4  # rows really finished at different steps
+    assert all(EOS_ID not in tokens and SOS_ID not in tokens for tokens, _ in cached)
     # a sentence decodes the same alone as in a padded batch
     for row in (0, 5, 11):
         alone_src, alone_mask = source_batch(toy_translator, [mixed_lengths[row]])
-        assert greedy_decode(toy_translator.model, alone_src, alone_mask, max_tokens=20)[0] == cached[row]
+        assert greedy_decode(toy_translator.model, alone_src, alone_mask, max_tokens=20)[0][0] == cached[row][0]
 
 
 def test_cache_gives_the_same_states_as_full_decoding() -> None:
@@ -55,57 +68,245 @@ def test_cache_gives_the_same_states_as_full_decoding() -> None:
     with torch.no_grad():
         model.projection_layer.proj.bias[EOS_ID] = -1e4  # never stop: exercise the full length
     cached = greedy_decode(model, src, src_mask, max_tokens=30)
-    assert cached == greedy_decode(model, src, src_mask, max_tokens=30, use_cache=False)
-    assert [len(t) for t in cached] == [30, 30]
+    assert tokens_of(cached) == tokens_of(greedy_decode(model, src, src_mask, max_tokens=30, use_cache=False))
+    assert [len(t) for t, _ in cached] == [30, 30]
 
 
-def test_beam_size_one_equals_greedy(toy_translator, mixed_lengths: list[str]) -> None:
-    src, src_mask = source_batch(toy_translator, mixed_lengths)
-    greedy = greedy_decode(toy_translator.model, src, src_mask, max_tokens=20)
-    beams = beam_search(toy_translator.model, src, src_mask, max_tokens=20, beam_size=1)
-    assert [hyps[0][0] for hyps in beams] == greedy
-    # also when every sentence runs out of tokens before EOS
-    short = greedy_decode(toy_translator.model, src, src_mask, max_tokens=3)
-    assert [h[0][0] for h in beam_search(toy_translator.model, src, src_mask, 3, beam_size=1)] == short
+def test_several_hypotheses_per_sentence_share_its_cross_attention_cache() -> None:
+    """Three hypothesis rows per sentence decode exactly as three copies of the sentence would,
+    while the cache holds one cross-attention entry per sentence."""
+    torch.manual_seed(4)
+    model = build_transformer(17, 19, 40, 40, d_model=16, N=2, h=2, dropout=0.0, d_ff=32).eval()
+    src = torch.tensor([[2, 5, 6, 7, 8, 3], [2, 9, 3, PAD_ID, PAD_ID, PAD_ID]])
+    src_mask = (src != PAD_ID)[:, None, None, :]
+    tgt = torch.randint(4, 19, (6, 5))
+    tgt[:, 0] = SOS_ID
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        shared, copies = model.new_cache(), model.new_cache()
+        grouped = [model.decode(memory, src_mask, tgt[:, i:i + 1], None, shared) for i in range(5)]
+        repeated = [model.decode(memory.repeat_interleave(3, 0), src_mask.repeat_interleave(3, 0), tgt[:, i:i + 1],
+                                 None, copies) for i in range(5)]
+    assert_close(torch.cat(grouped, 1), torch.cat(repeated, 1), atol=1e-6, rtol=1e-5)
+    assert shared.cross_kv[0][0].size(0) == 2 and shared.self_kv[0][0].size(0) == 6
+
+
+# ---------------------------------------------------------------------------- beam search, by hand
+
+A, B, C = 4, 5, 6
+VOCAB = 7
+
+
+class StubCache:
+    """Each row's tokens so far; reordered like the real KV cache."""
+
+    def __init__(self) -> None:
+        self.history: torch.Tensor | None = None
+        self.length = 0
+
+    def reorder_hypotheses(self, index: torch.Tensor) -> None:
+        self.history = self.history.index_select(0, index)
+
+    def keep_sentences(self, index: torch.Tensor) -> None:
+        pass
+
+
+class StubModel(torch.nn.Module):
+    """Next-token probabilities looked up by prefix (after [SOS]); unknown prefixes end at once.
+    "Hidden states" are the prefixes themselves, so `project` can look them up."""
+
+    def __init__(self, table: dict[tuple[int, ...], dict[int, float]]) -> None:
+        super().__init__()
+        self.table = table
+        self.queried: list[tuple[int, ...]] = []
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(src.size(0), src.size(1), 1)
+
+    def new_cache(self) -> StubCache:
+        return StubCache()
+
+    def decode(self, memory, src_mask, tgt, tgt_mask, cache: StubCache) -> torch.Tensor:
+        cache.history = tgt if cache.history is None else torch.cat([cache.history, tgt], dim=1)
+        cache.length += 1
+        return cache.history.unsqueeze(1).float()  # (B, 1, L)
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        flat = hidden.reshape(-1, hidden.size(-1)).long()
+        logits = torch.full((flat.size(0), VOCAB), float("-inf"))
+        for row, prefix in enumerate(flat.tolist()):
+            prefix = tuple(prefix[1:])  # after [SOS]
+            self.queried.append(prefix)
+            for token, probability in self.table.get(prefix, {EOS_ID: 1.0}).items():
+                logits[row, token] = math.log(probability)
+        return logits.view(*hidden.shape[:-1], VOCAB)
+
+
+ONE_SOURCE = (torch.tensor([[SOS_ID, 9, EOS_ID]]), torch.ones(1, 1, 1, 3, dtype=torch.bool))
+
+
+def run_beam(table, beam_size: int, length_penalty: float, n_best: int = 1, max_tokens: int = 10):
+    model = StubModel(table)
+    return beam_search(model, *ONE_SOURCE, max_tokens, beam_size, length_penalty, n_best)[0], model
+
+
+def expected_scores(*items: tuple[float, int]) -> torch.Tensor:
+    return torch.tensor([math.log(p) / length for p, length in items], dtype=torch.float64)
+
+
+def scores_of(hypotheses) -> torch.Tensor:
+    return torch.tensor([score for _, score in hypotheses], dtype=torch.float64)
+
+
+def test_beam_search_finds_the_better_sentence_greedy_misses() -> None:
+    # Greedy takes A (0.6), then the best it can do is end: p([A]) = 0.6 * 0.4 = 0.24.
+    # Beam 2 also keeps B (0.4), which then ends with 0.9: p([B]) = 0.36.
+    table = {(): {A: 0.6, B: 0.4}, (A,): {EOS_ID: 0.4, A: 0.3, B: 0.3}, (B,): {EOS_ID: 0.9, A: 0.05, B: 0.05}}
+    [(tokens, score)] = greedy_decode(StubModel(table), *ONE_SOURCE, 10, length_penalty=0.0)
+    assert tokens == [A] and score == pytest.approx(math.log(0.24))
+    assert tokens_of(run_beam(table, 1, 0.0)[0]) == [[A]]
+    # Step 1's best four: B-EOS 0.36, A-EOS 0.24, A-A 0.18, A-B 0.18; the first two end. The open
+    # A-A and A-B (0.18) cannot beat 0.24 even unnormalised: the search is done.
+    results, model = run_beam(table, 2, 0.0, n_best=2)
+    assert tokens_of(results) == [[B], [A]]
+    assert_close(scores_of(results), expected_scores((0.36, 1), (0.24, 1)))
+    assert all(len(prefix) <= 1 for prefix in model.queried), "nothing was decoded after the search was done"
+
+
+def test_a_longer_hypothesis_found_after_beam_size_have_finished() -> None:
+    """Stopping once beam_size hypotheses have finished (as before) misses [A A A]."""
+    # Step 0: A 0.5, B 0.4 open.  Step 1: A-EOS 0.35, B-EOS 0.32 end; A-A 0.15, B-B 0.08 stay open.
+    # Step 2: A-A-A 0.15, B-B-B 0.08.  Step 3: both end with probability 1.
+    table = {(): {A: 0.5, B: 0.4, C: 0.1}, (A,): {EOS_ID: 0.7, A: 0.3}, (B,): {EOS_ID: 0.8, B: 0.2},
+             (A, A): {A: 1.0}, (B, B): {B: 1.0}, (A, A, A): {EOS_ID: 1.0}, (B, B, B): {EOS_ID: 1.0}}
+    # Length penalty 1 (scores per token, EOS counted): [A] -1.05 / 2 = -0.525, [B] -0.570,
+    # [A A A] -1.90 / 4 = -0.474. After step 1 the open A-A (log 0.15 = -1.90) could still reach
+    # -1.90 / 10 at the longest: the search goes on.
+    results, _ = run_beam(table, 2, 1.0, n_best=2)
+    assert tokens_of(results) == [[A, A, A], [A]]
+    assert_close(scores_of(results), expected_scores((0.15, 4), (0.35, 2)))
+    # Without a length penalty [A] (log 0.35) is best, and no open hypothesis (log 0.15) can beat it:
+    # the search stops after step 1.
+    results, model = run_beam(table, 2, 0.0)
+    assert tokens_of(results) == [[A]] and results[0][1] == pytest.approx(math.log(0.35))
+    assert (A, A) not in model.queried
+
+
+def test_only_eos_among_the_first_beam_size_extensions_finishes() -> None:
+    """As in fairseq and CTranslate2: an [EOS] ranked below the first beam_size extensions is
+    dropped, and the open beams are the first beam_size extensions that do not end."""
+    # Step 1's best four: A-A 0.30, A-C 0.20, B-EOS 0.18, B-B 0.12: B-EOS is third, so [B] never
+    # finishes, though its log-probability (log 0.18) beats every hypothesis that does.
+    # Step 2, the last (max_tokens 3): A-A-EOS 0.165 ends; A-A-A 0.135 and A-C-B 0.11 are cut off.
+    table = {(): {A: 0.5, B: 0.3, C: 0.2}, (A,): {A: 0.6, C: 0.4}, (B,): {EOS_ID: 0.6, B: 0.4},
+             (A, A): {EOS_ID: 0.55, A: 0.45}, (A, C): {EOS_ID: 0.45, B: 0.55}}
+    results, model = run_beam(table, 2, 0.0, n_best=2, max_tokens=3)
+    assert tokens_of(results) == [[A, A], [A, A, A]]
+    assert_close(scores_of(results), torch.tensor([math.log(0.165), math.log(0.135)], dtype=torch.float64))
+    assert (B, B) not in model.queried
+
+
+def test_open_hypotheses_compete_when_tokens_run_out() -> None:
+    # Nothing ends within 2 steps: both open beams are ranked by their normalised scores.
+    table = {(): {A: 0.7, B: 0.3}, (A,): {A: 1.0}, (B,): {B: 1.0}}
+    results, _ = run_beam(table, 2, 1.0, n_best=2, max_tokens=2)
+    assert tokens_of(results) == [[A, A], [B, B]]
+    assert_close(scores_of(results), expected_scores((0.7, 2), (0.3, 2)))
+    assert length_normalised(-1.5, 3, 1.0) == pytest.approx(-0.5)
+
+
+def test_beam_size_one_without_length_penalty_equals_greedy_on_a_random_model() -> None:
+    """With length_penalty 0 an [EOS] that greedy would take ends the one beam for good (nothing
+    longer can score higher). With a length penalty the search rightly goes on past it, which is
+    why translators send beam_size 1 to greedy decoding."""
+    torch.manual_seed(0)
+    model = build_transformer(40, 40, 32, 32, d_model=32, N=2, h=2, d_ff=64, dropout=0.0).eval()
+    with torch.no_grad():
+        model.projection_layer.proj.bias[EOS_ID] = 2.0  # some sentences end early, others run to the limit
+    src = torch.randint(4, 40, (8, 9))
+    src[:, 0] = SOS_ID
+    for row, length in enumerate([9, 8, 7, 5, 9, 4, 6, 3]):
+        src[row, length - 1] = EOS_ID
+        src[row, length:] = PAD_ID
+    src_mask = (src != PAD_ID)[:, None, None, :]
+    greedy = greedy_decode(model, src, src_mask, 12, length_penalty=0.0)
+    beam = [hypotheses[0] for hypotheses in beam_search(model, src, src_mask, 12, 1, length_penalty=0.0)]
+    assert tokens_of(beam) == tokens_of(greedy)
+    assert_close(scores_of(beam), scores_of(greedy), rtol=1e-5, atol=1e-6)
+    assert len({len(tokens) for tokens, _ in greedy}) > 1, "the case should mix finished and unfinished sentences"
 
 
 def test_beam_search_returns_ranked_distinct_hypotheses(toy_translator, mixed_lengths: list[str]) -> None:
     src, src_mask = source_batch(toy_translator, mixed_lengths[:6])
     results = beam_search(toy_translator.model, src, src_mask, max_tokens=20, beam_size=4, n_best=3)
     greedy = greedy_decode(toy_translator.model, src, src_mask, max_tokens=20)
-    for hyps, best_greedy in zip(results, greedy):
-        assert len(hyps) == 3
-        scores = [score for _, score in hyps]
+    for hypotheses, (best_greedy, _) in zip(results, greedy):
+        assert len(hypotheses) == 3
+        scores = [score for _, score in hypotheses]
         assert scores == sorted(scores, reverse=True)
-        assert len({tuple(tokens) for tokens, _ in hyps}) == 3
-        assert hyps[0][0] == best_greedy  # a confident model: the wider search agrees
+        assert len({tuple(tokens) for tokens, _ in hypotheses}) == 3
+        assert hypotheses[0][0] == best_greedy  # a confident model: the wider search agrees
+    with pytest.raises(ValueError, match="n_best"):
+        beam_search(toy_translator.model, src, src_mask, 20, beam_size=2, n_best=3)
 
 
-def test_translate_sentences_keeps_the_input_order(toy_translator, mixed_lengths: list[str]) -> None:
-    toy = toy_translator
-    together = translate_sentences(toy.model, toy.tok_src, toy.tok_tgt, mixed_lengths, toy.seq_len, batch_size=5)
-    one_by_one = [translate_sentences(toy.model, toy.tok_src, toy.tok_tgt, [s], toy.seq_len)[0]
-                  for s in mixed_lengths]
-    assert together == one_by_one
-    expected = dict(toy.pairs(24, seed=7))
-    assert sum(out == expected[s] for s, out in zip(mixed_lengths, together)) >= 22
-    beam = translate_sentences(toy.model, toy.tok_src, toy.tok_tgt, mixed_lengths, toy.seq_len, batch_size=5,
-                               beam_size=3)
-    assert sum(a == b for a, b in zip(beam, together)) >= 22
-    assert translate_sentences(toy.model, toy.tok_src, toy.tok_tgt, [], toy.seq_len) == []
-    assert not toy.model.training
+def test_finished_sentences_leave_the_batch(toy_translator, mixed_lengths: list[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows decoded per step shrink as sentences finish; cross-attention entries are only ever
+    dropped with their sentence, never copied per step."""
+    model = toy_translator.model
+    src, src_mask = source_batch(toy_translator, mixed_lengths[:8])
+    rows_per_step: list[int] = []
+    kept: list[int] = []
+    real_decode, real_keep = model.decode, KVCache.keep_sentences
+
+    def counting_decode(memory, mask, tgt, tgt_mask, cache=None):
+        rows_per_step.append(tgt.size(0))
+        return real_decode(memory, mask, tgt, tgt_mask, cache)
+
+    def counting_keep(cache, index):
+        kept.append(index.numel())
+        real_keep(cache, index)
+
+    monkeypatch.setattr(model, "decode", counting_decode)
+    monkeypatch.setattr(KVCache, "keep_sentences", counting_keep)
+    beam_search(model, src, src_mask, max_tokens=20, beam_size=3)
+    assert rows_per_step[0] == 8 * 3 and rows_per_step[-1] < rows_per_step[0]
+    assert rows_per_step == sorted(rows_per_step, reverse=True)
+    assert len(kept) < len(rows_per_step) and kept == sorted(kept, reverse=True) and all(n < 8 for n in kept)
 
 
-def test_too_long_source_is_truncated_with_a_warning(toy_translator, capsys: pytest.CaptureFixture) -> None:
-    toy = toy_translator
-    words = ("one two three four five six seven eight " * 4).split()
-    long_sentence, fitting = " ".join(words), " ".join(words[:toy.seq_len - 2])
-    out = translate_sentences(toy.model, toy.tok_src, toy.tok_tgt, [long_sentence, "one two three."], toy.seq_len)
-    err = capsys.readouterr().err
-    assert "warning: truncated 1 source sentence(s)" in err and f"{toy.seq_len - 2} tokens" in err
-    assert out[0] == translate_sentences(toy.model, toy.tok_src, toy.tok_tgt, [fitting], toy.seq_len)[0]
-    assert out[1] == "tre due uno."
-    assert capsys.readouterr().err == ""  # the fitting sentence alone triggers no warning
+# ---------------------------------------------------------------------------- sampling
+
+def test_sampling_is_reproducible_and_follows_its_cuts() -> None:
+    table = {(): {A: 0.5, B: 0.3, C: 0.2}, (A,): {EOS_ID: 1.0}, (B,): {EOS_ID: 1.0}, (C,): {EOS_ID: 1.0}}
+    model = StubModel(table)
+
+    def draw(seed: int, **cuts) -> list[tuple[list[int], float]]:
+        generator = torch.Generator().manual_seed(seed)
+        return sample(model, *ONE_SOURCE, 10, samples=60, length_penalty=0.0, generator=generator, **cuts)[0]
+
+    free = draw(1)
+    assert draw(1) == free and draw(2) != free
+    assert {tuple(t) for t, _ in free} == {(A,), (B,), (C,)}
+    for tokens, score in free:  # the model's own log-probability, whatever the cut
+        assert score == pytest.approx(math.log(table[()][tokens[0]]))
+    assert [score for _, score in free] == sorted((score for _, score in free), reverse=True)
+    assert {tuple(t) for t, _ in draw(3, topk=2)} == {(A,), (B,)}
+    assert {tuple(t) for t, _ in draw(3, topp=0.6)} == {(A,), (B,)}  # A alone (0.5) does not reach 0.6
+    assert {tuple(t) for t, _ in draw(3, topp=0.4)} == {(A,)}
+    assert {tuple(t) for t, _ in draw(3, topk=1)} == {(A,)}
+
+
+def test_sampling_with_top_one_is_greedy(toy_translator, mixed_lengths: list[str]) -> None:
+    src, src_mask = source_batch(toy_translator, mixed_lengths)
+    greedy = greedy_decode(toy_translator.model, src, src_mask, max_tokens=20)
+    samples = sample(toy_translator.model, src, src_mask, 20, samples=2, topk=1,
+                     generator=torch.Generator().manual_seed(0))
+    for drawn, (tokens, score) in zip(samples, greedy):
+        assert tokens_of(drawn) == [tokens, tokens]
+        assert_close(scores_of(drawn), torch.tensor([score, score], dtype=torch.float64), rtol=1e-5, atol=1e-6)
 
 
 def test_max_output_tokens() -> None:

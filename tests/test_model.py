@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.testing import assert_close
 
-from decoding import translate_sentences
+from translator import DecodingOptions
 from model import (InputEmbeddings, MultiHeadAttention, PositionalEncoding, Transformer, build_model,
                    build_transformer, causal_mask)
 from config import parse_config
@@ -176,6 +176,6 @@ def test_the_model_learns_a_toy_translation(toy_translator) -> None:
     seen = set(toy.train_pairs)
     unseen = [p for p in toy.pairs(300, seed=99) if p not in seen][:200]
     assert len(unseen) >= 150
-    outputs = translate_sentences(toy.model, toy.tok_src, toy.tok_tgt, [s for s, _ in unseen], toy.seq_len)
+    outputs = toy.translator().translate_best([s for s, _ in unseen], DecodingOptions())
     exact = sum(out == ref for out, (_, ref) in zip(outputs, unseen)) / len(unseen)
     assert exact >= 0.95, f"only {exact:.0%} of unseen sentences translated exactly"

@@ -23,10 +23,10 @@ import train
 from checkpoint import MANIFEST, checkpoint_name, load_for_inference
 from config import validate_config
 from dataset import BilingualDataset, load_splits
-from decoding import translate_sentences
 from loss import loss_sum
 from scoring import corpus_scores
 from tokenizer import PAD_ID
+from translator import DecodingOptions, TorchTranslator
 
 SCALARS = {"train/loss", "train/lr", "train/tokens_per_second", "val/loss", "val/bleu", "val/chrf", "val/cer",
            "val/wer"}
@@ -104,11 +104,11 @@ def test_tensorboard_holds_every_scalar_and_no_step_twice(trained_run) -> None:
 def test_pipeline_bleu_equals_sacrebleu_on_its_own_outputs(trained_run) -> None:
     run = trained_run
     path, state = run.latest()
-    model, tok_src, tok_tgt, config, _ = load_for_inference(path, run.folder, torch.device("cpu"))
+    translator = TorchTranslator.load(path, run.folder, torch.device("cpu"))
+    config = translator.model_config
     validation = load_splits(config)["validation"]
     sources, references = [s for s, _ in validation], [t for _, t in validation]
-    hypotheses = translate_sentences(model, tok_src, tok_tgt, sources, config["seq_len"], config["eval_batch_size"],
-                                     config["val_beam_size"], config["length_penalty"])
+    hypotheses = translator.translate_best(sources, DecodingOptions.from_config(config))
     # these are the outputs the run produced: its last printed examples
     printed = [line[len("OUTPUT: "):] for line in run.second.stdout.splitlines() if line.startswith("OUTPUT: ")]
     assert printed[-config["num_examples"]:] == hypotheses[:config["num_examples"]]
@@ -133,11 +133,11 @@ def test_validation_scores_raw_text_and_teacher_forced_loss(trained_run, monkeyp
                   for i, ref in enumerate(references)]
     seen_sources = []
 
-    def fixed_translations(model, tok_src, tok_tgt, sentences, *args):
+    def fixed_translations(translator, sentences, options):
         seen_sources.extend(sentences)
         return hypotheses[:len(sentences)]
 
-    monkeypatch.setattr(train, "translate_sentences", fixed_translations)
+    monkeypatch.setattr(TorchTranslator, "translate_best", fixed_translations)
     val_ds = BilingualDataset(pairs, tok_src, tok_tgt, config["seq_len"], "validation")
     writer = SummaryWriter(str(tmp_path))
     metrics = train.run_validation(model, val_ds, pairs, tok_src, tok_tgt, config, torch.device("cpu"), writer, 77)
@@ -174,8 +174,8 @@ def test_translate_prints_the_translation_on_stdout(trained_run, cli) -> None:
     lines = result.stdout.splitlines()
     assert len(lines) == 1 and lines[0].strip()
     assert checkpoint_name(run.SECOND_MAX_STEPS) in result.stderr
-    model, tok_src, tok_tgt, config, _ = load_for_inference(None, run.folder, torch.device("cpu"))
-    assert lines[0] == translate_sentences(model, tok_src, tok_tgt, ["The cat sees the dog."], config["seq_len"])[0]
+    translator = TorchTranslator.load(None, run.folder, torch.device("cpu"))
+    assert lines[0] == translator.translate_best(["The cat sees the dog."], DecodingOptions())[0]
 
 
 @pytest.mark.parametrize("change, key", [(["--d_model", "64"], "d_model"), (["--num_layers", "2"], "num_layers"),

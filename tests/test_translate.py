@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import translate
-from checkpoint import load_for_inference
-from decoding import translate_sentences
+from translator import DecodingOptions, TorchTranslator
 
 FIRST, SECOND = "The cat sees the dog.", "The dog eats the bread."
 
@@ -17,8 +16,8 @@ FIRST, SECOND = "The cat sees the dog.", "The dog eats the bread."
 @pytest.fixture(scope="module")
 def expected(trained_run) -> dict[str, str]:
     """What the trained run's latest checkpoint makes of a few sentences."""
-    model, tok_src, tok_tgt, config, _ = load_for_inference(None, trained_run.folder, torch.device("cpu"))
-    return dict(zip([FIRST, SECOND], translate_sentences(model, tok_src, tok_tgt, [FIRST, SECOND], config["seq_len"])))
+    translator = TorchTranslator.load(None, trained_run.folder, torch.device("cpu"))
+    return dict(zip([FIRST, SECOND], translator.translate_best([FIRST, SECOND], DecodingOptions())))
 
 
 def experiment(run) -> list[str]:

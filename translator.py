@@ -1,0 +1,295 @@
+"""Translators: a model loaded once, then batches of sentences translated with given decoding options.
+
+One interface, two engines:
+- `TorchTranslator`: this project's PyTorch model and decoding.py, from a checkpoint (or the
+  average of several), or from a model already in memory (validation during training).
+- `CTranslate2Translator`: a model directory written by export.py, run by CTranslate2 (fast CPU
+  inference, int8 weights).
+translate.py, evaluate.py and serve.py get a `Translator` from `load_translator` and never branch on
+the engine. Both engines tokenize with the model's own tokenizers, truncate sources to its seq_len
+(with a warning on stderr), translate in length-sorted batches, and score hypotheses the same way
+(decoding.py: log-probability including [EOS] over length ** length_penalty).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple, Sequence
+
+import torch
+from tokenizers import Tokenizer
+
+from checkpoint import load_for_inference
+from config import validate_config, weights_dir
+from decoding import beam_search, encode_sources, greedy_decode, max_output_tokens, sample
+from device import pick_device
+from model import Transformer
+from tokenizer import PAD_ID, TokenizerError, decode_ids, load_tokenizer
+
+ENGINES = ("pytorch", "ctranslate2")
+
+
+class TranslatorError(RuntimeError):
+    """A model that cannot be loaded, or options it cannot decode with; the message says which."""
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """How to decode. Sampling is on when `sampling_topk` or `sampling_topp` is set; it draws
+    `n_best` samples per sentence and needs beam_size 1."""
+
+    beam_size: int = 1
+    length_penalty: float = 1.0
+    n_best: int = 1
+    sampling_topk: int = 0
+    sampling_topp: float = 0.0
+    temperature: float = 1.0
+    batch_size: int = 64
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], **overrides: Any) -> "DecodingOptions":
+        options = cls(beam_size=config["beam_size"], length_penalty=config["length_penalty"],
+                      sampling_topk=config["sampling_topk"], sampling_topp=config["sampling_topp"],
+                      temperature=config["temperature"], batch_size=config["eval_batch_size"])
+        return options.replace(**overrides) if overrides else options
+
+    def replace(self, **changes: Any) -> "DecodingOptions":
+        options = DecodingOptions(**{**self.__dict__, **changes})
+        options.check()
+        return options
+
+    @property
+    def sampling(self) -> bool:
+        return self.sampling_topk > 0 or self.sampling_topp > 0
+
+    def check(self) -> None:
+        if self.beam_size < 1 or self.n_best < 1 or self.batch_size < 1:
+            raise TranslatorError("beam_size, n_best and the batch size must be at least 1")
+        if self.sampling and self.beam_size != 1:
+            raise TranslatorError(f"sampling draws from the model one token at a time: it needs beam_size 1, "
+                                  f"got {self.beam_size}")
+        if not self.sampling and self.n_best > self.beam_size:
+            raise TranslatorError(f"n_best {self.n_best} needs a beam at least as wide (beam_size {self.beam_size})")
+
+
+class Hypothesis(NamedTuple):
+    text: str
+    score: float
+
+
+@dataclass
+class CrossAttention:
+    """The last decoder layer's cross-attention while translating one sentence, mean over heads:
+    weights[i][j] is how much output token i attended to source token j."""
+
+    source_tokens: list[str]
+    output_tokens: list[str]
+    weights: list[list[float]]
+
+
+class Translator(ABC):
+    """A loaded model with its tokenizers and training config. `describe()` says what it is;
+    `translate` returns each sentence's hypotheses, best first (`n_best` of them)."""
+
+    engine: str
+
+    def __init__(self, tok_src: Tokenizer, tok_tgt: Tokenizer, model_config: dict[str, Any], path: Path | None,
+                 source: str) -> None:
+        self.tok_src, self.tok_tgt = tok_src, tok_tgt
+        self.path, self.source = path, source  # the checkpoint file or model directory; what to call it
+        self.model_config = model_config  # the config the model was trained with
+        self.seq_len = model_config["seq_len"]
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": self.engine, "model": self.source, "seq_len": self.seq_len,
+                "source_vocabulary": self.tok_src.get_vocab_size(), "target_vocabulary": self.tok_tgt.get_vocab_size()}
+
+    def translate(self, sentences: Sequence[str], options: DecodingOptions) -> list[list[Hypothesis]]:
+        """Translate in batches of similar length; results in the input order."""
+        options.check()
+        tokens = [e.tokens for e in self.tok_src.encode_batch(list(sentences), add_special_tokens=False)]
+        truncated = sum(len(t) + 2 > self.seq_len for t in tokens)
+        if truncated:
+            print(f"warning: truncated {truncated} source sentence(s) to the model's limit of {self.seq_len - 2} "
+                  f"tokens", file=sys.stderr, flush=True)
+        order = sorted(range(len(sentences)), key=lambda i: len(tokens[i]), reverse=True)
+        results: list[list[Hypothesis]] = [[] for _ in sentences]
+        for start in range(0, len(order), options.batch_size):
+            chunk = order[start:start + options.batch_size]
+            batch = [sentences[i] for i in chunk]
+            longest = min(len(tokens[chunk[0]]), self.seq_len - 2)
+            found = self.translate_batch(batch, options, max_output_tokens(longest, self.seq_len))
+            for index, hypotheses in zip(chunk, found):
+                results[index] = [Hypothesis(decode_ids(self.tok_tgt, ids), score) for ids, score in hypotheses]
+        return results
+
+    def translate_best(self, sentences: Sequence[str], options: DecodingOptions) -> list[str]:
+        """The best translation of each sentence."""
+        return [hypotheses[0].text for hypotheses in self.translate(sentences, options)]
+
+    @abstractmethod
+    def translate_batch(self, sentences: list[str], options: DecodingOptions,
+                        max_tokens: int) -> list[list[tuple[list[int], float]]]:
+        """Token ids (no special tokens) and scores of each sentence's hypotheses, best first."""
+
+    @abstractmethod
+    def cross_attention(self, sentence: str) -> CrossAttention:
+        """The heatmap data of the greedy translation of `sentence`."""
+
+
+class TorchTranslator(Translator):
+    """This project's model in PyTorch, decoded by decoding.py."""
+
+    engine = "pytorch"
+
+    def __init__(self, model: Transformer, tok_src: Tokenizer, tok_tgt: Tokenizer, model_config: dict[str, Any],
+                 path: Path | None = None, source: str = "model in memory", seed: int = 0) -> None:
+        super().__init__(tok_src, tok_tgt, model_config, path, source)
+        self.model, self.seed = model, seed
+        self.generator: torch.Generator | None = None  # made on the first sampling call
+
+    @classmethod
+    def load(cls, checkpoint: Path | None, folder: Path, device: torch.device, average: int = 1,
+             seed: int = 0) -> "TorchTranslator":
+        """From the checkpoint at `checkpoint`, or the newest good one in `folder`; `average` > 1
+        averages the weights of that many newest checkpoints (checkpoint.load_for_inference)."""
+        model, tok_src, tok_tgt, config, path = load_for_inference(checkpoint, folder, device, average)
+        source = str(path) + (f" (average of {average} ending here)" if average > 1 else "")
+        return cls(model, tok_src, tok_tgt, config, path, source, seed)
+
+    def translate_batch(self, sentences: list[str], options: DecodingOptions,
+                        max_tokens: int) -> list[list[tuple[list[int], float]]]:
+        model = self.model
+        device = next(model.parameters()).device
+        sources, _ = encode_sources(self.tok_src, sentences, self.seq_len)
+        src = torch.full((len(sources), max(map(len, sources))), PAD_ID, dtype=torch.long)
+        for row, ids in enumerate(sources):
+            src[row, :len(ids)] = torch.tensor(ids)
+        src = src.to(device)
+        src_mask = (src != PAD_ID)[:, None, None, :]
+        was_training = model.training
+        model.eval()
+        try:
+            if options.sampling:
+                if self.generator is None:
+                    self.generator = torch.Generator(device).manual_seed(self.seed)
+                return sample(model, src, src_mask, max_tokens, options.n_best, options.sampling_topk,
+                              options.sampling_topp, options.temperature, options.length_penalty, self.generator)
+            if options.beam_size == 1:
+                return [[hypothesis] for hypothesis in greedy_decode(model, src, src_mask, max_tokens,
+                                                                     options.length_penalty)]
+            return beam_search(model, src, src_mask, max_tokens, options.beam_size, options.length_penalty,
+                               options.n_best)
+        finally:
+            model.train(was_training)
+
+    def cross_attention(self, sentence: str) -> CrossAttention:
+        from attention_plot import cross_attention_weights  # matplotlib is imported only for attention
+        sources, outputs, weights = cross_attention_weights(self.model, self.tok_src, self.tok_tgt, sentence)
+        return CrossAttention(sources, outputs, weights.mean(dim=0).tolist())
+
+
+# Files export.py writes beside CTranslate2's own (model.bin, config.json, vocabularies).
+CT2_SOURCE_TOKENIZER, CT2_TARGET_TOKENIZER, CT2_PROJECT_CONFIG = \
+    "tokenizer_source.json", "tokenizer_target.json", "project.json"
+
+
+class CTranslate2Translator(Translator):
+    """A model directory written by export.py, run by CTranslate2."""
+
+    engine = "ctranslate2"
+
+    def __init__(self, model_dir: Path, device: str = "cpu", seed: int = 0, threads: int = 0) -> None:
+        model_dir = Path(model_dir)
+        if not model_dir.is_dir():
+            raise TranslatorError(f"model directory {model_dir} does not exist (write one with export.py)")
+        try:
+            project = json.loads((model_dir / CT2_PROJECT_CONFIG).read_text(encoding="utf-8"))
+            model_config = dict(project["config"])
+            validate_config(model_config)
+            tok_src = load_tokenizer(model_dir / CT2_SOURCE_TOKENIZER)
+            tok_tgt = load_tokenizer(model_dir / CT2_TARGET_TOKENIZER)
+        except (OSError, ValueError, KeyError, TypeError, TokenizerError) as error:
+            raise TranslatorError(f"{model_dir} is not a model directory written by export.py: "
+                                  f"{str(error).splitlines()[0]}") from None
+        super().__init__(tok_src, tok_tgt, model_config, model_dir, str(model_dir))
+        self.project = project
+        # CTranslate2's int8 products on its default oneDNN backend are far off on CPUs without
+        # AVX-512 VNNI (this project's AMD machine: 5 of 50 toy sentences kept their greedy output);
+        # MKL's are not. It reads this once, when first imported; an explicit setting wins.
+        os.environ.setdefault("CT2_USE_MKL", "1")
+        import ctranslate2
+        # Its sampling RNG is per thread and seeded when a translator is made: seed first.
+        ctranslate2.set_random_seed(seed)
+        try:
+            self.ct2 = ctranslate2.Translator(str(model_dir), device=device,
+                                              intra_threads=threads or torch.get_num_threads())
+        except (RuntimeError, ValueError, OSError) as error:
+            raise TranslatorError(f"cannot load the CTranslate2 model in {model_dir}: "
+                                  f"{str(error).splitlines()[0]}") from None
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "checkpoint": self.project.get("checkpoint"),
+                "quantization": self.project.get("quantization")}
+
+    def translate_batch(self, sentences: list[str], options: DecodingOptions,
+                        max_tokens: int) -> list[list[tuple[list[int], float]]]:
+        tokens = [e.tokens for e in self.tok_src.encode_batch(sentences, add_special_tokens=False)]
+        sampling = {}
+        if options.sampling:
+            # CTranslate2 samples when topk is not 1; nucleus sampling needs a bounded topk.
+            topk = options.sampling_topk or self.tok_tgt.get_vocab_size()
+            sampling = {"sampling_topk": topk, "sampling_topp": options.sampling_topp or 1.0,
+                        "sampling_temperature": options.temperature}
+        results = self.ct2.translate_batch(
+            tokens, beam_size=options.beam_size, num_hypotheses=options.n_best,
+            length_penalty=options.length_penalty, max_decoding_length=max_tokens, min_decoding_length=0,
+            max_input_length=self.seq_len, return_scores=True, **sampling)
+        return [[([self.tok_tgt.token_to_id(t) for t in hypothesis], score)
+                 for hypothesis, score in zip(result.hypotheses, result.scores)] for result in results]
+
+    def cross_attention(self, sentence: str) -> CrossAttention:
+        tokens = self.tok_src.encode(sentence, add_special_tokens=False).tokens[:self.seq_len - 2]
+        [result] = self.ct2.translate_batch([tokens], beam_size=1, min_decoding_length=0, return_attention=True,
+                                            max_decoding_length=max_output_tokens(len(tokens), self.seq_len),
+                                            max_input_length=self.seq_len)
+        return CrossAttention(tokens, result.hypotheses[0], [list(row) for row in result.attention[0]])
+
+
+def add_translator_arguments(parser: argparse.ArgumentParser) -> None:
+    """--engine, --model_dir, --checkpoint and --average, shared by translate.py, evaluate.py and serve.py."""
+    parser.add_argument("--engine", choices=ENGINES, default="pytorch",
+                        help="pytorch: a checkpoint with this project's decoding (default); ctranslate2: a model "
+                             "directory written by export.py")
+    parser.add_argument("--model_dir", type=Path, default=None, help="the CTranslate2 model directory (--engine "
+                                                                     "ctranslate2)")
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="checkpoint file (default: the newest good one of the experiment)")
+    parser.add_argument("--average", type=int, default=1,
+                        help="average the weights of this many newest checkpoints, ending at --checkpoint")
+
+
+def load_translator(args: argparse.Namespace, config: dict[str, Any]) -> Translator:
+    """The translator the command line asks for. Raises TranslatorError, CheckpointError or
+    ConfigError (a missing device) with one line."""
+    if args.average < 1:
+        raise TranslatorError(f"--average must be at least 1, got {args.average}")
+    if args.engine == "ctranslate2":
+        if args.model_dir is None:
+            raise TranslatorError("--engine ctranslate2 needs --model_dir DIR (a model written by export.py)")
+        if args.checkpoint is not None or args.average > 1:
+            raise TranslatorError("--checkpoint and --average choose a PyTorch checkpoint; an exported model "
+                                  "directory is already one model (export.py takes them)")
+        device = pick_device(config["device"])
+        if device.type not in ("cpu", "cuda"):
+            raise TranslatorError(f"CTranslate2 runs on cpu or cuda, not {device.type}")
+        return CTranslate2Translator(args.model_dir, device.type, config["seed"])
+    if args.model_dir is not None:
+        raise TranslatorError("--model_dir is a CTranslate2 model directory: add --engine ctranslate2")
+    return TorchTranslator.load(args.checkpoint, weights_dir(config), pick_device(config["device"]), args.average,
+                                config["seed"])
