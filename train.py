@@ -42,11 +42,12 @@ from attention_plot import attention_figure
 from checkpoint import CheckpointError, RunLock, checkpoint_candidates, load_checkpoint, load_latest, save_checkpoint
 from config import IDENTITY_KEYS, ConfigError, parse_config, runs_dir, validate_config, weights_dir
 from cpu_kernels import keep_freed_memory, linear
-from dataset import BatchPlan, BilingualDataset, DataError, MicroBatches, load_splits, log, padding_waste
+from dataset import BatchPlan, BilingualDataset, DataError, MicroBatches, log, padding_waste
 from device import pick_device
 from loss import loss_sum
 from model import Transformer, build_model
 from scoring import corpus_scores
+from store import TextStore, TokenStore, text_store, token_store
 from tokenizer import (PAD_ID, TokenizerError, load_tokenizers, save_tokenizers, tokenizer_from_json,
                        train_tokenizers)
 from translator import DecodingOptions, TorchTranslator
@@ -252,14 +253,13 @@ class Trainer:
         torch.manual_seed(config["seed"])
         resume_path, resume = self.checkpoint_to_resume()
 
-        self.splits = load_splits(config)
-        self.tok_src, self.tok_tgt = self.tokenizers(resume)
+        self.text, self.tokens, self.tok_src, self.tok_tgt = self.prepare_data(resume)
         if ranks.is_main:
             self.folder.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(self.folder / "config.json", json.dumps(config, indent=1).encode("utf-8"))
-        self.train_ds = BilingualDataset(self.splits["train"], self.tok_src, self.tok_tgt, config["seq_len"], "train")
-        self.val_ds = BilingualDataset(self.splits["validation"], self.tok_src, self.tok_tgt, config["seq_len"],
-                                       "validation")
+        self.train_ds = self.tokens.dataset("train")
+        self.val_ds = self.tokens.dataset("validation") if "validation" in self.text.splits() else None
+        self.val_pairs = self.text.pairs("validation")
         if len(self.train_ds) == 0:
             raise DataError(f"no training pairs fit in --seq_len {config['seq_len']}")
         self.plan = BatchPlan(self.train_ds, config["batch_tokens"], config["seed"], ranks.world_size, ranks.rank,
@@ -312,21 +312,32 @@ class Trainer:
             log(f"resuming from {path} (epoch {state['epoch']}, step {state['global_step']})")
         return path, state
 
-    def tokenizers(self, resume: dict[str, Any] | None) -> tuple[Any, Any]:
-        """A resumed run's tokenizers come from its checkpoint; a new run's are trained by rank 0 on
-        the training split and read back by the other ranks."""
+    def prepare_data(self, resume: dict[str, Any] | None) -> tuple[TextStore, TokenStore, Any, Any]:
+        """The data stores and tokenizers. Rank 0 opens or builds the stores (store.py) and, for a new
+        run, trains the tokenizers on the training split and saves them; the other ranks wait, then
+        map the same files. A resumed run's tokenizers come from its checkpoint."""
+        config, ranks = self.config, self.ranks
         if resume is not None:
-            return tokenizer_from_json(resume["tokenizers"]["src"]), tokenizer_from_json(resume["tokenizers"]["tgt"])
-        if self.ranks.is_main:
-            tok_src, tok_tgt = train_tokenizers(self.config, lambda: iter(self.splits["train"]))
-            save_tokenizers(self.folder, self.config, tok_src, tok_tgt)
-            log(f"trained {self.config['tokenizer_type']} tokenizers on {len(self.splits['train'])} training pairs: "
-                f"{tok_src.get_vocab_size()} source and {tok_tgt.get_vocab_size()} target entries")
-        if self.ranks.distributed:
-            dist.barrier()  # the other ranks read what rank 0 wrote
-        if not self.ranks.is_main:
-            tok_src, tok_tgt = load_tokenizers(self.folder, self.config)
-        return tok_src, tok_tgt
+            tok_src = tokenizer_from_json(resume["tokenizers"]["src"])
+            tok_tgt = tokenizer_from_json(resume["tokenizers"]["tgt"])
+        folders: list[str | None] = [None, None]
+        if ranks.is_main:
+            text = text_store(config)
+            if resume is None:
+                tok_src, tok_tgt = train_tokenizers(config, lambda: text.tokenizer_sample(config))
+                save_tokenizers(self.folder, config, tok_src, tok_tgt)
+                sample = min(text.size("train"), config["tokenizer_max_sentences"])
+                log(f"trained {config['tokenizer_type']} tokenizers on {sample} training pairs: "
+                    f"{tok_src.get_vocab_size()} source and {tok_tgt.get_vocab_size()} target entries")
+            tokens = token_store(config, text, tok_src, tok_tgt)
+            folders = [str(text.folder), str(tokens.folder)]
+        if ranks.distributed:
+            dist.broadcast_object_list(folders, src=0)  # the other ranks wait here while rank 0 builds
+        if not ranks.is_main:
+            text, tokens = TextStore.open(folders[0], verify=False), TokenStore.open(folders[1], verify=False)
+            if resume is None:
+                tok_src, tok_tgt = load_tokenizers(self.folder, config)
+        return text, tokens, tok_src, tok_tgt
 
     def restore(self, state: dict[str, Any], path: Path) -> None:
         try:
@@ -495,9 +506,9 @@ class Trainer:
         metrics = None
         if stop not in ("signal", "nonfinite"):
             validation_started = time.monotonic()
-            if self.ranks.is_main and self.splits["validation"]:
-                metrics = run_validation(self.raw_model, self.val_ds, self.splits["validation"], self.tok_src,
-                                         self.tok_tgt, self.config, self.device, self.writer, self.global_step)
+            if self.ranks.is_main and self.val_pairs:
+                metrics = run_validation(self.raw_model, self.val_ds, self.val_pairs, self.tok_src, self.tok_tgt,
+                                         self.config, self.device, self.writer, self.global_step)
             if self.ranks.distributed:
                 dist.barrier()
             self.last_validation_seconds = time.monotonic() - validation_started

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def train_args(data: Path, out: Path, *extra: str) -> list[str]:
     return ["train.py", "--datasource", str(data), "--preset", "tiny", "--d_model", "64", "--d_ff", "128",
             "--dropout", "0", "--adam_eps", "1e-6", "--num_epochs", "100", "--val_max_sentences", "4", "--model_folder", str(out / "w"),
-            "--runs_folder", str(out / "r"), *extra]
+            "--runs_folder", str(out / "r"), "--store_folder", str(out / "s"), *extra]
 
 
 def weights(out: Path, step: int) -> dict[str, torch.Tensor]:

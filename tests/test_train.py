@@ -22,7 +22,7 @@ import dataset
 import train
 from checkpoint import MANIFEST, checkpoint_name, load_for_inference
 from config import validate_config
-from dataset import BilingualDataset, load_splits
+from store import text_store, token_store
 from loss import loss_sum
 from scoring import corpus_scores
 from tokenizer import PAD_ID
@@ -77,6 +77,9 @@ def test_resume_continues_the_global_step_schedule_and_epoch(trained_run) -> Non
     assert {int(s["step"]) for s in state["optimizer"]["state"].values()} == {run.SECOND_MAX_STEPS}
     assert state["tokenizers"] == first["tokenizers"]
     assert len(list(run.folder.glob("ckpt_*.pt"))) <= run.config["keep_checkpoints"] + 1
+    # the resumed run read neither the datasource nor tokenized again: the stores were reused
+    assert "building the data store" in run.first.stderr and "tokenizing into" in run.first.stderr
+    assert "building the data store" not in run.second.stderr and "tokenizing into" not in run.second.stderr
 
 
 def test_tensorboard_holds_every_scalar_and_no_step_twice(trained_run) -> None:
@@ -106,7 +109,7 @@ def test_pipeline_bleu_equals_sacrebleu_on_its_own_outputs(trained_run) -> None:
     path, state = run.latest()
     translator = TorchTranslator.load(path, run.folder, torch.device("cpu"))
     config = translator.model_config
-    validation = load_splits(config)["validation"]
+    validation = text_store(config).pairs("validation")
     sources, references = [s for s, _ in validation], [t for _, t in validation]
     hypotheses = translator.translate_best(sources, DecodingOptions.from_config(config))
     # these are the outputs the run produced: its last printed examples
@@ -127,7 +130,8 @@ def test_validation_scores_raw_text_and_teacher_forced_loss(trained_run, monkeyp
     run = trained_run
     path, _ = run.latest()
     model, tok_src, tok_tgt, config, _ = load_for_inference(path, run.folder, torch.device("cpu"))
-    pairs = load_splits(config)["validation"]
+    text = text_store(config)
+    pairs = text.pairs("validation")
     references = [t for _, t in pairs]
     hypotheses = [ref if i % 3 == 0 else " ".join(ref.split()[:-1]) + "." if i % 3 == 1 else "Il gatto."
                   for i, ref in enumerate(references)]
@@ -138,7 +142,7 @@ def test_validation_scores_raw_text_and_teacher_forced_loss(trained_run, monkeyp
         return hypotheses[:len(sentences)]
 
     monkeypatch.setattr(TorchTranslator, "translate_best", fixed_translations)
-    val_ds = BilingualDataset(pairs, tok_src, tok_tgt, config["seq_len"], "validation")
+    val_ds = token_store(config, text, tok_src, tok_tgt).dataset("validation")
     writer = SummaryWriter(str(tmp_path))
     metrics = train.run_validation(model, val_ds, pairs, tok_src, tok_tgt, config, torch.device("cpu"), writer, 77)
     writer.close()
