@@ -114,7 +114,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 # Keys that define what a checkpoint *is*: resuming with other values is refused.
 IDENTITY_KEYS = (
     "datasource", "lang_src", "lang_tgt", "val_fraction", "test_fraction", "val_max_pairs", "test_max_pairs",
-    "filter_duplicates", "seed", "tokenizer_type", "vocab_size", "min_frequency", "joint_vocab",
+    "seed", "tokenizer_type", "vocab_size", "min_frequency", "joint_vocab",
     "d_model", "num_layers", "num_heads", "d_ff", "norm_first", "tie_embeddings",
 )
 

@@ -20,9 +20,10 @@ from torch.utils.tensorboard import SummaryWriter
 
 import dataset
 import train
-from checkpoint import MANIFEST, checkpoint_name, load_for_inference
-from config import validate_config
+from checkpoint import MANIFEST, checkpoint_name, load_checkpoint, load_for_inference
+from config import parse_config, validate_config, weights_dir
 from store import text_store, token_store
+from synthetic_data import synthetic_pairs, write_hub_dataset
 from loss import loss_sum
 from scoring import corpus_scores
 from tokenizer import PAD_ID
@@ -49,8 +50,8 @@ def test_first_run_stops_at_max_steps_with_a_checkpoint(trained_run) -> None:
     assert f"reached --max_steps {run.FIRST_MAX_STEPS}" in run.first.stderr
     assert "train: skipped 2 of 202 rows" in run.first.stderr
     # everything a resume needs, as plain data
-    assert {"model", "optimizer", "scheduler", "epoch", "step_in_epoch", "global_step", "config", "tokenizers",
-            "rng", "metrics"} <= set(state)
+    assert {"model", "optimizer", "scheduler", "epoch", "batches_done", "step_in_epoch", "global_step",
+            "batch_settings", "config", "tokenizers", "metrics"} <= set(state)
     config = dict(state["config"])
     validate_config(config)
     assert config == {**run.config, "max_steps": run.FIRST_MAX_STEPS}
@@ -237,3 +238,60 @@ def test_unreachable_hub_from_the_command_line(tmp_path: Path, cli) -> None:
     assert result.returncode == 1 and "Traceback" not in result.stderr
     lines = error_lines(result.stderr)
     assert len(lines) == 1 and "Helsinki-NLP/opus_books" in lines[0] and "--datasource" in lines[0]
+
+
+# ---------------------------------------------------------------------------- resuming with other settings
+
+@pytest.fixture
+def stopped_mid_epoch(tmp_path: Path) -> list[str]:
+    """The options of a tiny run stopped by --max_steps 5, in the middle of its first epoch."""
+    data = write_hub_dataset(tmp_path / "data", {"train": synthetic_pairs(300, 1), "validation": synthetic_pairs(8, 2),
+                                                 "test": synthetic_pairs(8, 3)})
+    args = ["--datasource", str(data), "--preset", "tiny", "--batch_tokens", "256", "--num_epochs", "100",
+            "--val_max_sentences", "4", "--model_folder", str(tmp_path / "w"), "--runs_folder", str(tmp_path / "r"),
+            "--store_folder", str(tmp_path / "s")]
+    assert train.main(args + ["--max_steps", "5"]) == 0
+    return args
+
+
+def newest(args: list[str]) -> dict:
+    config = parse_config(args)
+    return load_checkpoint(max(weights_dir(config).glob("ckpt_*.pt")))
+
+
+def test_other_optimizer_settings_on_resume_are_applied_and_logged(stopped_mid_epoch: list[str],
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    capsys.readouterr()
+    changed = ["--lr", "5e-3", "--weight_decay", "0.01", "--adam_beta2", "0.99", "--max_steps", "6"]
+    assert train.main(stopped_mid_epoch + changed) == 0
+    assert ("resuming with changed optimizer settings, applied from here on: --lr 0.003 -> 0.005, "
+            "--weight_decay 0.0 -> 0.01, --adam_beta2 0.98 -> 0.99") in capsys.readouterr().err
+    state = newest(stopped_mid_epoch)
+    config = state["config"]
+    assert (config["lr"], config["weight_decay"], config["adam_beta2"]) == (5e-3, 0.01, 0.99)
+    decay, no_decay = state["optimizer"]["param_groups"]
+    assert decay["betas"] == no_decay["betas"] == (0.9, 0.99)
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.01, 0.0)
+    assert decay["lr"] == pytest.approx(5e-3 * train.lr_factor(6, config, config["max_steps"]))
+
+
+def test_other_accum_steps_mid_epoch_resume_at_the_next_batch(stopped_mid_epoch: list[str],
+                                                             capsys: pytest.CaptureFixture) -> None:
+    capsys.readouterr()
+    assert train.main(stopped_mid_epoch + ["--accum_steps", "2", "--max_steps", "6"]) == 0
+    assert "resuming at batch 5 of epoch 0, now 2 batches per step (--accum_steps 1 -> 2): no batch is skipped " \
+           "or repeated" in capsys.readouterr().err
+    state = newest(stopped_mid_epoch)
+    assert (state["epoch"], state["batches_done"], state["step_in_epoch"]) == (0, 5 + 2, 6)
+    assert state["batch_settings"]["accum_steps"] == 2
+
+
+def test_other_batch_tokens_mid_epoch_resume_at_the_next_epoch(stopped_mid_epoch: list[str],
+                                                              capsys: pytest.CaptureFixture) -> None:
+    capsys.readouterr()
+    assert train.main(stopped_mid_epoch + ["--batch_tokens", "300", "--max_steps", "7"]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: --batch_tokens")]
+    assert warning == ["warning: --batch_tokens 256 -> 300 since the checkpoint changes this epoch's batches; the "
+                       "rest of epoch 0 is skipped and training resumes at the start of epoch 1"]
+    state = newest(stopped_mid_epoch)
+    assert (state["epoch"], state["batches_done"], state["global_step"]) == (1, 2, 7)
