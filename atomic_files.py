@@ -25,25 +25,33 @@ def _fsync_dir(folder: Path) -> None:
 
 
 class _HashingFile(io.RawIOBase):
-    """A write-only file that hashes what passes through it."""
+    """A write-only file that hashes what passes through it and remembers a failed write."""
 
     def __init__(self, handle) -> None:
         self.handle = handle
         self.sha256 = hashlib.sha256()
+        self.error: OSError | None = None
 
     def writable(self) -> bool:
         return True
 
     def write(self, data) -> int:
         self.sha256.update(data)
-        return self.handle.write(data)
+        try:
+            return self.handle.write(data)
+        except OSError as error:
+            self.error = error
+            raise
 
 
 def atomic_write(path: Path, write: Callable[[io.RawIOBase], object]) -> str:
     """Call `write(file)` on a temporary file beside `path`, fsync, rename over `path`.
-    Returns the sha256 of what was written. On any error the old `path` is untouched."""
+    Returns the sha256 of what was written. On any error the old `path` is untouched, and a write
+    the disk refused is raised as that OSError even when `write` turned it into something else
+    (torch.save reports a full disk as a RuntimeError about its zip position)."""
     path = Path(path)
     temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    hashing = None
     try:
         with open(temporary, "wb") as handle:
             hashing = _HashingFile(handle)
@@ -51,8 +59,10 @@ def atomic_write(path: Path, write: Callable[[io.RawIOBase], object]) -> str:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         temporary.unlink(missing_ok=True)
+        if hashing is not None and hashing.error is not None and not isinstance(error, OSError):
+            raise hashing.error from None
         raise
     _fsync_dir(path.parent)
     return hashing.sha256.hexdigest()

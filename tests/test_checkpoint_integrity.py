@@ -1,7 +1,9 @@
 """Checkpoints that lie: truncated, bit-flipped, written to a full disk, or crafted to run code."""
 from __future__ import annotations
 
+import builtins
 import errno
+import io
 import pickle
 import subprocess
 import sys
@@ -10,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoint
+import atomic_files
 import train
-from checkpoint import CheckpointError, load_checkpoint, load_for_inference, load_latest
+from checkpoint import MANIFEST, CheckpointError, load_checkpoint, load_for_inference, load_latest
 from synthetic_data import tiny_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +71,7 @@ def test_damaged_newest_checkpoint_falls_back(trained: Path, tmp_path: Path, dam
 
 def test_truncation_detected_without_manifest(trained: Path, tmp_path: Path) -> None:
     folder = copy_experiment(trained, tmp_path / "exp")
-    (folder / checkpoint.MANIFEST).unlink()
+    (folder / MANIFEST).unlink()
     newest = folder / "ckpt_00000012.pt"
     newest.write_bytes(newest.read_bytes()[:-1000])
     with pytest.raises(CheckpointError, match="corrupt"):
@@ -82,11 +84,23 @@ def test_full_disk_keeps_previous_checkpoint(trained: Path, tmp_path: Path, monk
     folder = copy_experiment(trained, tmp_path / "weights" / trained.name)
     before = {p.name: p.read_bytes() for p in folder.glob("ckpt_*.pt")}
 
-    def disk_full(state, handle) -> None:
-        handle.write(b"partial bytes")
-        raise OSError(errno.ENOSPC, "No space left on device")
+    class FullDisk(io.FileIO):
+        """A real file on a disk that fills up after 64 KB: torch.save's own writes hit the wall."""
 
-    monkeypatch.setattr(checkpoint.torch, "save", disk_full)
+        def write(self, data) -> int:
+            if self.tell() + len(data) > 64 * 1024:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return super().write(data)
+
+    written = []
+
+    def open_on_full_disk(path, mode="r", *args, **kwargs):
+        if "w" not in mode:
+            return builtins.open(path, mode, *args, **kwargs)
+        written.append(path)
+        return FullDisk(path, "w")
+
+    monkeypatch.setattr(atomic_files, "open", open_on_full_disk, raising=False)
     config = dict(torch.load(folder / "ckpt_00000012.pt", weights_only=True)["config"])
     code = train.main(["--datasource", config["datasource"], "--preset", "tiny", "--max_steps", "14",
                        "--num_epochs", "100", "--model_folder", str(tmp_path / "weights"),
@@ -98,6 +112,7 @@ def test_full_disk_keeps_previous_checkpoint(trained: Path, tmp_path: Path, monk
     assert "intact" in error_lines[0]
     assert {p.name: p.read_bytes() for p in folder.glob("ckpt_*.pt")} == before
     assert not [p for p in folder.iterdir() if ".tmp" in p.name], "temporary file left behind"
+    assert any("ckpt_" in str(path) for path in written), "the checkpoint was written through the full disk"
     monkeypatch.undo()
     assert load_latest(folder)[1]["global_step"] == 12
 

@@ -9,6 +9,8 @@ import sacrebleu
 
 import evaluate
 import train
+from config import get_config
+from store import text_store
 from synthetic_data import synthetic_pairs, tiny_corpus, write_hub_dataset
 
 
@@ -89,3 +91,22 @@ def test_bad_input_gives_one_line(trained, capsys, argv, message) -> None:
                                   str(trained["weights"]), "--experiment_name", "toy_en-it", *argv)
     assert code == 1 and out == []
     assert err.count("\n") == 1 and message in err
+
+
+def test_a_train_only_source_is_scored_on_the_split_training_held_out(tmp_path: Path, capsys) -> None:
+    """evaluate.py carves a train-only source exactly as training did (the same text store): its
+    test split is the one training never saw."""
+    data = write_hub_dataset(tmp_path / "only_train", {"train": synthetic_pairs(400, 1) + synthetic_pairs(100, 1)})
+    common = ["--datasource", str(data), "--model_folder", str(tmp_path / "w"), "--store_folder", str(tmp_path / "s")]
+    assert train.main(common + ["--preset", "tiny", "--max_steps", "3", "--runs_folder", str(tmp_path / "r"),
+                                "--val_max_sentences", "4", "--test_max_pairs", "12"]) == 0
+    output = tmp_path / "hypotheses.txt"
+    code, out, err = run_evaluate(capsys, *common, "--split", "test", "--output", str(output))
+    assert code == 0, err
+    store = text_store({**get_config(), "datasource": str(data), "store_folder": str(tmp_path / "s"),
+                        "test_max_pairs": 12})
+    test_pairs = store.pairs("test")
+    assert len(test_pairs) == 12 and len(output.read_text(encoding="utf-8").splitlines()) == 12
+    assert out[-1] == str(sacrebleu.corpus_bleu(output.read_text(encoding="utf-8").splitlines(),
+                                                [[t for _, t in test_pairs]]))
+    assert not {s for s, _ in test_pairs} & {s for s, _ in store.pairs("train")}

@@ -58,7 +58,9 @@ def test_sigkill_then_resume_matches_unbroken_run(tmp_path: Path) -> None:
             break
         time.sleep(0.01)
     assert manifest is not None, "run B wrote no checkpoint before finishing"
-    time.sleep(random.uniform(0.0, 0.5))
+    delay = random.Random(20261122).uniform(0.0, 0.5)
+    print(f"killing run B {delay:.3f} s after its first checkpoint")
+    time.sleep(delay)
     victim.send_signal(signal.SIGKILL)
     assert victim.wait(timeout=30) == -signal.SIGKILL, "run B finished before it could be killed"
     steps_saved = sorted(int(p.stem.split("_")[1]) for p in manifest.parent.glob("ckpt_*.pt"))

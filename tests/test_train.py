@@ -295,3 +295,29 @@ def test_other_batch_tokens_mid_epoch_resume_at_the_next_epoch(stopped_mid_epoch
                        "rest of epoch 0 is skipped and training resumes at the start of epoch 1"]
     state = newest(stopped_mid_epoch)
     assert (state["epoch"], state["batches_done"], state["global_step"]) == (1, 2, 7)
+
+
+# ---------------------------------------------------------------------------- stopping rules
+
+def test_max_minutes_stops_with_a_validated_checkpoint(stopped_mid_epoch: list[str],
+                                                       capsys: pytest.CaptureFixture) -> None:
+    started = time.monotonic()
+    assert train.main(stopped_mid_epoch + ["--experiment_name", "timed", "--max_minutes", "0.1"]) == 0
+    elapsed = time.monotonic() - started
+    err = capsys.readouterr().err
+    steps = int(re.search(r"reached --max_minutes 0.1 \((\d+) steps\)", err).group(1))
+    # it stops once the time spent plus one more validation reaches the budget of 6 s
+    assert 4 <= elapsed < 30 and steps > 20
+    state = newest(stopped_mid_epoch + ["--experiment_name", "timed"])
+    assert state["global_step"] == steps and set(state["metrics"]) >= {"bleu", "loss"}
+
+
+def test_early_stopping_after_patience_validations_without_a_better_bleu(stopped_mid_epoch: list[str],
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    # lr 1e-12: nothing is learnt, so BLEU never beats the first validation's
+    args = stopped_mid_epoch + ["--experiment_name", "patient", "--lr", "1e-12", "--min_lr", "0", "--warmup_steps",
+                                "0", "--early_stopping_patience", "2"]
+    assert train.main(args) == 0
+    assert "stopped early: no better validation BLEU in 2 validations" in capsys.readouterr().err
+    state = newest(args)
+    assert state["epoch"] == 3 and state["stale_validations"] == 2  # validations after epochs 0, 1, 2
