@@ -84,6 +84,7 @@ def get_config() -> dict[str, Any]:
         "model_folder": "weights",
         "runs_folder": "runs",
         "experiment_name": "",  # empty = derived from datasource and language pair
+        "init_from": "",  # a checkpoint whose weights, tokenizers and architecture start a new experiment
         "preload": "latest",  # latest (resume if there is a checkpoint) | new (refuse if there is one) | a path
         "keep_checkpoints": 3,
         "save_every_steps": 0,  # also checkpoint every N optimizer steps; 0 = epoch ends only
@@ -111,6 +112,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
+# What a model is made of, with its tokenizers and language pair: --init_from takes these from its
+# checkpoint, and an explicit option that says otherwise is refused.
+MODEL_KEYS = ("lang_src", "lang_tgt", "tokenizer_type", "vocab_size", "min_frequency", "joint_vocab",
+              "d_model", "num_layers", "num_heads", "d_ff", "norm_first", "tie_embeddings")
+
 # Keys that define what a checkpoint *is*: resuming with other values is refused.
 IDENTITY_KEYS = (
     "datasource", "lang_src", "lang_tgt", "val_fraction", "test_fraction", "val_max_pairs", "test_max_pairs",
@@ -124,6 +130,9 @@ HELP = {
                          "(faster steps; the process keeps its peak heap until it exits); never applied on import",
     "preload": "latest: resume the newest good checkpoint if there is one; new: start a new run, refusing a folder "
                "that already holds checkpoints; or a checkpoint path to continue",
+    "init_from": "fine-tuning: a checkpoint whose weights, tokenizers, architecture and language pair start this new "
+                 "experiment (fresh optimizer, schedule and step count; any datasource); the same command again "
+                 "resumes the fine-tuned run",
     "device": "auto: CUDA, else MPS, else CPU; naming a device that is not there is an error",
     "amp": "mixed precision: auto is bf16 (fp16 with a GradScaler where bf16 is missing) on CUDA, off elsewhere",
 }
@@ -182,6 +191,12 @@ def resolve_config(args: argparse.Namespace) -> dict[str, Any]:
             config[key] = value
     validate_config(config)
     return config
+
+
+def explicit_keys(args: argparse.Namespace) -> set[str]:
+    """The config keys the command line set, itself or through --preset."""
+    keys = {key for key in get_config() if getattr(args, key, None) is not None}
+    return keys | set(PRESETS[args.preset]) if args.preset else keys
 
 
 def parse_config(argv: Sequence[str] | None = None, description: str = "") -> dict[str, Any]:

@@ -39,7 +39,8 @@ from tqdm import tqdm
 from atomic_files import atomic_write_bytes
 from attention_plot import attention_figure
 from checkpoint import CheckpointError, RunLock, checkpoint_candidates, load_checkpoint, load_latest, save_checkpoint
-from config import IDENTITY_KEYS, ConfigError, parse_config, runs_dir, validate_config, weights_dir
+from config import (IDENTITY_KEYS, MODEL_KEYS, ConfigError, build_parser, config_or_exit, explicit_keys, runs_dir,
+                    validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
 from dataset import BatchPlan, BilingualDataset, DataError, MicroBatches, log, padding_waste
 from device import pick_device
@@ -119,6 +120,26 @@ def cpu_epoch_estimate(config: dict[str, Any], batches: list[np.ndarray], datase
         repeats += 1
     flops_per_second = 2 * rows * width * config["d_ff"] * repeats / (time.perf_counter() - started)
     return flops / (0.5 * flops_per_second)
+
+
+def take_model_from(config: dict[str, Any], explicit: set[str]) -> dict[str, Any] | None:
+    """For --init_from: the checkpoint's state, after copying its model keys (architecture,
+    tokenizers, language pair) into `config`; an explicit option that differs is refused."""
+    if not config["init_from"]:
+        return None
+    path = Path(config["init_from"])
+    state = load_checkpoint(path)
+    source = {**config, **{key: state["config"][key] for key in MODEL_KEYS}}
+    validate_config(source)
+    for key in MODEL_KEYS:
+        if key in explicit and config[key] != source[key]:
+            raise ConfigError(f"--{key} {config[key]!r} conflicts with --init_from {path}, whose model has "
+                              f"{source[key]!r}; the architecture, tokenizers and languages come from it")
+    config.update(source)
+    if weights_dir(config).resolve() == path.resolve().parent:
+        raise ConfigError(f"--init_from {path} is a checkpoint of this very experiment; give the fine-tuned model a "
+                          f"folder of its own with --experiment_name")
+    return state
 
 
 def check_resumable(checkpoint_config: dict[str, Any], config: dict[str, Any], path: Path) -> None:
@@ -230,8 +251,10 @@ class Ranks:
 class Trainer:
     """One training run, phase by phase (see the module docstring)."""
 
-    def __init__(self, config: dict[str, Any], device: torch.device, ranks: Ranks, started: float) -> None:
+    def __init__(self, config: dict[str, Any], device: torch.device, ranks: Ranks, started: float,
+                 initial: dict[str, Any] | None = None) -> None:
         self.config, self.device, self.ranks, self.started = config, device, ranks, started
+        self.initial = initial  # the --init_from checkpoint, if any
         self.folder = weights_dir(config)
         # Where training is: the epoch, how many of its batches (all ranks) and steps are done.
         self.epoch = self.batches_done = self.step_in_epoch = self.global_step = 0
@@ -246,7 +269,10 @@ class Trainer:
         torch.manual_seed(config["seed"])  # the initial weights
         resume_path, resume = self.checkpoint_to_resume()
 
-        self.text, self.tokens, self.tok_src, self.tok_tgt = self.prepare_data(resume)
+        if resume is None and self.initial is not None:
+            log(f"starting from {config['init_from']}: its weights, tokenizers and architecture, with a new "
+                f"optimizer, schedule and step count")
+        self.text, self.tokens, self.tok_src, self.tok_tgt = self.prepare_data(resume or self.initial)
         if ranks.is_main:
             self.folder.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(self.folder / "config.json", json.dumps(config, indent=1).encode("utf-8"))
@@ -271,7 +297,9 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.autocast_dtype == torch.float16)
         if resume is not None:
             self.restore(resume, resume_path)
-            del resume  # free the CPU copy of the weights
+        elif self.initial is not None:
+            self.model.load_state_dict(self.initial["model"])
+        del resume, self.initial  # free the CPU copies of the weights
 
         self.raw_model = self.model
         if config["compile"]:
@@ -302,18 +330,18 @@ class Trainer:
             log(f"resuming from {path} (epoch {state['epoch']}, step {state['global_step']})")
         return path, state
 
-    def prepare_data(self, resume: dict[str, Any] | None) -> tuple[TextStore, TokenStore, Any, Any]:
+    def prepare_data(self, checkpoint: dict[str, Any] | None) -> tuple[TextStore, TokenStore, Any, Any]:
         """The data stores and tokenizers. Rank 0 opens or builds the stores (store.py) and, for a new
         run, trains the tokenizers on the training split and saves them; the other ranks wait, then
-        map the same files. A resumed run's tokenizers come from its checkpoint."""
+        map the same files. A resumed or fine-tuned run's tokenizers come from its checkpoint."""
         config, ranks = self.config, self.ranks
-        if resume is not None:
-            tok_src = tokenizer_from_json(resume["tokenizers"]["src"])
-            tok_tgt = tokenizer_from_json(resume["tokenizers"]["tgt"])
+        if checkpoint is not None:
+            tok_src = tokenizer_from_json(checkpoint["tokenizers"]["src"])
+            tok_tgt = tokenizer_from_json(checkpoint["tokenizers"]["tgt"])
         folders: list[str | None] = [None, None]
         if ranks.is_main:
             text = text_store(config)
-            if resume is None:
+            if checkpoint is None:
                 tok_src, tok_tgt = train_tokenizers(config, lambda: text.tokenizer_sample(config))
                 save_tokenizers(self.folder, config, tok_src, tok_tgt)
                 sample = min(text.size("train"), config["tokenizer_max_sentences"])
@@ -325,7 +353,7 @@ class Trainer:
             dist.broadcast_object_list(folders, src=0)  # the other ranks wait here while rank 0 builds
         if not ranks.is_main:
             text, tokens = TextStore.open(folders[0], verify=False), TokenStore.open(folders[1], verify=False)
-            if resume is None:
+            if checkpoint is None:
                 tok_src, tok_tgt = load_tokenizers(self.folder, config)
         return text, tokens, tok_src, tok_tgt
 
@@ -598,9 +626,10 @@ class Trainer:
         return 1 if stop == "nonfinite" else 0
 
 
-def train(config: dict[str, Any], started: float | None = None) -> int:
-    """Run one training job with this config; the exit code."""
+def train(config: dict[str, Any], started: float | None = None, explicit: set[str] = frozenset()) -> int:
+    """Run one training job with this config (`explicit`: the keys the command line set); the exit code."""
     started = time.monotonic() if started is None else started
+    initial = take_model_from(config, explicit)
     ranks = Ranks.from_environment()
     device = pick_device(config["device"], ranks.local_rank)
     if ranks.distributed:
@@ -612,7 +641,7 @@ def train(config: dict[str, Any], started: float | None = None) -> int:
     if ranks.is_main:
         lock.acquire()
     try:
-        return Trainer(config, device, ranks, started).run()
+        return Trainer(config, device, ranks, started, initial).run()
     finally:
         lock.release()
         if ranks.distributed:
@@ -623,11 +652,13 @@ def main(argv: list[str] | None = None, command_line: bool = False) -> int:
     """train.py's entry point. `command_line` is True only when run as a program: then, and only
     then, process-wide settings (`keep_freed_memory` on CPU) are applied."""
     started = time.monotonic()
-    config = parse_config(argv, description=__doc__.splitlines()[0])
+    parser = build_parser(__doc__.splitlines()[0])
+    args = parser.parse_args(argv)
+    config = config_or_exit(args, parser)
     try:
         if command_line and config["keep_freed_memory"] and pick_device(config["device"]).type == "cpu":
             keep_freed_memory()
-        return train(config, started)
+        return train(config, started, explicit_keys(args))
     except (ConfigError, DataError, CheckpointError, TokenizerError) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2 if isinstance(error, ConfigError) else 1

@@ -321,3 +321,52 @@ def test_early_stopping_after_patience_validations_without_a_better_bleu(stopped
     assert "stopped early: no better validation BLEU in 2 validations" in capsys.readouterr().err
     state = newest(args)
     assert state["epoch"] == 3 and state["stale_validations"] == 2  # validations after epochs 0, 1, 2
+
+
+# ---------------------------------------------------------------------------- fine-tuning
+
+def first_logged_loss(runs: Path) -> float:
+    events = EventAccumulator(str(runs), size_guidance={"scalars": 0})
+    events.Reload()
+    return events.Scalars("train/loss")[0].value
+
+
+def test_init_from_fine_tunes_a_model_in_a_folder_of_its_own(trained_run, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    base_path, base = trained_run.latest()
+    base_files = sorted(p.name for p in trained_run.folder.iterdir())
+    second = write_hub_dataset(tmp_path / "second", {"train": synthetic_pairs(200, 11),
+                                                    "validation": synthetic_pairs(8, 12), "test": synthetic_pairs(8, 13)})
+    common = ["--datasource", str(second), "--batch_tokens", "256", "--lr", "1e-3", "--num_epochs", "100",
+              "--log_every", "1", "--val_max_sentences", "4", "--model_folder", str(tmp_path / "w"),
+              "--runs_folder", str(tmp_path / "r"), "--store_folder", str(tmp_path / "s")]
+    assert train.main(common + ["--preset", "tiny", "--experiment_name", "scratch", "--max_steps", "3"]) == 0
+    tuned = common + ["--init_from", str(base_path), "--experiment_name", "tuned"]
+    capsys.readouterr()
+    assert train.main(tuned + ["--max_steps", "3"]) == 0
+    assert f"starting from {base_path}" in capsys.readouterr().err
+    # it starts where the first model ended, not from scratch
+    assert first_logged_loss(tmp_path / "r" / "tuned") < 0.5 * first_logged_loss(tmp_path / "r" / "scratch")
+    state = load_checkpoint(tmp_path / "w" / "tuned" / checkpoint_name(3))
+    assert state["global_step"] == 3 and {int(s["step"]) for s in state["optimizer"]["state"].values()} == {3}
+    assert state["tokenizers"] == base["tokenizers"]
+    assert {k: state["config"][k] for k in ("d_model", "num_layers", "d_ff")} == \
+        {k: base["config"][k] for k in ("d_model", "num_layers", "d_ff")}
+    assert state["config"]["datasource"] == str(second) and state["config"]["init_from"] == str(base_path)
+    assert sorted(p.name for p in trained_run.folder.iterdir()) == base_files, "the first model is untouched"
+    # the same command again resumes the fine-tuned run
+    assert train.main(tuned + ["--max_steps", "5"]) == 0
+    assert f"resuming from {tmp_path / 'w' / 'tuned' / checkpoint_name(3)}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--d_model", "64", "--experiment_name", "tuned"], "--d_model 64 conflicts with --init_from"),
+    (["--lang_tgt", "fr", "--experiment_name", "tuned"], "--lang_tgt 'fr' conflicts"),
+    ([], "is a checkpoint of this very experiment"),
+])
+def test_init_from_refuses_conflicts_in_one_line(trained_run, capsys: pytest.CaptureFixture, extra: list[str],
+                                                 message: str) -> None:
+    base_path, _ = trained_run.latest()
+    code = train.main(trained_run.args + ["--init_from", str(base_path), "--max_steps", "70", *extra])
+    lines = error_lines(capsys.readouterr().err)
+    assert code == 2 and len(lines) == 1 and message in lines[0], lines
