@@ -2,6 +2,11 @@
 stdin that survives bad lines, and --checkpoint PATH (here a checkpoint written on a GPU)."""
 from __future__ import annotations
 
+import io
+import queue
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,6 +23,9 @@ def expected(trained_run) -> dict[str, str]:
     """What the trained run's latest checkpoint makes of a few sentences."""
     translator = TorchTranslator.load(None, trained_run.folder, torch.device("cpu"))
     return dict(zip([FIRST, SECOND], translator.translate_best([FIRST, SECOND], DecodingOptions())))
+
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def experiment(run) -> list[str]:
@@ -93,3 +101,60 @@ def test_checkpoint_path_written_on_a_gpu(trained_run, expected: dict[str, str],
     code, out, err = run_main(capsys, ["--checkpoint", str(moved), FIRST])
     assert code == 0 and out == [expected[FIRST]]
     assert err == [f"translate.py: using {moved}"]
+
+
+# ---------------------------------------------------------------------------- n-best, sampling, streaming
+
+def test_n_best_lines_are_numbered_scored_and_ranked(trained_run, capsys: pytest.CaptureFixture) -> None:
+    stdin = io.TextIOWrapper(io.BytesIO(f"{FIRST}\n\n{SECOND}\n".encode()), encoding="utf-8")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stdin", stdin)
+        code, out, err = run_main(capsys, experiment(trained_run) + ["--beam_size", "4", "--n_best", "3"])
+    assert code == 1 and any("line 2: empty" in line for line in err)
+    rows = [line.split("\t") for line in out]
+    assert [int(number) for number, _, _ in rows] == [1, 1, 1, 3, 3, 3]  # the empty line 2 has none
+    for number in ("1", "3"):
+        scores = [float(score) for n, score, _ in rows if n == number]
+        assert scores == sorted(scores, reverse=True) and all(score < 0 for score in scores)
+        assert len({text for n, _, text in rows if n == number}) == 3
+    translator = TorchTranslator.load(None, trained_run.folder, torch.device("cpu"))
+    best = translator.translate([FIRST], DecodingOptions(beam_size=4, n_best=3))[0]
+    assert [(text, f"{h.score:.4f}") for h, (_, _, text) in zip(best, rows[:3])] == \
+        [(h.text, score) for h, (_, score, _) in zip(best, rows[:3])]
+
+
+def test_sampling_is_reproducible_with_seed(trained_run, capsys: pytest.CaptureFixture) -> None:
+    sample = experiment(trained_run) + ["--sampling_topk", "8", "--temperature", "1.5", "--n_best", "5", FIRST]
+    first = run_main(capsys, sample + ["--seed", "1"])
+    assert first[0] == 0 and len(first[1]) == 5
+    assert run_main(capsys, sample + ["--seed", "1"])[1] == first[1]
+    assert run_main(capsys, sample + ["--seed", "2"])[1] != first[1]
+    code, out, err = run_main(capsys, experiment(trained_run) + ["--sampling_topp", "0.9", "--beam_size", "3", FIRST])
+    assert code == 2 and out == [] and len(err) == 1 and "needs --beam_size 1" in err[0]
+
+
+def test_stdin_is_translated_and_flushed_chunk_by_chunk(trained_run, expected: dict[str, str]) -> None:
+    """Output arrives while standard input is still open (nothing waits for its end), and a run
+    killed with SIGKILL leaves only complete lines."""
+    process = subprocess.Popen([sys.executable, "translate.py", *experiment(trained_run), "--chunk_size", "2"],
+                               cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    output: queue.Queue[bytes] = queue.Queue()
+    reader = threading.Thread(target=lambda: [output.put(line) for line in iter(process.stdout.readline, b"")],
+                              daemon=True)
+    reader.start()
+    try:
+        process.stdin.write(f"{FIRST}\n{SECOND}\n".encode())
+        process.stdin.flush()
+        first_chunk = [output.get(timeout=60).decode().rstrip("\n") for _ in range(2)]  # stdin is still open
+        assert first_chunk == [expected[FIRST], expected[SECOND]]
+        process.stdin.write(f"{FIRST}\n".encode() * 40)
+        process.stdin.flush()
+        output.get(timeout=60)
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+    reader.join(timeout=30)
+    lines = []
+    while not output.empty():
+        lines.append(output.get())
+    assert all(line.endswith(b"\n") for line in lines), "a killed run leaves whole lines"
