@@ -22,7 +22,7 @@ def pick_device(choice: str, local_rank: int = 0) -> torch.device:
             choice = "cpu"
     if choice == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError("--device cuda: no CUDA device is available (use --device cpu or auto)")
+            raise ConfigError("--device cuda: CUDA is not available (use --device cpu or auto)")
         return torch.device("cuda", local_rank)
     if choice == "mps":
         if not torch.backends.mps.is_available():
