@@ -67,10 +67,10 @@ from torch import nn
 
 import cpu_kernels
 from config import PRESETS, ConfigError, get_config
-from dataset import BatchPlan, BilingualDataset, DataError, load_splits, padding_waste
+from dataset import BatchPlan, BilingualDataset, DataError, open_source, padding_waste, read_pairs
 from decoding import greedy_decode, max_output_tokens
 from model import PositionalEncoding, build_model
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, TokenizerError, train_tokenizer
+from tokenizer import EOS_ID, PAD_ID, SOS_ID, TokenizerError, decode_ids, train_tokenizer
 from device import pick_device
 from loss import loss_sum
 from train import amp_dtype, build_optimizer, train_flops
@@ -200,7 +200,9 @@ def synthetic_pairs(count: int, seed: int, vocab: tuple[int, int]) -> list[tuple
 def load_data(datasource: str | None, settings: dict[str, Any], seed: int) -> tuple[BilingualDataset, Any, Any, str]:
     config = settings["config"]
     if datasource:
-        pairs = load_splits({**config, "datasource": datasource})["train"]
+        source = open_source(datasource, f"{config['lang_src']}-{config['lang_tgt']}")
+        batches = read_pairs(source, "train", config["lang_src"], config["lang_tgt"])
+        pairs = [pair for batch in batches for pair in batch]
         name = f"{datasource} (train split)"
     else:
         pairs = synthetic_pairs(settings["synthetic_pairs"], seed, settings["vocab_floor"])
@@ -208,7 +210,7 @@ def load_data(datasource: str | None, settings: dict[str, Any], seed: int) -> tu
     tokenizer_args = (config["tokenizer_type"], config["vocab_size"], config["min_frequency"])
     tok_src = train_tokenizer((p[0] for p in pairs), *tokenizer_args)
     tok_tgt = train_tokenizer((p[1] for p in pairs), *tokenizer_args)
-    return BilingualDataset(pairs, tok_src, tok_tgt, config["seq_len"], "bench"), tok_src, tok_tgt, name
+    return BilingualDataset.from_pairs(pairs, tok_src, tok_tgt, config["seq_len"], "bench"), tok_src, tok_tgt, name
 
 
 def pick_batches(batches: Sequence[np.ndarray], dataset: BilingualDataset,
@@ -389,7 +391,7 @@ def tutorial_batch(dataset: BilingualDataset, indices: Sequence[int], seq_len: i
     rows = []
     causal = torch.triu(torch.ones(1, seq_len, seq_len), diagonal=1).int() == 0
     for index in indices:
-        src, tgt = dataset.src_ids[index], dataset.tgt_ids[index]
+        src, tgt = (ids.tolist() for ids in dataset[int(index)])
         encoder_input = torch.tensor([SOS_ID, *src, EOS_ID] + [PAD_ID] * (seq_len - len(src) - 2))
         decoder_input = torch.tensor([SOS_ID, *tgt] + [PAD_ID] * (seq_len - len(tgt) - 1))
         label = torch.tensor([*tgt, EOS_ID] + [PAD_ID] * (seq_len - len(tgt) - 1))
@@ -565,7 +567,7 @@ def decoding_rows(dataset: BilingualDataset, tok_src: Any, tok_tgt: Any, setting
 
         # translate.py's way: raw text in, one sentence, until max_output_tokens.
         median = int(np.argsort(dataset.src_lens)[len(dataset) // 2])
-        sentence = dataset.pairs[median][0]
+        sentence = decode_ids(tok_src, dataset[median][0])
         source_tokens = int(dataset.src_lens[median]) - 2
         translator = TorchTranslator(model, tok_src, tok_tgt, config)
         translate = lambda: translator.translate_best([sentence], DecodingOptions())  # noqa: E731

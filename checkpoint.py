@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from atomic_files import atomic_write, atomic_write_bytes, sha256_of
-from config import ConfigError, validate_config
+from config import ConfigError, get_config, validate_config
 from model import build_model
 from tokenizer import TokenizerError, tokenizer_from_json
 
@@ -186,7 +186,8 @@ def load_for_inference(path: Path | None, folder: Path, device: torch.device, av
                                   f"--lang_src, --lang_tgt) or pass --checkpoint PATH")
         path, state = found
     try:
-        config = dict(state["config"])
+        # Keys added to the config after the checkpoint was written take their defaults.
+        config = {**get_config(), **state["config"]}
         validate_config(config)
         tok_src = tokenizer_from_json(state["tokenizers"]["src"])
         tok_tgt = tokenizer_from_json(state["tokenizers"]["tgt"])

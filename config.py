@@ -22,13 +22,19 @@ def get_config() -> dict[str, Any]:
         "datasource": "Helsinki-NLP/opus_books",
         "lang_src": "en",
         "lang_tgt": "it",
-        "val_fraction": 0.05,  # only used when the source has a train split alone
+        "val_fraction": 0.05,  # only used when the source has a train split alone: carved from it,
         "test_fraction": 0.05,
+        "val_max_pairs": 3000,  # ... each held-out split capped at this many pairs
+        "test_max_pairs": 3000,
+        "filter_duplicates": False,  # drop training pairs that repeat an earlier pair exactly
+        "filter_max_length_ratio": 0.0,  # drop training pairs whose token lengths differ by more than this; 0 = off
+        "store_folder": "stores",  # tokenized data, reused by restarts, resumes and every rank
         "seq_len": 256,  # longest sentence, in tokens including [SOS]/[EOS]; longer pairs are dropped
         # tokenizers
         "tokenizer_type": "wordlevel",  # wordlevel | bpe | unigram
         "vocab_size": 8000,  # bpe and unigram only; wordlevel keeps every word seen min_frequency times
         "min_frequency": 2,
+        "tokenizer_max_sentences": 1_000_000,  # tokenizers train on a seeded sample of at most this many pairs
         "joint_vocab": False,  # one tokenizer for both languages
         # model
         "d_model": 512,
@@ -114,8 +120,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 # Keys that define what a checkpoint *is*: resuming with other values is refused.
 IDENTITY_KEYS = (
-    "datasource", "lang_src", "lang_tgt", "val_fraction", "test_fraction", "seed",
-    "tokenizer_type", "vocab_size", "min_frequency", "joint_vocab",
+    "datasource", "lang_src", "lang_tgt", "val_fraction", "test_fraction", "val_max_pairs", "test_max_pairs",
+    "seed", "tokenizer_type", "vocab_size", "min_frequency", "joint_vocab",
     "d_model", "num_layers", "num_heads", "d_ff", "norm_first", "tie_embeddings",
 )
 
@@ -220,11 +226,12 @@ def validate_config(config: dict[str, Any]) -> None:
             raise ConfigError(f"--{key} must be one of {', '.join(allowed)}, got {config[key]!r}")
     positive = ("d_model", "num_layers", "num_heads", "d_ff", "batch_tokens", "accum_steps", "num_epochs",
                 "eval_batch_size", "beam_size", "val_beam_size", "keep_checkpoints", "log_every", "vocab_size",
-                "min_frequency", "max_nonfinite_steps")
+                "min_frequency", "max_nonfinite_steps", "tokenizer_max_sentences")
     for key in positive:
         if config[key] < 1:
             raise ConfigError(f"--{key} must be at least 1, got {config[key]}")
-    non_negative = ("max_steps", "max_minutes", "warmup_steps", "weight_decay", "clip_grad", "val_max_sentences",
+    non_negative = ("val_max_pairs", "test_max_pairs", "filter_max_length_ratio", "max_steps", "max_minutes",
+                    "warmup_steps", "weight_decay", "clip_grad", "val_max_sentences",
                     "num_examples", "early_stopping_patience", "save_every_steps", "min_lr", "adam_eps")
     for key in non_negative:
         if config[key] < 0:
@@ -255,6 +262,9 @@ def validate_config(config: dict[str, Any]) -> None:
         raise ConfigError(f"--temperature must be positive, got {config['temperature']}")
     if (config["sampling_topk"] or config["sampling_topp"]) and config["beam_size"] != 1:
         raise ConfigError(f"sampling (--sampling_topk, --sampling_topp) needs --beam_size 1, got {config['beam_size']}")
+    if 0 < config["filter_max_length_ratio"] < 1:
+        raise ConfigError(f"--filter_max_length_ratio must be 0 (off) or at least 1, "
+                          f"got {config['filter_max_length_ratio']}")
     if config["min_lr"] > config["lr"]:
         raise ConfigError(f"--min_lr {config['min_lr']} is above the peak --lr {config['lr']}")
     if config["length_penalty"] < 0:

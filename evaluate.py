@@ -12,8 +12,8 @@ weights of the N newest checkpoints (ending at --checkpoint when given) first. W
 `--engine ctranslate2 --model_dir DIR` the model is one exported by export.py.
 
 A split the source has (flores200_devtest and newstest2009 have only `test`) is used as it is; a
-validation or test split the source lacks is carved out of train exactly as training did, with the
-checkpoint's seed and fractions.
+validation or test split the source lacks is the one training carved out of train (store.py), with
+the model's seed and settings.
 """
 from __future__ import annotations
 
@@ -26,24 +26,26 @@ from typing import Any
 
 from checkpoint import CheckpointError
 from config import ConfigError, build_parser, config_or_exit
-from dataset import DataError, Pair, load_dataset_dict, load_splits, log, rows_to_pairs
+from dataset import SPLITS, DataError, Pair, log, open_source, read_pairs
 from scoring import corpus_scores
+from store import text_store
 from translator import DecodingOptions, TranslatorError, add_translator_arguments, load_translator
 
 
-def load_eval_pairs(datasource: str, split: str, model_config: dict[str, Any]) -> list[Pair]:
-    """The pairs of `split` in the model's language pair; a missing validation or test split is
-    carved out of train with the model's seed and fractions, so it is the one training held out."""
-    pair = f"{model_config['lang_src']}-{model_config['lang_tgt']}"
-    dataset_dict = load_dataset_dict(datasource, pair)
-    if split in dataset_dict and split != "train":
-        pairs = rows_to_pairs(dataset_dict[split].to_list(), model_config["lang_src"], model_config["lang_tgt"], split)
-    elif split in ("train", "validation", "test") and "train" in dataset_dict:
-        pairs = load_splits(dict(model_config, datasource=datasource))[split]
+def load_eval_pairs(datasource: str, split: str, model_config: dict[str, Any], store_folder: str) -> list[Pair]:
+    """The pairs of `split` in the model's language pair. A split the source has is read as it is;
+    a validation or test split it lacks comes from the text store training used (store.py), carved
+    with the model's seed and settings, so it is exactly the split training held out."""
+    lang_src, lang_tgt = model_config["lang_src"], model_config["lang_tgt"]
+    source = open_source(datasource, f"{lang_src}-{lang_tgt}")
+    if split in source.splits and split != "train":
+        pairs = [pair for batch in read_pairs(source, split, lang_src, lang_tgt) for pair in batch]
+    elif split in SPLITS and "train" in source.splits:
+        pairs = text_store(dict(model_config, datasource=datasource, store_folder=store_folder)).pairs(split)
     else:
-        raise DataError(f"{datasource!r} has no {split!r} split (found: {', '.join(dataset_dict)})")
+        raise DataError(f"{datasource!r} has no {split!r} split (found: {', '.join(source.splits)})")
     if not pairs:
-        raise DataError(f"the {split!r} split of {datasource!r} has no usable {pair} pairs")
+        raise DataError(f"the {split!r} split of {datasource!r} has no usable {source.pair} pairs")
     return pairs
 
 
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("lang_src", "lang_tgt"):
             if getattr(args, key) is not None and getattr(args, key) != model_config[key]:
                 raise DataError(f"--{key} {getattr(args, key)} does not match the model's {model_config[key]}")
-        pairs = load_eval_pairs(config["datasource"], args.split, model_config)
+        pairs = load_eval_pairs(config["datasource"], args.split, model_config, config["store_folder"])
     except ConfigError as error:
         parser.error(str(error))
     except (CheckpointError, TranslatorError, DataError) as error:

@@ -22,7 +22,6 @@ import datetime
 import json
 import math
 import os
-import random
 import signal
 import sys
 import time
@@ -42,11 +41,12 @@ from attention_plot import attention_figure
 from checkpoint import CheckpointError, RunLock, checkpoint_candidates, load_checkpoint, load_latest, save_checkpoint
 from config import IDENTITY_KEYS, ConfigError, parse_config, runs_dir, validate_config, weights_dir
 from cpu_kernels import keep_freed_memory, linear
-from dataset import BatchPlan, BilingualDataset, DataError, MicroBatches, load_splits, log, padding_waste
+from dataset import BatchPlan, BilingualDataset, DataError, MicroBatches, log, padding_waste
 from device import pick_device
 from loss import loss_sum
 from model import Transformer, build_model
 from scoring import corpus_scores
+from store import TextStore, TokenStore, text_store, token_store
 from tokenizer import (PAD_ID, TokenizerError, load_tokenizers, save_tokenizers, tokenizer_from_json,
                        train_tokenizers)
 from translator import DecodingOptions, TorchTranslator
@@ -130,22 +130,17 @@ def check_resumable(checkpoint_config: dict[str, Any], config: dict[str, Any], p
                               f"has {config[key]!r}; use the same options to resume, or a new --experiment_name")
 
 
-def rng_state() -> dict[str, Any]:
-    numpy_state = np.random.get_state()
-    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
-             "numpy": [numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]]}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+def step_seed(seed: int, rank: int, step: int) -> int:
+    """The seed of the dropout stream of optimizer step `step` on `rank`: a function of those three
+    alone, so a resumed run, on any rank, draws exactly what the unbroken run drew."""
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1, dtype=np.uint64)[0])
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    numpy_state = state["numpy"]
-    np.random.set_state((numpy_state[0], np.array(numpy_state[1], dtype=np.uint32), *numpy_state[2:]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+# What a training step's batches are made of: a checkpoint records them. Changing world_size or
+# accum_steps regroups the same batches into steps (resumed exactly); the others change the batches.
+BATCH_SETTINGS = ("world_size", "accum_steps", "batch_tokens", "seq_len", "filter_duplicates",
+                  "filter_max_length_ratio")
+OPTIMIZER_SETTINGS = ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps")
 
 
 class GracefulStop:
@@ -238,7 +233,8 @@ class Trainer:
     def __init__(self, config: dict[str, Any], device: torch.device, ranks: Ranks, started: float) -> None:
         self.config, self.device, self.ranks, self.started = config, device, ranks, started
         self.folder = weights_dir(config)
-        self.epoch = self.step_in_epoch = self.global_step = 0
+        # Where training is: the epoch, how many of its batches (all ranks) and steps are done.
+        self.epoch = self.batches_done = self.step_in_epoch = self.global_step = 0
         self.best_bleu, self.stale_validations = -1.0, 0
         self.nonfinite_run, self.last_validation_seconds = 0, 0.0
         self.writer = None
@@ -247,19 +243,16 @@ class Trainer:
 
     def start_or_resume(self) -> None:
         config, ranks = self.config, self.ranks
-        random.seed(config["seed"])
-        np.random.seed(config["seed"])
-        torch.manual_seed(config["seed"])
+        torch.manual_seed(config["seed"])  # the initial weights
         resume_path, resume = self.checkpoint_to_resume()
 
-        self.splits = load_splits(config)
-        self.tok_src, self.tok_tgt = self.tokenizers(resume)
+        self.text, self.tokens, self.tok_src, self.tok_tgt = self.prepare_data(resume)
         if ranks.is_main:
             self.folder.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(self.folder / "config.json", json.dumps(config, indent=1).encode("utf-8"))
-        self.train_ds = BilingualDataset(self.splits["train"], self.tok_src, self.tok_tgt, config["seq_len"], "train")
-        self.val_ds = BilingualDataset(self.splits["validation"], self.tok_src, self.tok_tgt, config["seq_len"],
-                                       "validation")
+        self.train_ds = self.tokens.dataset("train")
+        self.val_ds = self.tokens.dataset("validation") if "validation" in self.text.splits() else None
+        self.val_pairs = self.text.pairs("validation")
         if len(self.train_ds) == 0:
             raise DataError(f"no training pairs fit in --seq_len {config['seq_len']}")
         self.plan = BatchPlan(self.train_ds, config["batch_tokens"], config["seed"], ranks.world_size, ranks.rank,
@@ -271,17 +264,14 @@ class Trainer:
         if steps_per_epoch == 0:
             raise DataError(f"too little training data for one step of {ranks.world_size * config['accum_steps']} "
                             f"batches")
-        total_steps = config["max_steps"] or config["num_epochs"] * steps_per_epoch
+        self.total_steps = config["max_steps"] or config["num_epochs"] * steps_per_epoch
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
-                                                           lambda step: lr_factor(step, config, total_steps))
+                                                           lambda step: lr_factor(step, config, self.total_steps))
         self.autocast_dtype = amp_dtype(config, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.autocast_dtype == torch.float16)
         if resume is not None:
             self.restore(resume, resume_path)
             del resume  # free the CPU copy of the weights
-        if ranks.distributed:
-            # Dropout differs per rank, and a resumed run gets the same streams as an unbroken one.
-            torch.manual_seed(config["seed"] + 1_000_003 * self.global_step + ranks.rank)
 
         self.raw_model = self.model
         if config["compile"]:
@@ -312,23 +302,38 @@ class Trainer:
             log(f"resuming from {path} (epoch {state['epoch']}, step {state['global_step']})")
         return path, state
 
-    def tokenizers(self, resume: dict[str, Any] | None) -> tuple[Any, Any]:
-        """A resumed run's tokenizers come from its checkpoint; a new run's are trained by rank 0 on
-        the training split and read back by the other ranks."""
+    def prepare_data(self, resume: dict[str, Any] | None) -> tuple[TextStore, TokenStore, Any, Any]:
+        """The data stores and tokenizers. Rank 0 opens or builds the stores (store.py) and, for a new
+        run, trains the tokenizers on the training split and saves them; the other ranks wait, then
+        map the same files. A resumed run's tokenizers come from its checkpoint."""
+        config, ranks = self.config, self.ranks
         if resume is not None:
-            return tokenizer_from_json(resume["tokenizers"]["src"]), tokenizer_from_json(resume["tokenizers"]["tgt"])
-        if self.ranks.is_main:
-            tok_src, tok_tgt = train_tokenizers(self.config, lambda: iter(self.splits["train"]))
-            save_tokenizers(self.folder, self.config, tok_src, tok_tgt)
-            log(f"trained {self.config['tokenizer_type']} tokenizers on {len(self.splits['train'])} training pairs: "
-                f"{tok_src.get_vocab_size()} source and {tok_tgt.get_vocab_size()} target entries")
-        if self.ranks.distributed:
-            dist.barrier()  # the other ranks read what rank 0 wrote
-        if not self.ranks.is_main:
-            tok_src, tok_tgt = load_tokenizers(self.folder, self.config)
-        return tok_src, tok_tgt
+            tok_src = tokenizer_from_json(resume["tokenizers"]["src"])
+            tok_tgt = tokenizer_from_json(resume["tokenizers"]["tgt"])
+        folders: list[str | None] = [None, None]
+        if ranks.is_main:
+            text = text_store(config)
+            if resume is None:
+                tok_src, tok_tgt = train_tokenizers(config, lambda: text.tokenizer_sample(config))
+                save_tokenizers(self.folder, config, tok_src, tok_tgt)
+                sample = min(text.size("train"), config["tokenizer_max_sentences"])
+                log(f"trained {config['tokenizer_type']} tokenizers on {sample} training pairs: "
+                    f"{tok_src.get_vocab_size()} source and {tok_tgt.get_vocab_size()} target entries")
+            tokens = token_store(config, text, tok_src, tok_tgt)
+            folders = [str(text.folder), str(tokens.folder)]
+        if ranks.distributed:
+            dist.broadcast_object_list(folders, src=0)  # the other ranks wait here while rank 0 builds
+        if not ranks.is_main:
+            text, tokens = TextStore.open(folders[0], verify=False), TokenStore.open(folders[1], verify=False)
+            if resume is None:
+                tok_src, tok_tgt = load_tokenizers(self.folder, config)
+        return text, tokens, tok_src, tok_tgt
 
     def restore(self, state: dict[str, Any], path: Path) -> None:
+        """Weights, optimizer, schedule and position from a checkpoint. Optimizer settings changed
+        since then are applied, and a changed batch setting is never silent: world_size and
+        accum_steps regroup the same batches, so training resumes at the very next batch; other
+        changes make other batches, so it resumes at the start of the next epoch."""
         try:
             self.model.load_state_dict(state["model"])
         except RuntimeError as error:
@@ -336,9 +341,41 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
-        self.epoch, self.step_in_epoch, self.global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
+        self.epoch, self.global_step = state["epoch"], state["global_step"]
+        self.batches_done, self.step_in_epoch = state["batches_done"], state["step_in_epoch"]
         self.best_bleu, self.stale_validations = state["best_bleu"], state["stale_validations"]
-        set_rng_state(state["rng"])
+        self.apply_optimizer_settings(state["config"])
+        saved, current = state["batch_settings"], self.batch_settings()
+        changed = [key for key in BATCH_SETTINGS if saved[key] != current[key]]
+        described = ", ".join(f"--{key} {saved[key]} -> {current[key]}" for key in changed)
+        if not changed or not self.batches_done:
+            if changed:
+                log(f"resuming at the start of epoch {self.epoch} with changed batch settings ({described})")
+        elif set(changed) <= {"world_size", "accum_steps"}:
+            log(f"resuming at batch {self.batches_done} of epoch {self.epoch}, now "
+                f"{current['world_size'] * current['accum_steps']} batches per step ({described}): "
+                f"no batch is skipped or repeated")
+        else:
+            log(f"warning: {described} since the checkpoint changes this epoch's batches; the rest of epoch "
+                f"{self.epoch} is skipped and training resumes at the start of epoch {self.epoch + 1}")
+            self.epoch, self.batches_done, self.step_in_epoch = self.epoch + 1, 0, 0
+
+    def batch_settings(self) -> dict[str, Any]:
+        return {key: self.ranks.world_size if key == "world_size" else self.config[key] for key in BATCH_SETTINGS}
+
+    def apply_optimizer_settings(self, saved: dict[str, Any]) -> None:
+        """The optimizer state brings back the learning rate, weight decay and Adam's betas and eps it
+        was saved with; the config's values replace them here, so that what runs is what the config
+        (stored in the next checkpoint) says."""
+        config = self.config
+        for group, decay in zip(self.optimizer.param_groups, (config["weight_decay"], 0.0)):
+            group.update(betas=(config["adam_beta1"], config["adam_beta2"]), eps=config["adam_eps"],
+                         weight_decay=decay, initial_lr=config["lr"])
+            group["lr"] = config["lr"] * lr_factor(self.scheduler.last_epoch, config, self.total_steps)
+        self.scheduler.base_lrs = [config["lr"]] * len(self.optimizer.param_groups)
+        changed = [f"--{key} {saved[key]} -> {config[key]}" for key in OPTIMIZER_SETTINGS if saved[key] != config[key]]
+        if changed:
+            log(f"resuming with changed optimizer settings, applied from here on: {', '.join(changed)}")
 
     def start_logging(self, steps_per_epoch: int) -> None:
         from torch.utils.tensorboard import SummaryWriter  # slow to import; rank 0 only
@@ -382,11 +419,11 @@ class Trainer:
         """Train from the current position to the end of the epoch, or until a stop; returns the
         reason for stopping (None at the epoch's end)."""
         config, device, ranks = self.config, self.device, self.ranks
-        epoch_steps = self.plan.steps_per_epoch(self.epoch)
+        epoch_steps = self.step_in_epoch + self.plan.steps_per_epoch(self.epoch, self.batches_done)
         workers = config["num_workers"] if config["num_workers"] >= 0 else (2 if device.type == "cuda" else 0)
         # Its own generator: a loader draws worker seeds from the global RNG otherwise, which
         # would shift the dropout stream of a run resumed mid-epoch.
-        loader = DataLoader(MicroBatches(self.train_ds, self.plan.micro_batches(self.epoch, self.step_in_epoch)),
+        loader = DataLoader(MicroBatches(self.train_ds, self.plan.micro_batches(self.epoch, self.batches_done)),
                             batch_size=None, shuffle=False, num_workers=workers, pin_memory=device.type == "cuda",
                             generator=torch.Generator().manual_seed(config["seed"] + self.epoch))
         autocast = torch.autocast(device.type, dtype=self.autocast_dtype) if self.autocast_dtype \
@@ -398,6 +435,8 @@ class Trainer:
         self.log_loss, self.log_tokens, self.log_started = torch.zeros((), device=device), 0, time.monotonic()
         stop = None
         for index, batch in enumerate(loader):
+            if index % config["accum_steps"] == 0:
+                torch.manual_seed(step_seed(config["seed"], ranks.rank, self.global_step))
             # Token counts stay on the host: reading them back from the device would sync.
             step_tokens, num_tokens = int(batch.pop("step_tokens")), int(batch.pop("num_tokens"))
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
@@ -416,10 +455,10 @@ class Trainer:
             self.log_tokens += num_tokens
             if not last_micro:
                 continue
-            self.optimizer_step(step_loss)
+            signal_seen, out_of_time = self.optimizer_step(step_loss, graceful)
             step_loss = torch.zeros((), device=device)
             progress.update(1)
-            stop = self.stop_decision(graceful)
+            stop = self.stop_decision(signal_seen, out_of_time)
             if stop:
                 break
             if config["save_every_steps"] and self.global_step % config["save_every_steps"] == 0 \
@@ -429,12 +468,14 @@ class Trainer:
         if self.step_in_epoch >= epoch_steps:
             if ranks.is_main:
                 log(f"epoch {self.epoch} trained in {time.monotonic() - epoch_started:.1f} s")
-            self.epoch, self.step_in_epoch = self.epoch + 1, 0
+            self.epoch, self.batches_done, self.step_in_epoch = self.epoch + 1, 0, 0
         return stop
 
-    def optimizer_step(self, step_loss: torch.Tensor) -> None:
+    def optimizer_step(self, step_loss: torch.Tensor, graceful: GracefulStop) -> tuple[bool, bool]:
         """Clip, then apply the step, or skip it (weights, optimizer and schedule untouched) when its
-        loss or gradient is not finite; then log every `log_every` steps."""
+        loss or gradient is not finite on any rank; log every `log_every` steps. Returns whether any
+        rank has seen a stop signal, and whether rank 0's clock says the time is up: every rank
+        learns both here, in the one exchange of the step, so all ranks decide alike."""
         config = self.config
         self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), config["clip_grad"] or float("inf"))
@@ -443,7 +484,10 @@ class Trainer:
         finite = torch.isfinite(step_loss)
         if not self.scaler.is_enabled():
             finite &= torch.isfinite(grad_norm)
-        if bool(finite):
+        out_of_time = self.ranks.is_main and bool(config["max_minutes"]) and \
+            time.monotonic() - self.started + self.last_validation_seconds >= 60 * config["max_minutes"]
+        nonfinite, signal_seen, out_of_time = self.on_any_rank(not bool(finite), graceful.requested, out_of_time)
+        if not nonfinite:
             self.scaler.step(self.optimizer)
             self.scheduler.step()
             self.nonfinite_run = 0
@@ -456,36 +500,38 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.global_step += 1
         self.step_in_epoch += 1
+        self.batches_done += self.plan.per_step
         if self.ranks.is_main and self.global_step % config["log_every"] == 0:
             elapsed = time.monotonic() - self.log_started
             tokens_per_second = self.log_tokens * self.ranks.world_size / max(elapsed, 1e-9)
             mean_loss = float(self.log_loss) / max(1, self.log_tokens)
-            lr = self.scheduler.get_last_lr()[0]
+            lr = self.optimizer.param_groups[0]["lr"]
             self.writer.add_scalar("train/loss", mean_loss, self.global_step)
             self.writer.add_scalar("train/lr", lr, self.global_step)
             self.writer.add_scalar("train/tokens_per_second", tokens_per_second, self.global_step)
             self.log_loss, self.log_tokens, self.log_started = torch.zeros((), device=self.device), 0, time.monotonic()
+        return signal_seen, out_of_time
 
-    def stop_decision(self, graceful: GracefulStop) -> str | None:
-        """Why training stops after this step, if it does."""
+    def on_any_rank(self, *flags: bool) -> list[bool]:
+        """Each flag OR-ed over all ranks, in one all-reduce; a single process's own flags."""
+        if not self.ranks.distributed:
+            return list(flags)
+        shared = torch.tensor([int(flag) for flag in flags], device=self.device)
+        dist.all_reduce(shared, op=dist.ReduceOp.MAX)
+        return [bool(value) for value in shared.tolist()]
+
+    def stop_decision(self, signal_seen: bool, out_of_time: bool) -> str | None:
+        """Why training stops after this step, if it does: from values every rank shares."""
         config = self.config
-        stop = None
         if self.nonfinite_run >= config["max_nonfinite_steps"]:
-            stop = "nonfinite"
-        elif config["max_steps"] and self.global_step >= config["max_steps"]:
-            stop = "max_steps"
-        elif config["max_minutes"] and \
-                time.monotonic() - self.started + self.last_validation_seconds >= 60 * config["max_minutes"]:
-            stop = "max_minutes"
-        elif graceful.requested:
-            stop = "signal"
-        if self.ranks.distributed:
-            # Every rank must stop at the same step: share the decision.
-            flag = torch.tensor([0 if stop is None else 1], device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if flag.item() and stop is None:
-                stop = "signal"
-        return stop
+            return "nonfinite"
+        if config["max_steps"] and self.global_step >= config["max_steps"]:
+            return "max_steps"
+        if out_of_time:
+            return "max_minutes"
+        if signal_seen:
+            return "signal"
+        return None
 
     # ------------------------------------------------------------------ 3. end of an epoch
 
@@ -495,9 +541,9 @@ class Trainer:
         metrics = None
         if stop not in ("signal", "nonfinite"):
             validation_started = time.monotonic()
-            if self.ranks.is_main and self.splits["validation"]:
-                metrics = run_validation(self.raw_model, self.val_ds, self.splits["validation"], self.tok_src,
-                                         self.tok_tgt, self.config, self.device, self.writer, self.global_step)
+            if self.ranks.is_main and self.val_pairs:
+                metrics = run_validation(self.raw_model, self.val_ds, self.val_pairs, self.tok_src, self.tok_tgt,
+                                         self.config, self.device, self.writer, self.global_step)
             if self.ranks.distributed:
                 dist.barrier()
             self.last_validation_seconds = time.monotonic() - validation_started
@@ -509,10 +555,8 @@ class Trainer:
                 patience = self.config["early_stopping_patience"]
                 if patience and self.stale_validations >= patience:
                     stop = "early_stopping"
-            if self.ranks.distributed:
-                flag = torch.tensor([1 if stop else 0], device=self.device)
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                stop = stop or ("early_stopping" if flag.item() else None)
+            [early] = self.on_any_rank(stop == "early_stopping")  # rank 0 validated: it decides
+            stop = stop or ("early_stopping" if early else None)
         self.save(metrics)
         if self.ranks.distributed:
             dist.barrier()
@@ -524,9 +568,10 @@ class Trainer:
         state = {
             "model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-            "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+            "epoch": self.epoch, "batches_done": self.batches_done, "step_in_epoch": self.step_in_epoch,
+            "global_step": self.global_step, "batch_settings": self.batch_settings(),
             "config": self.config, "tokenizers": {"src": self.tok_src.to_str(), "tgt": self.tok_tgt.to_str()},
-            "rng": rng_state(), "best_bleu": self.best_bleu, "stale_validations": self.stale_validations,
+            "best_bleu": self.best_bleu, "stale_validations": self.stale_validations,
             "metrics": metrics or {},
         }
         path = save_checkpoint(self.folder, state, self.global_step, self.config["keep_checkpoints"],

@@ -194,6 +194,16 @@ class TorchTranslator(Translator):
         return CrossAttention(sources, outputs, weights.mean(dim=0).tolist())
 
 
+def import_ctranslate2() -> Any:
+    """The ctranslate2 module, imported with MKL as its CPU backend. CTranslate2's int8 products on
+    its default oneDNN backend are far off on CPUs without AVX-512 VNNI (this project's AMD machine:
+    5 of 50 toy sentences kept their greedy output); MKL's are not. CTranslate2 reads this setting
+    once, when first imported, so every import goes through here; an explicit setting wins."""
+    os.environ.setdefault("CT2_USE_MKL", "1")
+    import ctranslate2
+    return ctranslate2
+
+
 # Files export.py writes beside CTranslate2's own (model.bin, config.json, vocabularies).
 CT2_SOURCE_TOKENIZER, CT2_TARGET_TOKENIZER, CT2_PROJECT_CONFIG = \
     "tokenizer_source.json", "tokenizer_target.json", "project.json"
@@ -219,11 +229,7 @@ class CTranslate2Translator(Translator):
                                   f"{str(error).splitlines()[0]}") from None
         super().__init__(tok_src, tok_tgt, model_config, model_dir, str(model_dir))
         self.project = project
-        # CTranslate2's int8 products on its default oneDNN backend are far off on CPUs without
-        # AVX-512 VNNI (this project's AMD machine: 5 of 50 toy sentences kept their greedy output);
-        # MKL's are not. It reads this once, when first imported; an explicit setting wins.
-        os.environ.setdefault("CT2_USE_MKL", "1")
-        import ctranslate2
+        ctranslate2 = import_ctranslate2()
         # Its sampling RNG is per thread and seeded when a translator is made: seed first.
         ctranslate2.set_random_seed(seed)
         try:

@@ -229,7 +229,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
     # pipeline's BLEU with sacrebleu's is not a comparison of two zeros.
     args = ["--datasource", str(data), "--preset", "tiny", "--batch_tokens", "256", "--lr", "1e-2",
             "--num_epochs", "100", "--log_every", "2", "--model_folder", str(model_folder),
-            "--runs_folder", str(runs_folder)]
+            "--runs_folder", str(runs_folder), "--store_folder", str(root / "stores")]
     first = train_in_process(args + ["--max_steps", str(TrainedRun.FIRST_MAX_STEPS)])
     assert first.code == 0, first.stderr
     run = TrainedRun(data, model_folder, args, first, Run(-1, "", ""), {}, {})

@@ -25,7 +25,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = tiny_corpus(tmp / "data")
     assert train.main(["--datasource", str(data), "--preset", "tiny", "--max_steps", "12", "--num_epochs", "100",
                        "--save_every_steps", "4", "--model_folder", str(tmp / "weights"),
-                       "--runs_folder", str(tmp / "runs"), "--val_max_sentences", "4"]) == 0
+                       "--runs_folder", str(tmp / "runs"), "--store_folder", str(tmp / "stores"),
+                       "--val_max_sentences", "4"]) == 0
     return next((tmp / "weights").iterdir())
 
 
@@ -89,7 +90,8 @@ def test_full_disk_keeps_previous_checkpoint(trained: Path, tmp_path: Path, monk
     config = dict(torch.load(folder / "ckpt_00000012.pt", weights_only=True)["config"])
     code = train.main(["--datasource", config["datasource"], "--preset", "tiny", "--max_steps", "14",
                        "--num_epochs", "100", "--model_folder", str(tmp_path / "weights"),
-                       "--runs_folder", str(tmp_path / "runs"), "--val_max_sentences", "4"])
+                       "--runs_folder", str(tmp_path / "runs"), "--store_folder", str(tmp_path / "stores"),
+                       "--val_max_sentences", "4"])
     assert code == 1
     error_lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train.py: error")]
     assert len(error_lines) == 1 and "No space left on device" in error_lines[0]

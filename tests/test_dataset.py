@@ -1,5 +1,6 @@
-"""dataset.py: loading Hub-layout folders, seeded splits, tokenizers without leakage, skipped
-and dropped rows, per-batch padding and masks, token-budget batches and the batch plan."""
+"""dataset.py: streaming Hub-layout folders, skipping and counting bad rows, carving a train-only
+source, flat-array datasets with per-batch padding and masks, token-budget batches and the batch plan.
+(The on-disk store built from these is tested in tests/test_store.py.)"""
 from __future__ import annotations
 
 import json
@@ -10,74 +11,33 @@ import pytest
 import torch
 
 from config import get_config
-from dataset import (BatchPlan, BilingualDataset, DataError, MicroBatches, load_splits,
-                     padding_waste, rows_to_pairs, token_batches)
+from dataset import (BatchPlan, BilingualDataset, DataError, MicroBatches, carve, open_source, pair_of, padding_waste,
+                     read_pairs, text_hash, token_batches)
+from store import text_store
 from synthetic_data import synthetic_pairs, write_hub_dataset
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK_ID, encode_ids, train_tokenizer, train_tokenizers
+from tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_ids, train_tokenizer
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-def config_for(datasource: Path, **overrides) -> dict:
-    return {**get_config(), "datasource": str(datasource), "min_frequency": 1, **overrides}
+def config_for(datasource: Path, tmp_path: Path, **overrides) -> dict:
+    return {**get_config(), "datasource": str(datasource), "min_frequency": 1, "store_folder": str(tmp_path / "stores"),
+            **overrides}
 
 
-def numbered_pairs(count: int, prefix: str = "w") -> list[tuple[str, str]]:
-    """Pairs that each carry a word of their own, so leakage of any row is visible."""
-    return [(f"The word {prefix}{i} is here.", f"La parola {prefix}{i} è qui.") for i in range(count)]
+def all_pairs(folder: Path, split: str) -> list[tuple[str, str]]:
+    return [pair for batch in read_pairs(open_source(str(folder), "en-it"), split, "en", "it") for pair in batch]
 
 
-# ---------------------------------------------------------------------------- loading and splitting
+# ---------------------------------------------------------------------------- reading
 
-def test_loads_a_local_hub_layout_folder(tmp_path: Path) -> None:
+def test_streams_a_local_hub_layout_folder(tmp_path: Path) -> None:
     splits = {"train": synthetic_pairs(30, 1), "validation": synthetic_pairs(5, 2), "test": synthetic_pairs(7, 3)}
     folder = write_hub_dataset(tmp_path / "data", splits)
-    loaded = load_splits(config_for(folder))
-    assert loaded == splits
-
-
-def test_train_only_source_is_split_by_seed(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    pairs = numbered_pairs(200)
-    folder = write_hub_dataset(tmp_path / "data", {"train": pairs})
-    first = load_splits(config_for(folder, seed=1))
-    assert "split the train split with seed 1" in capsys.readouterr().err
-    again = load_splits(config_for(folder, seed=1))
-    other = load_splits(config_for(folder, seed=2))
-    assert first == again  # every run and every resume sees the same split
-    assert first["validation"] != other["validation"]
-    assert (len(first["train"]), len(first["validation"]), len(first["test"])) == (180, 10, 10)
-    together = first["train"] + first["validation"] + first["test"]
-    assert sorted(together) == sorted(pairs)  # a partition: nothing lost, nothing shared
-    custom = load_splits(config_for(folder, seed=1, val_fraction=0.1, test_fraction=0.2))
-    assert (len(custom["validation"]), len(custom["test"])) == (20, 40)
-
-
-def test_missing_test_split_is_carved_from_train_only(tmp_path: Path) -> None:
-    validation = numbered_pairs(5, "v")
-    folder = write_hub_dataset(tmp_path / "data", {"train": numbered_pairs(100), "validation": validation})
-    loaded = load_splits(config_for(folder))
-    assert loaded["validation"] == validation
-    assert len(loaded["test"]) == 5 and len(loaded["train"]) == 95
-    assert not set(loaded["test"]) & set(loaded["train"])
-
-
-@pytest.mark.parametrize("source", ["train only", "three splits"])
-def test_tokenizers_never_see_validation_or_test(tmp_path: Path, source: str) -> None:
-    if source == "train only":
-        folder = write_hub_dataset(tmp_path / "data", {"train": numbered_pairs(200)})  # 5% + 5% held out
-    else:
-        folder = write_hub_dataset(tmp_path / "data", {"train": numbered_pairs(80), "validation": numbered_pairs(
-            10, "v"), "test": numbered_pairs(10, "t")})
-    config = config_for(folder)
-    splits = load_splits(config)
-    tok_src, tok_tgt = train_tokenizers(config, lambda: iter(splits["train"]))
-    held_out = {s.split()[2] for s, _ in splits["validation"] + splits["test"]}
-    assert len(held_out) == 20
-    for word in held_out:
-        assert encode_ids(tok_src, word) == [UNK_ID]
-        assert encode_ids(tok_tgt, word) == [UNK_ID]
-    for source_text, _ in splits["train"][:5]:
-        assert UNK_ID not in encode_ids(tok_src, source_text)
+    source = open_source(str(folder), "en-it")
+    assert source.splits == ["test", "train", "validation"]
+    for name, pairs in splits.items():
+        assert all_pairs(folder, name) == pairs
 
 
 def test_bad_rows_are_skipped_and_counted(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -87,43 +47,73 @@ def test_bad_rows_are_skipped_and_counted(tmp_path: Path, capsys: pytest.Capture
            {"id": "c", "translation": {"en": 42, "it": "Quarantadue."}},
            {"id": "d", "translation": {"en": "", "it": "Vuoto."}},
            {"id": "e", "translation": {"en": "Blank.", "it": "   "}}]
-    folder = write_hub_dataset(tmp_path / "data", {"train": good[:2] + bad + good[2:],
-                                                   "validation": good[:1], "test": good[:1]})
-    splits = load_splits(config_for(folder))
-    assert splits["train"] == good
+    folder = write_hub_dataset(tmp_path / "data", {"train": good[:2] + bad + good[2:]})
+    assert all_pairs(folder, "train") == good
     message = capsys.readouterr().err
     assert "train: skipped 5 of 9 rows" in message
     assert "2 missing side" in message and "1 non-text side" in message and "2 empty side" in message
 
 
-def test_same_named_folders_and_edited_files_are_read_afresh(tmp_path: Path) -> None:
-    """The datasets library caches by folder name and file layout; a stale entry must never
-    change what is read (it once turned every sentence of the second folder into '"..."')."""
-    held_out = {"validation": synthetic_pairs(2, 2), "test": synthetic_pairs(2, 3)}
-    first = write_hub_dataset(tmp_path / "a" / "corpus", {"train": synthetic_pairs(6, 1), **held_out})
-    assert load_splits(config_for(first))["train"] == synthetic_pairs(6, 1)
-    mixed_types = [{"id": "x", "translation": {"en": 7, "it": "Sette."}}]
-    second = write_hub_dataset(tmp_path / "b" / "corpus", {"train": synthetic_pairs(4, 4) + mixed_types, **held_out})
-    assert load_splits(config_for(second))["train"] == synthetic_pairs(4, 4)
-    write_hub_dataset(first, {"train": synthetic_pairs(3, 5), **held_out})  # the user edits the files
-    assert load_splits(config_for(first))["train"] == synthetic_pairs(3, 5)
+def test_pair_of_strips_and_checks_types() -> None:
+    assert pair_of({"translation": {"en": "  Hi. ", "it": "Ciao.\n"}}, "en", "it") == ("Hi.", "Ciao.")
+    assert pair_of({"translation": {"en": ["list"], "it": "x"}}, "en", "it") == "non-text side"
+    assert pair_of({"translation": "just text"}, "en", "it") == "no translation field"
+    assert pair_of(None, "en", "it") == "no translation field"
 
 
-def test_rows_to_pairs_strips_and_checks_types() -> None:
-    rows = [{"translation": {"en": "  Hi. ", "it": "Ciao.\n"}}, {"translation": {"en": ["list"], "it": "x"}},
-            {"translation": "just text"}, None]
-    assert rows_to_pairs(rows, "en", "it", "train") == [("Hi.", "Ciao.")]
+def test_fingerprint_follows_the_files_not_the_folder_name(tmp_path: Path) -> None:
+    """The datasets library once served a same-named folder's cached rows; here every folder and
+    every edit has a fingerprint of its own, and rows are streamed from the files themselves."""
+    first = write_hub_dataset(tmp_path / "a" / "corpus", {"train": synthetic_pairs(6, 1)})
+    second = write_hub_dataset(tmp_path / "b" / "corpus", {"train": synthetic_pairs(6, 1)})
+    print_a = open_source(str(first), "en-it").fingerprint
+    assert print_a != open_source(str(second), "en-it").fingerprint
+    assert open_source(str(first), "en-it").fingerprint == print_a
+    write_hub_dataset(first, {"train": synthetic_pairs(3, 5)})  # the user edits the files
+    assert open_source(str(first), "en-it").fingerprint != print_a
+    assert all_pairs(first, "train") == synthetic_pairs(3, 5)
 
 
 def test_unusable_sources_give_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="does not exist"):
-        load_splits(config_for(tmp_path / "nowhere"))
+        open_source(str(tmp_path / "nowhere"), "en-it")
     folder = write_hub_dataset(tmp_path / "data", {"train": synthetic_pairs(5)})
-    with pytest.raises(DataError, match="en-fr"):
-        load_splits(config_for(folder, lang_tgt="fr"))
+    with pytest.raises(DataError, match="no en-fr language pair"):
+        open_source(str(folder), "en-fr")
     only_bad = write_hub_dataset(tmp_path / "bad", {"train": [{"id": "1", "translation": {"en": "", "it": ""}}]})
     with pytest.raises(DataError, match="no usable"):
-        load_splits(config_for(only_bad))
+        text_store(config_for(only_bad, tmp_path))
+
+
+# ---------------------------------------------------------------------------- carving
+
+def test_carving_is_seeded_capped_and_a_partition() -> None:
+    hashes = np.arange(1000, dtype=np.uint64) * 7919  # all sources distinct
+    config = {**get_config(), "seed": 1}
+    first = carve(hashes, config, ["validation", "test"])
+    assert {name: len(rows) for name, rows in first.items()} == {"train": 900, "validation": 50, "test": 50}
+    assert sorted(np.concatenate(list(first.values())).tolist()) == list(range(1000))
+    again = carve(hashes, config, ["validation", "test"])
+    assert all(np.array_equal(first[k], again[k]) for k in first)
+    other = carve(hashes, {**config, "seed": 2}, ["validation", "test"])
+    assert not np.array_equal(first["validation"], other["validation"])
+    capped = carve(hashes, {**config, "val_max_pairs": 20, "test_max_pairs": 30}, ["validation", "test"])
+    assert (len(capped["validation"]), len(capped["test"]), len(capped["train"])) == (20, 30, 950)
+    only_test = carve(hashes, config, ["test"])
+    assert set(only_test) == {"train", "test"} and len(only_test["test"]) == 50
+
+
+def test_training_pairs_whose_source_is_held_out_are_removed(capsys: pytest.CaptureFixture) -> None:
+    # 300 pairs, 100 distinct source sentences, each three times: a held-out sentence's twins leave train.
+    hashes = np.array([text_hash(f"sentence {i % 100}") for i in range(300)], dtype=np.uint64)
+    config = {**get_config(), "seed": 3, "val_fraction": 0.1, "test_fraction": 0.1}
+    parts = carve(hashes, config, ["validation", "test"])
+    held_out = set(hashes[np.concatenate([parts["validation"], parts["test"]])].tolist())
+    assert len(parts["validation"]) == len(parts["test"]) == 30
+    assert not held_out & set(hashes[parts["train"]].tolist())
+    removed = 240 - len(parts["train"])
+    assert removed > 0 and f"removed {removed} training pairs whose source sentence is also in the held-out" in \
+        capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------- tensors and masks
@@ -139,8 +129,9 @@ def test_pairs_longer_than_seq_len_are_dropped_and_counted(tokenizers, capsys: p
     tok_src, tok_tgt = tokenizers
     # "The cat." is 3 tokens, so 5 with [SOS]/[EOS]; its target "Il gatto." needs 3 + 1.
     pairs = [("The cat.", "Il gatto."), ("The cat sees the dog.", "Il gatto."), ("The cat.", "Il gatto vede il cane.")]
-    dataset = BilingualDataset(pairs, tok_src, tok_tgt, seq_len=5, name="train")
-    assert dataset.pairs == [pairs[0]]  # exactly at the limit is kept
+    dataset = BilingualDataset.from_pairs(pairs, tok_src, tok_tgt, seq_len=5, name="train")
+    assert len(dataset) == 1  # exactly at the limit is kept
+    assert [ids.tolist() for ids in dataset[0]] == [encode_ids(tok_src, "The cat."), encode_ids(tok_tgt, "Il gatto.")]
     assert "train: dropped 2 of 3 pairs longer than seq_len 5" in capsys.readouterr().err
     assert list(dataset.src_lens) == [5] and list(dataset.tgt_lens) == [4]
 
@@ -148,7 +139,7 @@ def test_pairs_longer_than_seq_len_are_dropped_and_counted(tokenizers, capsys: p
 def test_collate_pads_to_the_longest_in_the_batch_only(tokenizers) -> None:
     tok_src, tok_tgt = tokenizers
     pairs = [("The cat.", "Il gatto."), ("The big old man sees the dog.", "Il grande vecchio uomo vede il cane.")]
-    dataset = BilingualDataset(pairs, tok_src, tok_tgt, seq_len=64)
+    dataset = BilingualDataset.from_pairs(pairs, tok_src, tok_tgt, seq_len=64)
     batch = dataset.collate([0, 1])
     src0, tgt0 = encode_ids(tok_src, pairs[0][0]), encode_ids(tok_tgt, pairs[0][1])
     src1, tgt1 = encode_ids(tok_src, pairs[1][0]), encode_ids(tok_tgt, pairs[1][1])
@@ -166,7 +157,7 @@ def test_collate_pads_to_the_longest_in_the_batch_only(tokenizers) -> None:
 def test_masks_have_the_tutorial_shapes_are_causal_and_hide_padding(tokenizers) -> None:
     tok_src, tok_tgt = tokenizers
     pairs = synthetic_pairs(6, 4)
-    dataset = BilingualDataset(pairs, tok_src, tok_tgt, seq_len=64)
+    dataset = BilingualDataset.from_pairs(pairs, tok_src, tok_tgt, seq_len=64)
     batch = dataset.collate(list(range(len(pairs))))
     b, s = batch["encoder_input"].shape
     t = batch["decoder_input"].size(1)
@@ -224,10 +215,36 @@ def test_padding_waste_counts_padded_positions() -> None:
     assert padding_waste([np.array([0]), np.array([1])], src, tgt) == 0.0
 
 
+def reference_token_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, batch_tokens: int,
+                            rng: np.random.Generator) -> list[np.ndarray]:
+    """token_batches written as the plain loop over sentences that it vectorises."""
+    tie_break = rng.random(len(src_lens))
+    order = np.lexsort((tie_break, tgt_lens, src_lens, np.maximum(src_lens, tgt_lens)))
+    batches, start, longest = [], 0, 0
+    for position, index in enumerate(order):
+        length = max(src_lens[index], tgt_lens[index])
+        if position > start and max(longest, length) * (position - start + 1) > batch_tokens:
+            batches.append(order[start:position])
+            start, longest = position, 0
+        longest = max(longest, length)
+    if start < len(order):
+        batches.append(order[start:])
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+@pytest.mark.parametrize("budget", [40, 256, 1000, 4096])
+def test_token_batches_equal_the_plain_loop(budget: int) -> None:
+    src, tgt = tatoeba_like_lengths(5000, seed=4)
+    src[:3] = 300
+    ours = token_batches(src, tgt, budget, np.random.default_rng(5))
+    reference = reference_token_batches(src, tgt, budget, np.random.default_rng(5))
+    assert [b.tolist() for b in ours] == [b.tolist() for b in reference]
+
+
 @pytest.fixture(scope="module")
 def plan_dataset(tokenizers) -> BilingualDataset:
     tok_src, tok_tgt = tokenizers
-    return BilingualDataset(synthetic_pairs(400, 5), tok_src, tok_tgt, seq_len=64)
+    return BilingualDataset.from_pairs(synthetic_pairs(400, 5), tok_src, tok_tgt, seq_len=64)
 
 
 def as_lists(plan: list) -> list:
@@ -267,8 +284,9 @@ def test_micro_batches_from_a_step_are_the_tail_of_the_epoch(plan_dataset: Bilin
     for world_size, accum in ((1, 1), (1, 2), (2, 2)):
         plan = BatchPlan(plan_dataset, 200, seed=3, world_size=world_size, rank=world_size - 1, accum_steps=accum)
         full = as_lists(plan.micro_batches(1))
-        for start in (0, 1, 3, plan.steps_per_epoch(1)):
-            assert as_lists(plan.micro_batches(1, start)) == full[start * accum:]
+        for step in (0, 1, 3, plan.steps_per_epoch(1)):
+            assert as_lists(plan.micro_batches(1, step * plan.per_step)) == full[step * accum:]
+            assert plan.steps_per_epoch(1, step * plan.per_step) == plan.steps_per_epoch(1) - step
 
 
 def test_micro_batches_dataset_yields_collated_batches(plan_dataset: BilingualDataset) -> None:
@@ -293,13 +311,15 @@ def test_tatoeba_loads_whole_and_deterministically(tmp_path: Path) -> None:
         usable[split] = sum(isinstance(r["translation"].get("en"), str) and isinstance(r["translation"].get("it"), str)
                             and bool(r["translation"]["en"].strip()) and bool(r["translation"]["it"].strip())
                             for r in rows)
-    config = {**get_config(), "datasource": str(folder), "min_frequency": 2}
-    splits = load_splits(config)
-    assert {name: len(pairs) for name, pairs in splits.items()} == usable
-    assert load_splits(config) == splits
+    config = config_for(folder, tmp_path, min_frequency=2)
+    store = text_store(config)
+    assert {name: store.size(name) for name in store.splits()} == usable
+    train = store.pairs("train")
+    assert train == all_pairs(folder, "train")
     # the real lengths, batched as the cpu preset does, waste little on padding
-    tok_src, tok_tgt = train_tokenizers(config, lambda: iter(splits["train"]))
-    dataset = BilingualDataset(splits["train"], tok_src, tok_tgt, seq_len=128)
+    tok_src = train_tokenizer([s for s, _ in train], "wordlevel", 0, 2)
+    tok_tgt = train_tokenizer([t for _, t in train], "wordlevel", 0, 2)
+    dataset = BilingualDataset.from_pairs(train, tok_src, tok_tgt, seq_len=128)
     for budget in (512, 3000, 4096):
         batches = token_batches(dataset.src_lens, dataset.tgt_lens, budget, np.random.default_rng(0))
         assert padding_waste(batches, dataset.src_lens, dataset.tgt_lens) < 0.10

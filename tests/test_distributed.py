@@ -1,4 +1,6 @@
-"""torchrun with 2 CPU processes (gloo) equals one process with the same global batch.
+"""Real torchrun, 2 CPU processes (gloo): ranks that cannot disagree.
+
+1. Two ranks equal one process with the same global batch.
 
 Each global step holds world_size * accum_steps micro-batches; rank r trains on every
 world_size-th one. So 2 ranks x accum 1 and 1 rank x accum 2 see the same micro-batches per step,
@@ -8,11 +10,21 @@ run is stopped at step 3 and resumed to step 6 to check resuming under DDP as we
 Adam's eps is raised to 1e-6 for the comparison: the key projection's bias has an exactly zero
 true gradient (it shifts every attention score of a query equally), so it only ever sees rounding
 noise, which eps 1e-9 would turn into full-size, order-dependent updates.
+
+2. With dropout on, two ranks killed with SIGKILL and restarted end bit for bit where an unbroken
+   run ends: each rank's dropout stream is a function of (seed, rank, step).
+3. A NaN loss on one rank only makes both ranks skip that step (their weights stay identical), and
+   a stop by --max_minutes, judged on rank 0's clock, ends both ranks with exit 0 and a checkpoint.
 """
 from __future__ import annotations
 
+import os
+import random
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -22,10 +34,13 @@ from synthetic_data import tiny_corpus
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def train_args(data: Path, out: Path, *extra: str) -> list[str]:
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+
+def train_args(data: Path, out: Path, *extra: str, dropout: str = "0") -> list[str]:
     return ["train.py", "--datasource", str(data), "--preset", "tiny", "--d_model", "64", "--d_ff", "128",
-            "--dropout", "0", "--adam_eps", "1e-6", "--num_epochs", "100", "--val_max_sentences", "4", "--model_folder", str(out / "w"),
-            "--runs_folder", str(out / "r"), *extra]
+            "--dropout", dropout, "--adam_eps", "1e-6", "--num_epochs", "100", "--val_max_sentences", "4",
+            "--model_folder", str(out / "w"), "--runs_folder", str(out / "r"), "--store_folder", str(out / "s"), *extra]
 
 
 def weights(out: Path, step: int) -> dict[str, torch.Tensor]:
@@ -37,9 +52,8 @@ def test_two_rank_ddp_equals_single_process_with_same_global_batch(tmp_path: Pat
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     subprocess.run([sys.executable, *train_args(data, single, "--max_steps", "6", "--accum_steps", "2")], cwd=ROOT,
                    check=True, capture_output=True, timeout=240)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     for max_steps in ("3", "6"):
-        result = subprocess.run([*torchrun, *train_args(data, ddp, "--max_steps", max_steps)], cwd=ROOT,
+        result = subprocess.run([*TORCHRUN, *train_args(data, ddp, "--max_steps", max_steps)], cwd=ROOT,
                                 capture_output=True, text=True, timeout=240)
         assert result.returncode == 0, result.stderr[-3000:]
     assert "2 ranks" in result.stderr and "resuming from" in result.stderr
@@ -50,3 +64,77 @@ def test_two_rank_ddp_equals_single_process_with_same_global_batch(tmp_path: Pat
         torch.testing.assert_close(actual[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
     at_resume = weights(ddp, 3)
     assert any(not torch.equal(at_resume[name], actual[name]) for name in actual), "the resumed run trained"
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and all its descendants (torchrun starts each rank in a session of its own)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    tree, pending = [], [root]
+    while pending:
+        pid = pending.pop()
+        tree.append(pid)
+        pending.extend(children.get(pid, []))
+    return tree
+
+
+def test_two_ranks_killed_and_resumed_equal_an_unbroken_run(tmp_path: Path) -> None:
+    data = tiny_corpus(tmp_path / "data", train=400)
+    steps = 24
+    extra = ("--max_steps", str(steps), "--save_every_steps", "4", "--keep_checkpoints", "50")
+    unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
+    subprocess.run([*TORCHRUN, *train_args(data, unbroken, *extra, dropout="0.1")], cwd=ROOT, check=True,
+                   capture_output=True, timeout=240)
+
+    command = [*TORCHRUN, *train_args(data, broken, *extra, dropout="0.1")]
+    victim = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list((broken / "w").glob("*/ckpt_*.pt")):
+        assert victim.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.01)
+    delay = random.Random(9).uniform(0.0, 0.3)
+    print(f"killing the ranks {delay:.2f} s after their first checkpoint")
+    time.sleep(delay)
+    tree = process_tree(victim.pid)
+    assert len(tree) >= 3, "torchrun and its two ranks"
+    for pid in tree:
+        os.kill(pid, signal.SIGKILL)
+    victim.wait(timeout=30)
+    saved = sorted(int(p.stem.split("_")[1]) for p in (broken / "w").glob("*/ckpt_*.pt"))
+    assert saved and saved[-1] < steps, "the run finished before it could be killed"
+
+    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"step {saved[-1]})" in resumed.stderr
+    expected, actual = weights(unbroken, steps), weights(broken, steps)
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+
+
+def test_nan_on_one_rank_skips_on_both_and_max_minutes_stops_both(tmp_path: Path) -> None:
+    data = tiny_corpus(tmp_path / "data", train=400)
+    out = tmp_path / "run"
+    command = [*TORCHRUN, "tests/rank_faults.py", "--nan_rank", "1", "--nan_steps", "3",
+               "--weights_out", str(tmp_path / "final"),
+               *train_args(data, out, "--num_epochs", "1000", "--max_minutes", "0.15", dropout="0.1")[1:]]
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert time.monotonic() - started < 60
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("step 3: non-finite loss or gradient, step skipped (1 in a row)") == 2  # both ranks
+    stopped = int(re.search(r"reached --max_minutes 0.15 \((\d+) steps\)", result.stderr).group(1))
+    assert stopped > 3
+    final = torch.load(next((out / "w").iterdir()) / f"ckpt_{stopped:08d}.pt", weights_only=True)
+    assert final["global_step"] == stopped and final["metrics"], "validated and saved at the stop"
+    rank0, rank1 = (torch.load(f"{tmp_path / 'final'}.rank{r}.pt", weights_only=True) for r in (0, 1))
+    for name in rank0:
+        assert torch.equal(rank0[name], rank1[name]), name
+        assert torch.equal(rank0[name], final["model"][name]), name

@@ -20,6 +20,7 @@ def trained(tmp_path_factory) -> dict[str, Path]:
     code = train.main(["--datasource", str(data), "--preset", "tiny", "--tokenizer_type", "bpe", "--vocab_size", "80",
                        "--joint_vocab", "true", "--tie_embeddings", "true", "--d_model", "48", "--d_ff", "96",
                        "--num_epochs", "25", "--lr", "1e-2", "--model_folder", str(weights), "--runs_folder", str(runs),
+                       "--store_folder", str(root / "stores"),
                        "--keep_checkpoints", "6", "--val_max_sentences", "5", "--num_examples", "0"])
     assert code == 0
     return {"data": data, "weights": weights, "runs": runs, "root": root}

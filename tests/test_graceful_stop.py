@@ -22,7 +22,7 @@ def start(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     process = subprocess.Popen(
         [sys.executable, "train.py", "--datasource", str(data), "--preset", "tiny", "--d_model", "64", "--d_ff",
          "256", "--num_epochs", "1000", "--save_every_steps", "2", "--model_folder", str(weights),
-         "--runs_folder", str(tmp_path / "runs")],
+         "--runs_folder", str(tmp_path / "runs"), "--store_folder", str(tmp_path / "stores")],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not list(weights.glob("*/ckpt_*.pt")):  # training is under way

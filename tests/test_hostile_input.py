@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 import train
-from dataset import DataError, load_splits
+from dataset import DataError
+from store import text_store
 from config import get_config
 from synthetic_data import synthetic_pairs, tiny_corpus, write_hub_dataset
 
@@ -21,7 +22,8 @@ def checkpoint_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("hostile")
     data = tiny_corpus(tmp / "data")
     assert train.main(["--datasource", str(data), "--preset", "tiny", "--max_steps", "3", "--model_folder",
-                       str(tmp / "weights"), "--runs_folder", str(tmp / "runs"), "--val_max_sentences", "2"]) == 0
+                       str(tmp / "weights"), "--runs_folder", str(tmp / "runs"), "--store_folder", str(tmp / "stores"),
+                       "--val_max_sentences", "2"]) == 0
     return max((tmp / "weights").glob("*/ckpt_*.pt"))
 
 
@@ -81,7 +83,7 @@ def test_hostile_argument_translates(checkpoint_path: Path, name: str, argument:
 
 
 def config_for(folder: Path, **overrides) -> dict:
-    return dict(get_config(), datasource=str(folder), **overrides)
+    return dict(get_config(), datasource=str(folder), store_folder=str(folder.parent / "stores"), **overrides)
 
 
 def test_malformed_rows_are_skipped_and_counted(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -94,8 +96,7 @@ def test_malformed_rows_are_skipped_and_counted(tmp_path: Path, capsys: pytest.C
         {"id": "e", "translation": "not a mapping"},
     ]
     folder = write_hub_dataset(tmp_path / "d", {"train": good + bad_rows, "validation": good[:5], "test": good[:5]})
-    splits = load_splits(config_for(folder))
-    assert splits["train"] == [(s.strip(), t.strip()) for s, t in good]
+    assert text_store(config_for(folder)).pairs("train") == [(s.strip(), t.strip()) for s, t in good]
     err = capsys.readouterr().err
     assert "train: skipped 5 of 25 rows (1 empty side, 2 missing side, 1 no translation field, 1 non-text side)" in err
 
@@ -104,13 +105,13 @@ def test_invalid_json_line_is_named(tmp_path: Path) -> None:
     folder = write_hub_dataset(tmp_path / "d", {"train": synthetic_pairs(10) + ['{"id": "x", "translation": {'],
                                                 "validation": synthetic_pairs(3), "test": synthetic_pairs(3)})
     with pytest.raises(DataError, match=r"train\.jsonl:11 is not valid JSON"):
-        load_splits(config_for(folder))
+        text_store(config_for(folder))
 
 
 def test_missing_language_pair_is_named(tmp_path: Path) -> None:
     folder = tiny_corpus(tmp_path / "d")
     with pytest.raises(DataError, match="no en-fr language pair"):
-        load_splits(config_for(folder, lang_tgt="fr"))
+        text_store(config_for(folder, lang_tgt="fr"))
 
 
 @pytest.mark.parametrize("args, key", [

@@ -29,7 +29,9 @@ def poison_steps(monkeypatch: pytest.MonkeyPatch, bad_calls: set[int]) -> None:
 def args(tmp_path: Path, *extra: str) -> list[str]:
     data = tiny_corpus(tmp_path / "data")
     return ["--datasource", str(data), "--preset", "tiny", "--num_epochs", "100", "--model_folder",
-            str(tmp_path / "weights"), "--runs_folder", str(tmp_path / "runs"), "--val_max_sentences", "4", *extra]
+            str(tmp_path / "weights"), "--runs_folder", str(tmp_path / "runs"),
+            "--store_folder", str(tmp_path / "stores"),
+            "--val_max_sentences", "4", *extra]
 
 
 def newest_state(tmp_path: Path) -> dict:

@@ -27,7 +27,9 @@ def command(data: Path, run: Path) -> list[str]:
     return [sys.executable, "train.py", "--datasource", str(data), "--preset", "tiny", "--d_model", "64",
             "--d_ff", "256", "--num_layers", "2", "--dropout", "0.1", "--num_epochs", "100", "--max_steps",
             str(MAX_STEPS), "--save_every_steps", "3", "--keep_checkpoints", "50", "--log_every", "1",
-            "--model_folder", str(run / "weights"), "--runs_folder", str(run / "runs"), "--val_max_sentences", "8"]
+            "--model_folder", str(run / "weights"), "--runs_folder", str(run / "runs"),
+            "--store_folder", str(run / "stores"),
+            "--val_max_sentences", "8"]
 
 
 def losses(run: Path) -> dict[int, float]:

@@ -23,7 +23,8 @@ def test_second_run_refuses_while_first_holds_the_folder(tmp_path: Path, capsys:
     try:
         assert holder.stdout.readline().strip() == "held"
         code = train.main(["--datasource", str(data), "--preset", "tiny", "--experiment_name", "busy",
-                           "--model_folder", str(tmp_path / "weights"), "--runs_folder", str(tmp_path / "runs")])
+                           "--model_folder", str(tmp_path / "weights"), "--runs_folder", str(tmp_path / "runs"),
+                           "--store_folder", str(tmp_path / "stores")])
         assert code == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"pid {holder.pid}" in err[0] and "another training run" in err[0]

@@ -20,9 +20,10 @@ from torch.utils.tensorboard import SummaryWriter
 
 import dataset
 import train
-from checkpoint import MANIFEST, checkpoint_name, load_for_inference
-from config import validate_config
-from dataset import BilingualDataset, load_splits
+from checkpoint import MANIFEST, checkpoint_name, load_checkpoint, load_for_inference
+from config import parse_config, validate_config, weights_dir
+from store import text_store, token_store
+from synthetic_data import synthetic_pairs, write_hub_dataset
 from loss import loss_sum
 from scoring import corpus_scores
 from tokenizer import PAD_ID
@@ -49,8 +50,8 @@ def test_first_run_stops_at_max_steps_with_a_checkpoint(trained_run) -> None:
     assert f"reached --max_steps {run.FIRST_MAX_STEPS}" in run.first.stderr
     assert "train: skipped 2 of 202 rows" in run.first.stderr
     # everything a resume needs, as plain data
-    assert {"model", "optimizer", "scheduler", "epoch", "step_in_epoch", "global_step", "config", "tokenizers",
-            "rng", "metrics"} <= set(state)
+    assert {"model", "optimizer", "scheduler", "epoch", "batches_done", "step_in_epoch", "global_step",
+            "batch_settings", "config", "tokenizers", "metrics"} <= set(state)
     config = dict(state["config"])
     validate_config(config)
     assert config == {**run.config, "max_steps": run.FIRST_MAX_STEPS}
@@ -77,6 +78,9 @@ def test_resume_continues_the_global_step_schedule_and_epoch(trained_run) -> Non
     assert {int(s["step"]) for s in state["optimizer"]["state"].values()} == {run.SECOND_MAX_STEPS}
     assert state["tokenizers"] == first["tokenizers"]
     assert len(list(run.folder.glob("ckpt_*.pt"))) <= run.config["keep_checkpoints"] + 1
+    # the resumed run read neither the datasource nor tokenized again: the stores were reused
+    assert "building the data store" in run.first.stderr and "tokenizing into" in run.first.stderr
+    assert "building the data store" not in run.second.stderr and "tokenizing into" not in run.second.stderr
 
 
 def test_tensorboard_holds_every_scalar_and_no_step_twice(trained_run) -> None:
@@ -106,7 +110,7 @@ def test_pipeline_bleu_equals_sacrebleu_on_its_own_outputs(trained_run) -> None:
     path, state = run.latest()
     translator = TorchTranslator.load(path, run.folder, torch.device("cpu"))
     config = translator.model_config
-    validation = load_splits(config)["validation"]
+    validation = text_store(config).pairs("validation")
     sources, references = [s for s, _ in validation], [t for _, t in validation]
     hypotheses = translator.translate_best(sources, DecodingOptions.from_config(config))
     # these are the outputs the run produced: its last printed examples
@@ -127,7 +131,8 @@ def test_validation_scores_raw_text_and_teacher_forced_loss(trained_run, monkeyp
     run = trained_run
     path, _ = run.latest()
     model, tok_src, tok_tgt, config, _ = load_for_inference(path, run.folder, torch.device("cpu"))
-    pairs = load_splits(config)["validation"]
+    text = text_store(config)
+    pairs = text.pairs("validation")
     references = [t for _, t in pairs]
     hypotheses = [ref if i % 3 == 0 else " ".join(ref.split()[:-1]) + "." if i % 3 == 1 else "Il gatto."
                   for i, ref in enumerate(references)]
@@ -138,7 +143,7 @@ def test_validation_scores_raw_text_and_teacher_forced_loss(trained_run, monkeyp
         return hypotheses[:len(sentences)]
 
     monkeypatch.setattr(TorchTranslator, "translate_best", fixed_translations)
-    val_ds = BilingualDataset(pairs, tok_src, tok_tgt, config["seq_len"], "validation")
+    val_ds = token_store(config, text, tok_src, tok_tgt).dataset("validation")
     writer = SummaryWriter(str(tmp_path))
     metrics = train.run_validation(model, val_ds, pairs, tok_src, tok_tgt, config, torch.device("cpu"), writer, 77)
     writer.close()
@@ -233,3 +238,60 @@ def test_unreachable_hub_from_the_command_line(tmp_path: Path, cli) -> None:
     assert result.returncode == 1 and "Traceback" not in result.stderr
     lines = error_lines(result.stderr)
     assert len(lines) == 1 and "Helsinki-NLP/opus_books" in lines[0] and "--datasource" in lines[0]
+
+
+# ---------------------------------------------------------------------------- resuming with other settings
+
+@pytest.fixture
+def stopped_mid_epoch(tmp_path: Path) -> list[str]:
+    """The options of a tiny run stopped by --max_steps 5, in the middle of its first epoch."""
+    data = write_hub_dataset(tmp_path / "data", {"train": synthetic_pairs(300, 1), "validation": synthetic_pairs(8, 2),
+                                                 "test": synthetic_pairs(8, 3)})
+    args = ["--datasource", str(data), "--preset", "tiny", "--batch_tokens", "256", "--num_epochs", "100",
+            "--val_max_sentences", "4", "--model_folder", str(tmp_path / "w"), "--runs_folder", str(tmp_path / "r"),
+            "--store_folder", str(tmp_path / "s")]
+    assert train.main(args + ["--max_steps", "5"]) == 0
+    return args
+
+
+def newest(args: list[str]) -> dict:
+    config = parse_config(args)
+    return load_checkpoint(max(weights_dir(config).glob("ckpt_*.pt")))
+
+
+def test_other_optimizer_settings_on_resume_are_applied_and_logged(stopped_mid_epoch: list[str],
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    capsys.readouterr()
+    changed = ["--lr", "5e-3", "--weight_decay", "0.01", "--adam_beta2", "0.99", "--max_steps", "6"]
+    assert train.main(stopped_mid_epoch + changed) == 0
+    assert ("resuming with changed optimizer settings, applied from here on: --lr 0.003 -> 0.005, "
+            "--weight_decay 0.0 -> 0.01, --adam_beta2 0.98 -> 0.99") in capsys.readouterr().err
+    state = newest(stopped_mid_epoch)
+    config = state["config"]
+    assert (config["lr"], config["weight_decay"], config["adam_beta2"]) == (5e-3, 0.01, 0.99)
+    decay, no_decay = state["optimizer"]["param_groups"]
+    assert decay["betas"] == no_decay["betas"] == (0.9, 0.99)
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.01, 0.0)
+    assert decay["lr"] == pytest.approx(5e-3 * train.lr_factor(6, config, config["max_steps"]))
+
+
+def test_other_accum_steps_mid_epoch_resume_at_the_next_batch(stopped_mid_epoch: list[str],
+                                                             capsys: pytest.CaptureFixture) -> None:
+    capsys.readouterr()
+    assert train.main(stopped_mid_epoch + ["--accum_steps", "2", "--max_steps", "6"]) == 0
+    assert "resuming at batch 5 of epoch 0, now 2 batches per step (--accum_steps 1 -> 2): no batch is skipped " \
+           "or repeated" in capsys.readouterr().err
+    state = newest(stopped_mid_epoch)
+    assert (state["epoch"], state["batches_done"], state["step_in_epoch"]) == (0, 5 + 2, 6)
+    assert state["batch_settings"]["accum_steps"] == 2
+
+
+def test_other_batch_tokens_mid_epoch_resume_at_the_next_epoch(stopped_mid_epoch: list[str],
+                                                              capsys: pytest.CaptureFixture) -> None:
+    capsys.readouterr()
+    assert train.main(stopped_mid_epoch + ["--batch_tokens", "300", "--max_steps", "7"]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: --batch_tokens")]
+    assert warning == ["warning: --batch_tokens 256 -> 300 since the checkpoint changes this epoch's batches; the "
+                       "rest of epoch 0 is skipped and training resumes at the start of epoch 1"]
+    state = newest(stopped_mid_epoch)
+    assert (state["epoch"], state["batches_done"], state["global_step"]) == (1, 2, 7)

@@ -10,20 +10,20 @@ import torch
 import train
 from loss import loss_sum
 from config import get_config
-from dataset import BilingualDataset, load_splits, token_batches
+from dataset import BilingualDataset, token_batches
 from model import build_model
-from synthetic_data import tiny_corpus
+from synthetic_data import synthetic_pairs, tiny_corpus
 from tokenizer import train_tokenizers
 
 
 def test_accumulating_four_micro_batches_equals_one_batch_of_all(tmp_path: Path) -> None:
     """accum 4 x batch b gives the gradient of batch 4b: each micro-batch's summed loss is divided
     by the token count of the whole step, as the training loop does."""
-    config = dict(get_config(), datasource=str(tiny_corpus(tmp_path / "data")), d_model=32, num_heads=2, d_ff=64,
-                  num_layers=2, dropout=0.0, min_frequency=1, seq_len=64)
-    splits = load_splits(config)
-    tok_src, tok_tgt = train_tokenizers(config, lambda: iter(splits["train"]))
-    dataset = BilingualDataset(splits["train"], tok_src, tok_tgt, config["seq_len"])
+    config = dict(get_config(), d_model=32, num_heads=2, d_ff=64, num_layers=2, dropout=0.0, min_frequency=1,
+                  seq_len=64)
+    pairs = synthetic_pairs(300, 1)
+    tok_src, tok_tgt = train_tokenizers(config, lambda: iter(pairs))
+    dataset = BilingualDataset.from_pairs(pairs, tok_src, tok_tgt, config["seq_len"])
     micro = token_batches(dataset.src_lens, dataset.tgt_lens, 120, np.random.default_rng(0))[:4]
     assert len({int(dataset.src_lens[b].max()) for b in micro}) > 1, "micro-batches should pad differently"
     step_tokens = int(sum(dataset.tgt_lens[b].sum() for b in micro))
@@ -64,7 +64,8 @@ def test_bf16_autocast_on_cpu_trains(tmp_path: Path, capsys: pytest.CaptureFixtu
     data = tiny_corpus(tmp_path / "data")
     assert train.main(["--datasource", str(data), "--preset", "tiny", "--amp", "bf16", "--max_steps", "30",
                        "--num_epochs", "100", "--log_every", "5", "--model_folder", str(tmp_path / "w"),
-                       "--runs_folder", str(tmp_path / "r"), "--val_max_sentences", "4"]) == 0
+                       "--runs_folder", str(tmp_path / "r"), "--store_folder", str(tmp_path / "s"),
+                       "--val_max_sentences", "4"]) == 0
     err = capsys.readouterr().err
     assert "autocast bfloat16" in err
     state = torch.load(max((tmp_path / "w").glob("*/ckpt_*.pt")), weights_only=True)

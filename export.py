@@ -1,0 +1,193 @@
+"""Export a checkpoint to a CTranslate2 model directory: `python export.py --quantization int8 --output DIR`.
+
+The checkpoint is found like translate.py finds it (the newest good one of the experiment that
+--datasource and the language pair name, or --checkpoint PATH; --average N averages the N newest
+first). The model is described to CTranslate2 through its own spec API
+(`ctranslate2.specs.TransformerSpec`) and written by a `ctranslate2.converters.Converter`:
+- pre-norm (with the final LayerNorms of encoder and decoder) or post-norm, as trained; ReLU;
+- this model's sinusoidal table, passed row by row (CTranslate2's own table puts all sines before
+  all cosines and starts at position 1; this model interleaves them from position 0);
+- embeddings scaled by sqrt(d_model); LayerNorm epsilon 1e-5, PyTorch's;
+- Q, K and V of self-attention fused in that order, K and V of cross-attention fused, as CTranslate2
+  reads them; the projection with its bias;
+- the special tokens [UNK], [SOS] (the decoder's start, added before every source), [EOS] (added
+  after every source), [PAD] kept at its id; one shared vocabulary or two, and tied embeddings
+  (CTranslate2 stores the shared matrix once);
+- cross-attention returned for the heatmap is the mean over the last layer's heads, as
+  attention_plot.py draws it.
+Every tensor of the checkpoint must find its place: one that does not (a model this exporter does
+not know) is refused in one line naming it. The model's tokenizers and its training config are
+written beside CTranslate2's files (translator.py reads them). `--quantization` takes CTranslate2's
+names: int8, int16, float32, bfloat16.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from atomic_files import atomic_write_bytes
+from checkpoint import CheckpointError, load_for_inference
+from config import build_parser, config_or_exit, weights_dir
+from model import Transformer
+from tokenizer import EOS, SOS, UNK
+from translator import CT2_PROJECT_CONFIG, CT2_SOURCE_TOKENIZER, CT2_TARGET_TOKENIZER, import_ctranslate2
+
+QUANTIZATIONS = ("int8", "int16", "float32", "bfloat16")
+LAYER_NORM_EPSILON = 1e-5  # nn.LayerNorm's default, which model.py uses
+
+
+class ExportError(RuntimeError):
+    """A model that cannot be written as a CTranslate2 model; the message names the key."""
+
+
+def vocabulary(tokenizer: Any) -> list[str]:
+    """Token strings in id order: CTranslate2 maps a token to its position in this list."""
+    return [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())]
+
+
+class TransformerConverter:
+    """Builds the TransformerSpec of a model.py Transformer, tracking which weights it used."""
+
+    def __init__(self, model: Transformer, config: dict[str, Any], tok_src: Any, tok_tgt: Any) -> None:
+        self.model, self.config, self.tok_src, self.tok_tgt = model, config, tok_src, tok_tgt
+        # Every name of every tensor (tied embeddings are one tensor under three names).
+        self.names: dict[int, list[str]] = {}
+        for name, tensor in model.state_dict(keep_vars=True).items():
+            self.names.setdefault(id(tensor), []).append(name)
+        self.used: set[str] = set()
+
+    def tensor(self, parameter: torch.Tensor) -> torch.Tensor:
+        # A copy: CTranslate2 quantizes in place, which would change the model's own weights.
+        self.used.update(self.names.get(id(parameter), []))
+        return parameter.detach().to("cpu", torch.float32, copy=True).contiguous()
+
+    def linear(self, spec: Any, *layers: torch.nn.Linear) -> None:
+        """One Linear, or several stacked along the output rows (fused Q;K;V or K;V)."""
+        spec.weight = torch.cat([self.tensor(layer.weight) for layer in layers])
+        spec.bias = torch.cat([self.tensor(layer.bias) for layer in layers])
+
+    def norm(self, spec: Any, layer_norm: torch.nn.LayerNorm) -> None:
+        spec.gamma, spec.beta = self.tensor(layer_norm.weight), self.tensor(layer_norm.bias)
+
+    def spec(self) -> Any:
+        specs = import_ctranslate2().specs
+        common_spec, transformer_spec = specs.common_spec, specs.transformer_spec
+
+        model, config = self.model, self.config
+        pre_norm = config["norm_first"]
+        encoder = transformer_spec.TransformerEncoderSpec(config["num_layers"], config["num_heads"], pre_norm=pre_norm,
+                                                          activation=common_spec.Activation.RELU)
+        decoder = transformer_spec.TransformerDecoderSpec(config["num_layers"], config["num_heads"], pre_norm=pre_norm,
+                                                          activation=common_spec.Activation.RELU, alignment_layer=-1,
+                                                          alignment_heads=0)  # 0: the mean over all heads
+        spec = transformer_spec.TransformerSpec(encoder, decoder)
+
+        encoder.embeddings[0].weight = self.tensor(model.src_embed.embedding.weight)
+        encoder.scale_embeddings = True  # x sqrt(d_model)
+        encoder.position_encodings.encodings = model.src_pos.pe.detach().clone()
+        if pre_norm:
+            self.norm(encoder.layer_norm, model.encoder.norm)
+        for layer, block in zip(encoder.layer, model.encoder.layers):
+            attention = block.self_attention
+            self.norm(layer.self_attention.layer_norm, block.residual[0].norm)
+            self.linear(layer.self_attention.linear[0], attention.w_q, attention.w_k, attention.w_v)
+            self.linear(layer.self_attention.linear[1], attention.w_o)
+            self.norm(layer.ffn.layer_norm, block.residual[1].norm)
+            self.linear(layer.ffn.linear_0, block.feed_forward.linear_1)
+            self.linear(layer.ffn.linear_1, block.feed_forward.linear_2)
+
+        decoder.embeddings.weight = self.tensor(model.tgt_embed.embedding.weight)
+        decoder.scale_embeddings = True
+        decoder.position_encodings.encodings = model.tgt_pos.pe.detach().clone()
+        if pre_norm:
+            self.norm(decoder.layer_norm, model.decoder.norm)
+        for layer, block in zip(decoder.layer, model.decoder.layers):
+            own, cross = block.self_attention, block.cross_attention
+            self.norm(layer.self_attention.layer_norm, block.residual[0].norm)
+            self.linear(layer.self_attention.linear[0], own.w_q, own.w_k, own.w_v)
+            self.linear(layer.self_attention.linear[1], own.w_o)
+            self.norm(layer.attention.layer_norm, block.residual[1].norm)
+            self.linear(layer.attention.linear[0], cross.w_q)
+            self.linear(layer.attention.linear[1], cross.w_k, cross.w_v)
+            self.linear(layer.attention.linear[2], cross.w_o)
+            self.norm(layer.ffn.layer_norm, block.residual[2].norm)
+            self.linear(layer.ffn.linear_0, block.feed_forward.linear_1)
+            self.linear(layer.ffn.linear_1, block.feed_forward.linear_2)
+        self.linear(decoder.projection, model.projection_layer.proj)
+
+        unused = sorted({name for names in self.names.values() for name in names} - self.used)
+        if unused:
+            raise ExportError(f"cannot represent {unused[0]} in CTranslate2's Transformer (this exporter knows "
+                              f"model.py's blocks only)")
+        spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = UNK, SOS, EOS
+        spec.config.decoder_start_token = SOS
+        spec.config.add_source_bos = spec.config.add_source_eos = True  # sources are [SOS] ... [EOS]
+        spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
+        spec.register_source_vocabulary(vocabulary(self.tok_src))
+        spec.register_target_vocabulary(vocabulary(self.tok_tgt))
+        return spec
+
+
+def export_model(model: Transformer, config: dict[str, Any], tok_src: Any, tok_tgt: Any, output: Path,
+                 quantization: str, checkpoint: str = "") -> Path:
+    """Write `model` as a CTranslate2 model directory at `output` (replacing what is there),
+    with the tokenizers and training config beside it."""
+    if quantization not in QUANTIZATIONS:
+        raise ExportError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+    Converter = import_ctranslate2().converters.Converter
+    spec = TransformerConverter(model, config, tok_src, tok_tgt).spec()
+
+    class SpecConverter(Converter):
+        def _load(self) -> Any:
+            return spec
+
+    output = Path(output)
+    # Written to a sibling folder and swapped in whole: a failed export leaves the old model usable.
+    staging = output.with_name(f".{output.name}.export")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        SpecConverter().convert(str(staging), quantization=quantization, force=True)
+        atomic_write_bytes(staging / CT2_SOURCE_TOKENIZER, tok_src.to_str().encode("utf-8"))
+        atomic_write_bytes(staging / CT2_TARGET_TOKENIZER, tok_tgt.to_str().encode("utf-8"))
+        project = {"checkpoint": checkpoint, "quantization": quantization, "config": config}
+        atomic_write_bytes(staging / CT2_PROJECT_CONFIG, json.dumps(project, indent=1).encode("utf-8"))
+        shutil.rmtree(output, ignore_errors=True)
+        staging.rename(output)
+    except OSError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ExportError(f"cannot write {output}: {error.strerror or error}") from None
+    return output
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser(__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="checkpoint file (default: the newest good one of the experiment)")
+    parser.add_argument("--average", type=int, default=1,
+                        help="average the weights of this many newest checkpoints, ending at --checkpoint")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="int8",
+                        help="weight type in the exported model (default: int8)")
+    parser.add_argument("--output", type=Path, required=True, help="the model directory to write")
+    args = parser.parse_args(argv)
+    config = config_or_exit(args, parser)
+    if args.average < 1:
+        parser.error(f"--average must be at least 1, got {args.average}")
+    try:
+        model, tok_src, tok_tgt, model_config, path = load_for_inference(
+            args.checkpoint, weights_dir(config), torch.device("cpu"), args.average)
+        source = str(path) + (f" (average of {args.average} ending here)" if args.average > 1 else "")
+        output = export_model(model, model_config, tok_src, tok_tgt, args.output, args.quantization, source)
+    except (CheckpointError, ExportError) as error:
+        print(f"export.py: error: {error}", file=sys.stderr)
+        return 1
+    print(f"export.py: wrote {output} ({args.quantization}) from {source}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

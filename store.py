@@ -1,0 +1,311 @@
+"""The data store: each split's sentence pairs and token ids on disk, read by index without loading.
+
+Two layers, each a folder under `store_folder` (default `stores/`), built once and reused by every
+restart, resume and torchrun rank (rank 0 builds, the others wait and map the same files):
+1. The text store: the usable pairs of every split as UTF-8, in one streaming pass over the
+   datasource (dataset.py). A train-only source is carved here (validation and test capped, their
+   source sentences removed from train), and `filter_duplicates` drops repeated training pairs.
+   Keyed by the datasource's fingerprint, the language pair and the carving and filter settings.
+   Tokenizers train on a seeded sample of its train split (`tokenizer_sample`).
+2. The token store: the token ids of the pairs that fit in `seq_len` (`filter_max_length_ratio`
+   drops training pairs whose token lengths differ by more than that ratio). Keyed by the text
+   store, both tokenizers' content hashes, seq_len and that ratio.
+Another datasource, pair, setting or tokenizer gives another key, so a stale store is never read.
+
+Format, as in fairseq's indexed datasets: per split, all source sequences end to end in one flat
+file, all target sequences in another, and an offsets array (2, rows + 1), read through
+np.memmap, so a row costs two slices and nothing is loaded whole. Token ids use the smallest
+unsigned type that holds the vocabulary (uint16 up to 65,536 entries). Chosen over Arrow through
+`datasets` because it needs nothing beside NumPy, its ids are 2 bytes instead of Arrow's 8-byte
+int64 lists, and it is built atomically in a few lines: everything is written into a temporary
+folder with a `meta.json` recording each file's size and sha256, which is renamed into place last.
+A folder whose files are missing or do not match is rebuilt with a one-line message; a build that
+died halfway leaves only a temporary folder, which the next build removes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from atomic_files import atomic_write_bytes, sha256_of
+from dataset import SPLITS, BilingualDataset, DataError, Pair, carve, fits, log, open_source, read_pairs, text_hash
+from tokenizer import tokenizer_hash
+
+STORE_FORMAT = 1
+ENCODE_BATCH = 20_000  # pairs tokenized per call: bounds memory, keeps the tokenizer's threads busy
+
+
+def smallest_id_type(vocab_size: int) -> np.dtype:
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if vocab_size <= np.iinfo(dtype).max + 1:
+            return np.dtype(dtype)
+    raise DataError(f"a vocabulary of {vocab_size} entries does not fit 32-bit ids")
+
+
+class PairWriter:
+    """Appends pairs of sequences (bytes, or arrays of ids) to the flat files of one split."""
+
+    def __init__(self, folder: Path, name: str, dtype: np.dtype) -> None:
+        self.dtype = dtype
+        self.files = [open(folder / f"{name}.{side}.bin", "wb") for side in ("src", "tgt")]
+        self.offsets_path = folder / f"{name}.offsets.npy"
+        self.lengths: list[np.ndarray] = []
+
+    def add(self, sources: Sequence[Any], targets: Sequence[Any]) -> None:
+        """Append rows: UTF-8 bytes (a text store) or lists of token ids (a token store)."""
+        self.lengths.append(np.array([[len(s) for s in sources], [len(t) for t in targets]],
+                                     dtype=np.int64).reshape(2, -1))
+        for handle, sequences in zip(self.files, (sources, targets)):
+            if sequences and isinstance(sequences[0], bytes):
+                handle.write(b"".join(sequences))
+            else:
+                handle.write(np.fromiter(chain.from_iterable(sequences), dtype=self.dtype).tobytes())
+
+    def close(self) -> int:
+        for handle in self.files:
+            handle.close()
+        lengths = np.concatenate(self.lengths, axis=1) if self.lengths else np.zeros((2, 0), dtype=np.int64)
+        offsets = np.zeros((2, lengths.shape[1] + 1), dtype=np.int64)
+        np.cumsum(lengths, axis=1, out=offsets[:, 1:])
+        np.save(self.offsets_path, offsets)
+        return lengths.shape[1]
+
+
+@dataclass
+class PairArrays:
+    """One split's flat files, memory-mapped."""
+
+    src: np.ndarray
+    tgt: np.ndarray
+    offsets: np.ndarray
+
+    @classmethod
+    def open(cls, folder: Path, name: str, dtype: np.dtype) -> "PairArrays":
+        def mapped(path: Path) -> np.ndarray:  # np.memmap refuses empty files
+            return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype=dtype)
+        return cls(mapped(folder / f"{name}.src.bin"), mapped(folder / f"{name}.tgt.bin"),
+                   np.load(folder / f"{name}.offsets.npy", mmap_mode="r"))
+
+    def __len__(self) -> int:
+        return self.offsets.shape[1] - 1
+
+    def text(self, row: int) -> Pair:
+        (s0, t0), (s1, t1) = self.offsets[:, row], self.offsets[:, row + 1]
+        return bytes(self.src[s0:s1]).decode("utf-8"), bytes(self.tgt[t0:t1]).decode("utf-8")
+
+
+class Store:
+    """A built store folder and its meta.json."""
+
+    def __init__(self, folder: Path, meta: dict[str, Any]) -> None:
+        self.folder, self.meta = Path(folder), meta
+
+    @classmethod
+    def open(cls, folder: Path, verify: bool = True) -> "Store | None":
+        """The store at `folder`, or None when there is none; a damaged one is removed, with a
+        one-line message, so that it is rebuilt. `verify` checks every file's sha256 (rank 0 does,
+        the ranks that wait for it need not)."""
+        folder = Path(folder)
+        if not folder.is_dir():
+            return None
+        try:
+            meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+            for name, recorded in meta["files"].items():
+                path = folder / name
+                if path.stat().st_size != recorded["bytes"]:
+                    raise ValueError(f"{name} has {path.stat().st_size} bytes, not {recorded['bytes']}")
+                if verify and sha256_of(path) != recorded["sha256"]:
+                    raise ValueError(f"{name} does not match its sha256")
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            log(f"data store {folder} is damaged ({str(error).splitlines()[0]}); rebuilding it")
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        return cls(folder, meta)
+
+    @classmethod
+    def build(cls, folder: Path, key: dict[str, Any], fill) -> "Store":
+        """Build a store with `fill(temporary_folder) -> meta` and move it into place whole."""
+        folder = Path(folder)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        for stale in folder.parent.glob(f".{folder.name}.tmp*"):
+            shutil.rmtree(stale, ignore_errors=True)  # what a build that died halfway left
+        temporary = folder.with_name(f".{folder.name}.tmp{os.getpid()}")
+        temporary.mkdir()
+        try:
+            meta = {"format": STORE_FORMAT, "key": key, **fill(temporary)}
+            meta["files"] = {path.name: {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
+                             for path in sorted(temporary.iterdir())}
+            atomic_write_bytes(temporary / "meta.json", json.dumps(meta, indent=1).encode("utf-8"))
+            try:
+                temporary.rename(folder)
+            except OSError:  # another process built the same store meanwhile: use it
+                shutil.rmtree(temporary, ignore_errors=True)
+                return cls.open(folder) or cls.build(folder, key, fill)
+        except BaseException:
+            shutil.rmtree(temporary, ignore_errors=True)
+            raise
+        return cls(folder, meta)
+
+
+def _store_folder(config: dict[str, Any], kind: str, key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+    name = os.path.basename(os.path.normpath(config["datasource"])) or "data"
+    return Path(config["store_folder"]) / f"{name}_{config['lang_src']}-{config['lang_tgt']}_{kind}_{digest}"
+
+
+# ---------------------------------------------------------------------------- the text store
+
+class TextStore(Store):
+    """The usable sentence pairs of each split (after carving and filters)."""
+
+    def splits(self) -> list[str]:
+        return [name for name in SPLITS if name in self.meta["splits"]]
+
+    def size(self, split: str) -> int:
+        return self.meta["splits"][split]["pairs"] if split in self.meta["splits"] else 0
+
+    def _split(self, split: str) -> tuple[PairArrays, np.ndarray]:
+        info = self.meta["splits"][split]
+        rows = np.load(self.folder / f"{split}.rows.npy", mmap_mode="r")
+        return PairArrays.open(self.folder, info["raw"], np.dtype(np.uint8)), rows
+
+    def pairs(self, split: str, rows: Sequence[int] | None = None) -> list[Pair]:
+        """The pairs of `split` (or those at `rows` of it): for held-out splits and samples."""
+        if split not in self.meta["splits"]:
+            return []
+        arrays, index = self._split(split)
+        chosen = index if rows is None else index[np.asarray(rows, dtype=np.int64)]
+        return [arrays.text(int(row)) for row in chosen]
+
+    def iter_pairs(self, split: str, chunk: int = ENCODE_BATCH) -> Iterator[list[Pair]]:
+        for start in range(0, self.size(split), chunk):
+            yield self.pairs(split, range(start, min(start + chunk, self.size(split))))
+
+    def tokenizer_sample(self, config: dict[str, Any]) -> Iterator[Pair]:
+        """A seeded sample of at most `tokenizer_max_sentences` training pairs, in corpus order:
+        what the tokenizers are trained on (all of a corpus below the cap)."""
+        n = self.size("train")
+        cap = config["tokenizer_max_sentences"]
+        rows = np.arange(n) if n <= cap else np.sort(np.random.default_rng(config["seed"]).choice(n, cap, False))
+        for start in range(0, len(rows), ENCODE_BATCH):
+            yield from self.pairs("train", rows[start:start + ENCODE_BATCH])
+
+
+def text_store(config: dict[str, Any]) -> TextStore:
+    """The text store of the configured datasource and pair: opened, or built from the datasource."""
+    source = open_source(config["datasource"], f"{config['lang_src']}-{config['lang_tgt']}")
+    if "train" not in source.splits:
+        raise DataError(f"{config['datasource']!r} has no train split (found: {', '.join(source.splits)})")
+    missing = [name for name in ("validation", "test") if name not in source.splits]
+    key = {"format": STORE_FORMAT, "datasource": source.fingerprint, "pair": source.pair,
+           "filter_duplicates": config["filter_duplicates"]}
+    if missing:  # carving settings matter only to a source that is carved
+        key.update({k: config[k] for k in ("seed", "val_fraction", "test_fraction", "val_max_pairs",
+                                           "test_max_pairs")})
+    folder = _store_folder(config, "text", key)
+    store = TextStore.open(folder)
+    if store is None:
+        log(f"building the data store {folder} from {config['datasource']}")
+        store = TextStore.build(folder, key, lambda temporary: _fill_text_store(temporary, source, config, missing))
+    log(f"data store {store.folder}: " + ", ".join(f"{name} {store.size(name)}" for name in store.splits())
+        + " pairs")
+    return store
+
+
+def _fill_text_store(folder: Path, source: Any, config: dict[str, Any], missing: list[str]) -> dict[str, Any]:
+    lang_src, lang_tgt = config["lang_src"], config["lang_tgt"]
+    counts: dict[str, Any] = {}
+    source_hashes: list[np.ndarray] = []
+    pair_hashes: list[np.ndarray] = []
+    for split in [name for name in SPLITS if name in source.splits]:
+        writer = PairWriter(folder, f"raw-{split}", np.dtype(np.uint8))
+        for pairs in read_pairs(source, split, lang_src, lang_tgt):
+            writer.add([s.encode("utf-8") for s, _ in pairs], [t.encode("utf-8") for _, t in pairs])
+            if split == "train":
+                source_hashes.append(np.fromiter((text_hash(s) for s, _ in pairs), np.uint64, len(pairs)))
+                if config["filter_duplicates"]:
+                    pair_hashes.append(np.fromiter((text_hash(s + "\t" + t) for s, t in pairs), np.uint64,
+                                                   len(pairs)))
+        counts[split] = writer.close()
+    if not counts["train"]:
+        raise DataError(f"{config['datasource']!r} has no usable {source.pair} training pairs")
+    rows = {name: np.arange(counts[name]) for name in counts}
+    if missing:
+        rows.update(carve(np.concatenate(source_hashes), config, missing))
+        log(f"split the train split with seed {config['seed']} into "
+            + ", ".join(f"{name} {len(rows[name])}" for name in ["train"] + missing))
+    if config["filter_duplicates"]:
+        train_hashes = np.concatenate(pair_hashes)[rows["train"]]
+        _, first = np.unique(train_hashes, return_index=True)
+        log(f"filter_duplicates: dropped {len(rows['train']) - len(first)} of {len(rows['train'])} training pairs "
+            f"that repeat an earlier pair")
+        rows["train"] = rows["train"][np.sort(first)]
+    splits = {}
+    for name, index in rows.items():
+        np.save(folder / f"{name}.rows.npy", index.astype(np.int64))
+        raw = "raw-train" if name == "train" or name in missing else f"raw-{name}"
+        splits[name] = {"raw": raw, "pairs": len(index)}
+    return {"splits": splits}
+
+
+# ---------------------------------------------------------------------------- the token store
+
+class TokenStore(Store):
+    """The token ids of each split's pairs that fit the model."""
+
+    def dataset(self, split: str) -> BilingualDataset:
+        arrays = PairArrays.open(self.folder, split, np.dtype(self.meta["dtype"]))
+        return BilingualDataset(arrays.src, arrays.tgt, arrays.offsets)
+
+
+def token_store(config: dict[str, Any], text: TextStore, tok_src: Tokenizer, tok_tgt: Tokenizer) -> TokenStore:
+    """The token store of `text` under these tokenizers and seq_len: opened, or built."""
+    key = {"format": STORE_FORMAT, "text": text.folder.name, "source_tokenizer": tokenizer_hash(tok_src),
+           "target_tokenizer": tokenizer_hash(tok_tgt), "seq_len": config["seq_len"],
+           "filter_max_length_ratio": config["filter_max_length_ratio"]}
+    folder = _store_folder(config, "tokens", key)
+    store = TokenStore.open(folder)
+    if store is None:
+        log(f"tokenizing into the data store {folder}")
+        store = TokenStore.build(folder, key, lambda temporary: _fill_token_store(temporary, text, config, tok_src,
+                                                                                  tok_tgt))
+    return store
+
+
+def _fill_token_store(folder: Path, text: TextStore, config: dict[str, Any], tok_src: Tokenizer,
+                      tok_tgt: Tokenizer) -> dict[str, Any]:
+    dtype = smallest_id_type(max(tok_src.get_vocab_size(), tok_tgt.get_vocab_size()))
+    seq_len, ratio = config["seq_len"], config["filter_max_length_ratio"]
+    splits = {}
+    for split in text.splits():
+        writer = PairWriter(folder, split, dtype)
+        too_long = unbalanced = 0
+        for pairs in text.iter_pairs(split):
+            src = [e.ids for e in tok_src.encode_batch([s for s, _ in pairs], add_special_tokens=False)]
+            tgt = [e.ids for e in tok_tgt.encode_batch([t for _, t in pairs], add_special_tokens=False)]
+            keep = []
+            for s, t in zip(src, tgt):
+                if not fits(len(s), len(t), seq_len):
+                    too_long += 1
+                elif split == "train" and ratio and max(len(s), len(t)) > ratio * max(1, min(len(s), len(t))):
+                    unbalanced += 1
+                else:
+                    keep.append((s, t))
+            writer.add([s for s, _ in keep], [t for _, t in keep])
+        kept = writer.close()
+        if too_long:
+            log(f"{split}: dropped {too_long} of {text.size(split)} pairs longer than seq_len {seq_len}")
+        if unbalanced:
+            log(f"filter_max_length_ratio: dropped {unbalanced} training pairs whose token lengths differ by more "
+                f"than {ratio}x")
+        splits[split] = {"pairs": kept, "too_long": too_long, "unbalanced": unbalanced}
+    return {"dtype": dtype.name, "splits": splits}

@@ -1,0 +1,174 @@
+"""export.py and the CTranslate2 engine: an exported model decodes exactly as this project's PyTorch
+decoding does (greedy and beam search, tokens and scores), in every architecture variant; int8 keeps
+most outputs; what cannot be represented is refused; translate.py and evaluate.py run it with
+--engine ctranslate2, and a missing or damaged model directory is one line."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sacrebleu
+import torch
+from torch import nn
+
+import evaluate
+import export
+import translate
+from config import get_config
+from decoding import beam_search, max_output_tokens
+from model import build_transformer
+from synthetic_data import synthetic_pairs
+from tokenizer import EOS_ID, train_tokenizer
+from translator import CTranslate2Translator, DecodingOptions, TorchTranslator
+
+SENTENCES = 80
+
+
+@pytest.fixture(scope="module")
+def toy_sources(toy_translator) -> list[str]:
+    seen = set(toy_translator.train_pairs)
+    return [s for s, t in toy_translator.pairs(200, seed=21) if (s, t) not in seen][:SENTENCES]
+
+
+def export_toy(toy, folder: Path, quantization: str = "float32") -> CTranslate2Translator:
+    config = dict(get_config(), d_model=32, num_layers=1, num_heads=2, d_ff=64, seq_len=toy.seq_len)
+    export.export_model(toy.model, config, toy.tok_src, toy.tok_tgt, folder, quantization)
+    return CTranslate2Translator(folder)
+
+
+def agreement(ours, theirs, tolerance: float = 1e-4) -> tuple[int, int]:
+    """(same best tokens, of those also the same score within `tolerance`)."""
+    same = [(a[0], b[0]) for a, b in zip(ours, theirs) if a[0].text == b[0].text]
+    return len(same), sum(abs(a.score - b.score) <= tolerance for a, b in same)
+
+
+def test_greedy_output_and_scores_equal_pytorch(toy_translator, toy_sources, tmp_path: Path) -> None:
+    ct2 = export_toy(toy_translator, tmp_path / "ct2")
+    ours = toy_translator.translator().translate(toy_sources, DecodingOptions())
+    theirs = ct2.translate(toy_sources, DecodingOptions())
+    assert agreement(ours, theirs) == (SENTENCES, SENTENCES)
+    assert len({len(h[0].text.split()) for h in ours}) >= 5, "outputs of many lengths"
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+@pytest.mark.parametrize("tied", [True, False])
+def test_every_architecture_variant_exports_exactly(tmp_path: Path, norm_first: bool, tied: bool) -> None:
+    """Random weights (outputs of every length up to the limit): pre-norm with its final LayerNorms
+    or post-norm, one tied matrix or three."""
+    torch.manual_seed(1)
+    pairs = synthetic_pairs(200, 1)
+    tokenizer = train_tokenizer([text for pair in pairs for text in pair], "bpe", 90, 1)
+    size = tokenizer.get_vocab_size()
+    model = build_transformer(size, size, 24, 24, d_model=32, N=2, h=4, d_ff=48, dropout=0.0,
+                              norm_first=norm_first, tie_embeddings=tied).eval()
+    with torch.no_grad():
+        model.projection_layer.proj.bias[EOS_ID] = 1.0  # some outputs end early, others run to the limit
+    config = dict(get_config(), d_model=32, num_layers=2, num_heads=4, d_ff=48, seq_len=24, norm_first=norm_first,
+                  tie_embeddings=tied, joint_vocab=True, tokenizer_type="bpe")
+    export.export_model(model, config, tokenizer, tokenizer, tmp_path / "ct2", "float32")
+    sources = [s for s, _ in synthetic_pairs(40, 7)]
+    ours = TorchTranslator(model, tokenizer, tokenizer, config).translate(sources, DecodingOptions())
+    theirs = CTranslate2Translator(tmp_path / "ct2").translate(sources, DecodingOptions())
+    assert agreement(ours, theirs) == (40, 40)
+    assert (tmp_path / "ct2" / "shared_vocabulary.json").is_file()
+
+
+@pytest.mark.parametrize("length_penalty", [1.0, 0.6])
+def test_beam_search_equals_ctranslate2s(toy_translator, toy_sources, tmp_path: Path, length_penalty: float) -> None:
+    """Both define scores as log-probability over length ** length_penalty with [EOS] counted, and
+    finish only an [EOS] among the first beam_size extensions. CTranslate2 stops a sentence once
+    beam_size hypotheses have finished unless `patience` asks for more: with a patience it cannot
+    reach it searches to the end, which this project's search must equal exactly. At its default
+    patience it may stop before finding the best hypothesis: this project's is then never worse."""
+    toy = toy_translator
+    ct2 = export_toy(toy, tmp_path / "ct2")
+    beam = DecodingOptions(beam_size=4, length_penalty=length_penalty)
+    ours = toy.translator().translate(toy_sources, beam)
+    tokens = [e.tokens for e in toy.tok_src.encode_batch(toy_sources, add_special_tokens=False)]
+    exhaustive = [ct2.ct2.translate_batch([t], beam_size=4, length_penalty=length_penalty, patience=1000,
+                                          min_decoding_length=0, return_scores=True,
+                                          max_decoding_length=max_output_tokens(len(t), toy.seq_len))[0]
+                  for t in tokens]
+    for hypotheses, result in zip(ours, exhaustive):
+        assert hypotheses[0].text == toy.tok_tgt.decode([toy.tok_tgt.token_to_id(t) for t in result.hypotheses[0]])
+        assert hypotheses[0].score == pytest.approx(result.scores[0], abs=1e-4)
+    engine = ct2.translate(toy_sources, beam)
+    assert agreement(ours, engine)[0] >= SENTENCES - 4
+    assert all(a[0].score >= b[0].score - 1e-4 for a, b in zip(ours, engine))
+
+
+def test_int8_keeps_most_greedy_outputs(toy_translator, toy_sources, tmp_path: Path) -> None:
+    ct2 = export_toy(toy_translator, tmp_path / "int8", "int8")
+    assert ct2.describe()["quantization"] == "int8"
+    ours = toy_translator.translator().translate_best(toy_sources, DecodingOptions())
+    theirs = ct2.translate_best(toy_sources, DecodingOptions())
+    assert sum(a == b for a, b in zip(ours, theirs)) >= 0.85 * SENTENCES
+    assert (tmp_path / "int8" / "model.bin").stat().st_size < 0.5 * export_toy(
+        toy_translator, tmp_path / "fp32").path.joinpath("model.bin").stat().st_size
+
+
+def test_weights_it_cannot_place_are_refused(toy_translator, tmp_path: Path) -> None:
+    toy = toy_translator
+    model = build_transformer(toy.tok_src.get_vocab_size(), toy.tok_tgt.get_vocab_size(), toy.seq_len, toy.seq_len,
+                              d_model=32, N=1, h=2, d_ff=64)
+    model.decoder.layers[0].gate = nn.Linear(32, 32)  # a block model.py does not have
+    config = dict(get_config(), d_model=32, num_layers=1, num_heads=2, d_ff=64, seq_len=toy.seq_len)
+    with pytest.raises(export.ExportError, match=r"decoder\.layers\.0\.gate\.bias"):
+        export.export_model(model, config, toy.tok_src, toy.tok_tgt, tmp_path / "ct2", "float32")
+    assert not (tmp_path / "ct2").exists()
+
+
+# ---------------------------------------------------------------------------- the programs
+
+@pytest.fixture(scope="module")
+def exported(trained_run, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("exported") / "model"
+    assert export.main(["--datasource", str(trained_run.datasource), "--model_folder", str(trained_run.model_folder),
+                        "--quantization", "float32", "--output", str(folder)]) == 0
+    return folder
+
+
+def run(capsys, main, argv: list[str]) -> tuple[int, list[str], list[str]]:
+    try:
+        code = main(argv)
+    except SystemExit as stop:
+        code = stop.code
+    captured = capsys.readouterr()
+    return code, captured.out.splitlines(), captured.err.strip().splitlines()
+
+
+def test_translate_and_evaluate_with_the_exported_model(trained_run, exported: Path, capsys, tmp_path: Path) -> None:
+    sentences = ["The cat sees the dog.", "The old man reads the red book."]
+    experiment = ["--datasource", str(trained_run.datasource), "--model_folder", str(trained_run.model_folder)]
+    code, pytorch_out, _ = run(capsys, translate.main, experiment + ["--beam_size", "3"] + sentences)
+    assert code == 0
+    code, ct2_out, err = run(capsys, translate.main, ["--engine", "ctranslate2", "--model_dir", str(exported),
+                                                      "--beam_size", "3"] + sentences)
+    assert code == 0 and ct2_out == pytorch_out and err == [f"translate.py: using {exported}"]
+    project = (exported / "project.json").read_text(encoding="utf-8")
+    assert "ckpt_00000060.pt" in project and '"quantization": "float32"' in project
+
+    output = tmp_path / "hypotheses.txt"
+    code, out, err = run(capsys, evaluate.main, ["--datasource", str(trained_run.datasource), "--engine",
+                                                 "ctranslate2", "--model_dir", str(exported), "--output", str(output)])
+    assert code == 0, err
+    references = [t for _, t in synthetic_pairs(16, 3)]  # the fixture's test split
+    assert out[-1] == str(sacrebleu.corpus_bleu(output.read_text(encoding="utf-8").splitlines(), [references]))
+    assert "(ctranslate2)" in out[0]
+
+
+def test_missing_or_damaged_model_directory_is_one_line(exported: Path, tmp_path: Path, capsys) -> None:
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for path in exported.iterdir():
+        (damaged / path.name).write_bytes(path.read_bytes())
+    (damaged / "model.bin").write_bytes((damaged / "model.bin").read_bytes()[:1000])
+    cases = [(["--model_dir", str(tmp_path / "nowhere")], "does not exist"),
+             (["--model_dir", str(damaged)], "cannot load the CTranslate2 model"),
+             ([], "needs --model_dir")]
+    for extra, message in cases:
+        code, out, err = run(capsys, translate.main, ["--engine", "ctranslate2", *extra, "Hello."])
+        assert code == 1 and out == [] and len(err) == 1 and message in err[0], err
+    (damaged / "tokenizer_target.json").unlink()
+    code, out, err = run(capsys, translate.main, ["--engine", "ctranslate2", "--model_dir", str(damaged), "Hello."])
+    assert code == 1 and len(err) == 1 and "not a model directory written by export.py" in err[0]

@@ -1,0 +1,227 @@
+"""store.py: the text and token stores are built once and reused without reading the datasource
+again; carving, held-out overlap and filters are applied and counted; tokenizers see a capped, seeded
+sample of train only; ids use the smallest type and are memory-mapped; a damaged or half-built store
+is rebuilt with one line; another tokenizer, setting or datasource never gets a stale store."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+
+import numpy as np
+import pytest
+
+import dataset
+import store
+from config import get_config
+from store import text_store, token_store
+from synthetic_data import synthetic_pairs, write_hub_dataset
+from tokenizer import UNK_ID, encode_ids, train_tokenizers
+
+
+def numbered_pairs(count: int, prefix: str = "w") -> list[tuple[str, str]]:
+    """Pairs that each carry a word of their own, so leakage of any row is visible."""
+    return [(f"The word {prefix}{i} is here.", f"La parola {prefix}{i} è qui.") for i in range(count)]
+
+
+def config_for(folder: Path, tmp_path: Path, **overrides) -> dict:
+    return {**get_config(), "datasource": str(folder), "min_frequency": 1, "seq_len": 32,
+            "store_folder": str(tmp_path / "stores"), **overrides}
+
+
+@pytest.fixture
+def train_only(tmp_path: Path) -> Path:
+    return write_hub_dataset(tmp_path / "data", {"train": numbered_pairs(200)})
+
+
+# ---------------------------------------------------------------------------- the text store
+
+def test_a_train_only_source_is_carved_once_by_seed(train_only: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    store = text_store(config_for(train_only, tmp_path, seed=1))
+    assert "split the train split with seed 1 into train 180, validation 10, test 10" in capsys.readouterr().err
+    parts = {name: store.pairs(name) for name in store.splits()}
+    assert sorted(sum(parts.values(), [])) == sorted(numbered_pairs(200))  # a partition
+    again = text_store(config_for(train_only, tmp_path, seed=1))
+    assert again.folder == store.folder and again.pairs("validation") == parts["validation"]
+    assert "building" not in capsys.readouterr().err
+    other = text_store(config_for(train_only, tmp_path, seed=2))
+    assert other.folder != store.folder and other.pairs("validation") != parts["validation"]
+    capped = text_store(config_for(train_only, tmp_path, seed=1, val_fraction=0.2, val_max_pairs=7))
+    assert (capped.size("train"), capped.size("validation"), capped.size("test")) == (183, 7, 10)
+
+
+def test_a_missing_test_split_is_carved_from_train_only(tmp_path: Path) -> None:
+    validation = numbered_pairs(5, "v")
+    folder = write_hub_dataset(tmp_path / "data", {"train": numbered_pairs(100), "validation": validation})
+    store = text_store(config_for(folder, tmp_path))
+    assert store.pairs("validation") == validation
+    assert store.size("test") == 5 and store.size("train") == 95
+    assert not set(store.pairs("test")) & set(store.pairs("train"))
+
+
+def test_held_out_source_sentences_leave_train(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """opus_books repeats sentences: a carved-out sentence's twins must not stay in train."""
+    pairs = [(f"Sentence {i % 50}.", f"Frase {i}.") for i in range(400)]
+    folder = write_hub_dataset(tmp_path / "data", {"train": pairs})
+    store = text_store(config_for(folder, tmp_path, val_fraction=0.05, test_fraction=0.05))
+    held_out = {s for s, _ in store.pairs("validation") + store.pairs("test")}
+    train_sources = {s for s, _ in store.pairs("train")}
+    assert held_out and not held_out & train_sources
+    removed = 360 - store.size("train")
+    assert removed > 0 and f"removed {removed} training pairs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source", ["train only", "three splits"])
+def test_tokenizers_never_see_validation_or_test(tmp_path: Path, source: str) -> None:
+    if source == "train only":
+        folder = write_hub_dataset(tmp_path / "data", {"train": numbered_pairs(200)})  # 5% + 5% held out
+    else:
+        folder = write_hub_dataset(tmp_path / "data", {"train": numbered_pairs(80), "validation": numbered_pairs(
+            10, "v"), "test": numbered_pairs(10, "t")})
+    config = config_for(folder, tmp_path)
+    store = text_store(config)
+    tok_src, tok_tgt = train_tokenizers(config, lambda: store.tokenizer_sample(config))
+    held_out = {s.split()[2] for s, _ in store.pairs("validation") + store.pairs("test")}
+    assert len(held_out) == 20
+    for word in held_out:
+        assert encode_ids(tok_src, word) == [UNK_ID] and encode_ids(tok_tgt, word) == [UNK_ID]
+    for source_text, _ in store.pairs("train")[:5]:
+        assert UNK_ID not in encode_ids(tok_src, source_text)
+
+
+def test_tokenizer_sample_is_capped_and_seeded(train_only: Path, tmp_path: Path) -> None:
+    config = config_for(train_only, tmp_path, tokenizer_max_sentences=40)
+    store = text_store(config)
+    sample = list(store.tokenizer_sample(config))
+    assert len(sample) == 40 and len(set(sample)) == 40 and set(sample) <= set(store.pairs("train"))
+    assert list(store.tokenizer_sample(config)) == sample
+    assert list(store.tokenizer_sample({**config, "seed": 7})) != sample
+    assert len(list(store.tokenizer_sample({**config, "tokenizer_max_sentences": 10_000}))) == store.size("train")
+
+
+def test_filters_are_off_by_default_and_counted_when_on(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    pairs = synthetic_pairs(100, 1)
+    noisy = pairs + pairs[:30] + [("Yes.", "Sì " * 20 + "."), ("No.", "No.")]
+    folder = write_hub_dataset(tmp_path / "data", {"train": noisy, "validation": pairs[:5], "test": pairs[:5]})
+    plain = text_store(config_for(folder, tmp_path))
+    assert plain.size("train") == 132
+    assert "filter_" not in capsys.readouterr().err
+    config = config_for(folder, tmp_path, filter_duplicates=True, filter_max_length_ratio=3.0)
+    deduplicated = text_store(config)
+    unique = len(set(noisy))
+    assert deduplicated.size("train") == unique
+    assert f"filter_duplicates: dropped {132 - unique} of 132 training pairs" in capsys.readouterr().err
+    tok_src, tok_tgt = train_tokenizers(config, lambda: deduplicated.tokenizer_sample(config))
+    tokens = token_store(config, deduplicated, tok_src, tok_tgt)
+    assert len(tokens.dataset("train")) == unique - 1  # "Yes." -> 21 tokens is dropped
+    assert "filter_max_length_ratio: dropped 1 training pairs" in capsys.readouterr().err
+    assert len(token_store({**config, "filter_max_length_ratio": 0.0}, deduplicated, tok_src, tok_tgt)
+               .dataset("train")) == unique
+
+
+# ---------------------------------------------------------------------------- the token store
+
+@pytest.fixture
+def built(train_only: Path, tmp_path: Path):
+    config = config_for(train_only, tmp_path)
+    text = text_store(config)
+    tok_src, tok_tgt = train_tokenizers(config, lambda: text.tokenizer_sample(config))
+    return config, text, tok_src, tok_tgt, token_store(config, text, tok_src, tok_tgt)
+
+
+def test_rows_are_the_pairs_token_ids_memory_mapped_in_the_smallest_type(built, tmp_path: Path) -> None:
+    config, text, tok_src, tok_tgt, tokens = built
+    assert tok_tgt.get_vocab_size() <= 256 and tokens.meta["dtype"] == "uint8"
+    train = tokens.dataset("train")
+    assert isinstance(train.src_ids, np.memmap) and train.src_ids.dtype == np.uint8
+    assert len(train) == text.size("train")
+    for row, (source, target) in zip([0, 7, 179], text.pairs("train", [0, 7, 179])):
+        src, tgt = train[row]
+        assert src.tolist() == encode_ids(tok_src, source) and tgt.tolist() == encode_ids(tok_tgt, target)
+    larger = {**config, "datasource": str(write_hub_dataset(tmp_path / "larger", {"train": numbered_pairs(400)}))}
+    larger_text = text_store(larger)
+    larger_tokenizers = train_tokenizers(larger, lambda: larger_text.tokenizer_sample(larger))
+    assert larger_tokenizers[1].get_vocab_size() > 256
+    wide = token_store(larger, larger_text, *larger_tokenizers)
+    assert wide.meta["dtype"] == "uint16" and wide.dataset("train").tgt_ids.dtype == np.uint16
+
+
+def test_pairs_too_long_are_dropped_and_counted(built, capsys: pytest.CaptureFixture) -> None:
+    config, text, tok_src, tok_tgt, _ = built
+    tokens = token_store({**config, "seq_len": 7}, text, tok_src, tok_tgt)  # "The word wN is here." is 6 + 2
+    assert len(tokens.dataset("train")) == 0
+    assert f"train: dropped {text.size('train')} of {text.size('train')} pairs longer than seq_len 7" \
+        in capsys.readouterr().err
+
+
+def test_stores_are_reused_without_reading_or_tokenizing_again(built, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture) -> None:
+    config, text, tok_src, tok_tgt, tokens = built
+
+    def no_reading(self, split):
+        raise AssertionError("the datasource was read again")
+
+    def no_tokenizing(*args):
+        raise AssertionError("the pairs were tokenized again")
+
+    monkeypatch.setattr(dataset.Source, "rows", no_reading)
+    monkeypatch.setattr(store, "_fill_token_store", no_tokenizing)
+    capsys.readouterr()
+    again = token_store(config, text_store(config), tok_src, tok_tgt)
+    assert again.folder == tokens.folder
+    assert "building" not in capsys.readouterr().err
+
+
+def test_another_tokenizer_datasource_or_seq_len_gets_another_store(built, tmp_path: Path) -> None:
+    config, text, tok_src, tok_tgt, tokens = built
+    other_tokenizers = train_tokenizers({**config, "tokenizer_type": "bpe", "vocab_size": 60},
+                                        lambda: text.tokenizer_sample(config))
+    assert token_store(config, text, *other_tokenizers).folder != tokens.folder
+    assert token_store({**config, "seq_len": 64}, text, tok_src, tok_tgt).folder != tokens.folder
+    write_hub_dataset(Path(config["datasource"]), {"train": numbered_pairs(150)})  # the data changed
+    changed = text_store(config)
+    assert changed.folder != text.folder and changed.size("train") + changed.size("validation") \
+        + changed.size("test") == 150
+
+
+def test_a_damaged_store_is_rebuilt_with_one_line(built, capsys: pytest.CaptureFixture) -> None:
+    config, text, tok_src, tok_tgt, tokens = built
+    expected = [ids.tolist() for ids in tokens.dataset("train")[5]]
+    damaged = tokens.folder / "train.src.bin"
+    data = bytearray(damaged.read_bytes())
+    data[10] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    capsys.readouterr()
+    rebuilt = token_store(config, text, tok_src, tok_tgt)
+    lines = [line for line in capsys.readouterr().err.splitlines() if " is damaged (" in line]
+    assert len(lines) == 1 and "train.src.bin does not match its sha256" in lines[0]
+    assert [ids.tolist() for ids in rebuilt.dataset("train")[5]] == expected
+    (text.folder / "meta.json").unlink()  # a text store cut short
+    assert text_store(config).pairs("validation") == text.pairs("validation")
+    assert " is damaged (" in capsys.readouterr().err
+
+
+def test_a_half_built_store_is_never_used_and_is_cleared(train_only: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    config = config_for(train_only, tmp_path)
+    stores = Path(config["store_folder"])
+    original = dataset.Source.rows
+
+    def dies_halfway(self, split):
+        yield next(original(self, split))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dataset.Source, "rows", dies_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        text_store(config)
+    assert not list(stores.iterdir()), "an interrupted build leaves nothing behind"
+    monkeypatch.setattr(dataset.Source, "rows", original)
+    built = text_store(config)
+    shutil.rmtree(built.folder)
+    leftover = built.folder.with_name(f".{built.folder.name}.tmp99")  # what a build killed by SIGKILL leaves
+    leftover.mkdir()
+    (leftover / "raw-train.src.bin").write_bytes(b"partial")
+    rebuilt = text_store(config)
+    assert [p.name for p in stores.iterdir()] == [rebuilt.folder.name]
+    assert rebuilt.pairs("train") == built.pairs("train")
