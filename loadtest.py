@@ -186,7 +186,8 @@ def load_sentences(args: argparse.Namespace, config: dict[str, Any]) -> list[str
             raise DataError(f"cannot read --text_file {args.text_file}: {getattr(error, 'strerror', None) or error}") \
                 from None
     else:
-        lines = [source for source, _ in load_eval_pairs(config["datasource"], args.split, config)]
+        pairs = load_eval_pairs(config["datasource"], args.split, config, config["store_folder"])
+        lines = [source for source, _ in pairs]
     sentences = [line.strip() for line in lines if line.strip() and len(line.strip()) <= config["serve_max_chars"]]
     if not sentences:
         raise DataError(f"no sentences of at most {config['serve_max_chars']} characters to send")
