@@ -189,7 +189,7 @@ def check_sentence(text: Any, name: str, max_chars: int) -> str:
         raise ApiError(400, f"{name} is {len(text)} characters long; the limit is {max_chars} (serve_max_chars)")
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate written as a \\ud800 escape
+    except UnicodeEncodeError:  # a lone surrogate, sent as a \ud800 escape
         raise ApiError(400, f"{name} is not valid Unicode (a lone surrogate)") from None
     return text.strip()
 
