@@ -89,6 +89,13 @@ def get_config() -> dict[str, Any]:
         "keep_checkpoints": 3,
         "save_every_steps": 0,  # also checkpoint every N optimizer steps; 0 = epoch ends only
         "log_every": 20,
+        # serving (serve.py): limits on one request, and how concurrent requests are batched
+        "serve_max_sentences": 32,  # sentences in one request
+        "serve_max_chars": 1000,  # characters in one sentence
+        "serve_max_body_bytes": 65536,  # a larger request body gets 413
+        "serve_max_beam_size": 8,  # largest beam_size a request may ask for
+        "serve_batch_sentences": 64,  # sentences decoded together, gathered from concurrent requests
+        "serve_batch_wait_ms": 10,  # how long a batch waits for more requests once its first has arrived
     }
 
 
@@ -279,6 +286,12 @@ def validate_config(config: dict[str, Any]) -> None:
         raise ConfigError(f"--length_penalty must not be negative, got {config['length_penalty']}")
     if not config["datasource"]:
         raise ConfigError("--datasource must name a Hub dataset or a local folder")
+    for key in ("serve_max_sentences", "serve_max_chars", "serve_max_body_bytes", "serve_max_beam_size",
+                "serve_batch_sentences"):
+        if config[key] < 1:
+            raise ConfigError(f"--{key} must be at least 1, got {config[key]}")
+    if config["serve_batch_wait_ms"] < 0:
+        raise ConfigError(f"--serve_batch_wait_ms must not be negative, got {config['serve_batch_wait_ms']}")
 
 
 def experiment_name(config: dict[str, Any]) -> str:

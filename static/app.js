@@ -1,0 +1,127 @@
+// The translation page: asks serve.py's JSON API and draws what it answers; no build step.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+
+// Viridis, as attention_plot.py draws the same heatmap, from 0 to 1.
+const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+
+function color(weight) {
+  const x = Math.min(Math.max(weight, 0), 1) * (VIRIDIS.length - 1);
+  const i = Math.min(Math.floor(x), VIRIDIS.length - 2);
+  const [a, b] = [VIRIDIS[i], VIRIDIS[i + 1]];
+  const rgb = a.map((channel, c) => Math.round(channel + (b[c] - channel) * (x - i)));
+  return `rgb(${rgb.join(", ")})`;
+}
+
+// A request to the server; a refusal throws an Error with the server's own message.
+async function api(path, body) {
+  const headers = {"Content-Type": "application/json"};
+  const key = $("key").value.trim();
+  if (key) headers.Authorization = `Bearer ${key}`;
+  const init = body === undefined ? {headers} : {method: "POST", headers, body: JSON.stringify(body)};
+  const response = await fetch(path, init);
+  const data = await response.json().catch(() => null);
+  if (!response.ok) {
+    if (response.status === 401) $("key-box").hidden = false;
+    throw new Error(data && data.error ? data.error : `${response.status} ${response.statusText}`);
+  }
+  return data;
+}
+
+function showError(message) {
+  $("error").textContent = message;
+  $("error").hidden = message === "";
+}
+
+async function loadModel() {
+  try {
+    const health = await api("/health");
+    const checkpoint = health.checkpoint || health.model;
+    $("model").textContent = `${checkpoint.split("/").pop()} · ${health.engine}`;
+    $("model").title = health.source;
+    const beam = $("beam");
+    beam.replaceChildren(...Array.from({length: health.limits.serve_max_beam_size}, (_, i) => new Option(i + 1)));
+    beam.value = health.beam_size;
+    return true;
+  } catch (error) {
+    $("model").textContent = "Model unknown";
+    showError(error.message);
+    return false;
+  }
+}
+
+function showTranslations(sources, translations) {
+  $("translations").replaceChildren(...translations.map((text, i) => {
+    const item = document.createElement("li");
+    const source = document.createElement("span");
+    source.className = "source";
+    source.textContent = sources[i];
+    const target = document.createElement("span");
+    target.className = "target";
+    target.textContent = text;
+    item.append(source, target);
+    return item;
+  }));
+  $("result").hidden = false;
+}
+
+function header(text, className) {
+  const cell = document.createElement("th");
+  cell.className = className;
+  const label = document.createElement("span");
+  label.textContent = text;
+  cell.append(label);
+  return cell;
+}
+
+function showHeatmap({source_tokens: sources, output_tokens: outputs, weights}) {
+  const head = document.createElement("tr");
+  head.append(document.createElement("th"), ...sources.map((token) => header(token, "source-token")));
+  const rows = outputs.map((token, i) => {
+    const row = document.createElement("tr");
+    row.append(header(token, "output-token"), ...weights[i].map((weight, j) => {
+      const cell = document.createElement("td");
+      cell.style.background = color(weight);
+      cell.title = `${token} → ${sources[j]}: ${weight.toFixed(3)}`;
+      return cell;
+    }));
+    return row;
+  });
+  const table = $("heatmap");
+  table.replaceChildren(document.createElement("thead"), document.createElement("tbody"));
+  table.tHead.append(head);
+  table.tBodies[0].append(...rows);
+  $("attention").hidden = false;
+}
+
+async function translate(event) {
+  event.preventDefault();
+  const text = $("source").value;
+  const lines = text.split("\n").filter((line) => line.trim() !== "");
+  // Nothing to send is still sent: the server says what is wrong with it.
+  const sentences = lines.length ? lines : [text];
+  const button = $("translate");
+  button.disabled = true;
+  button.textContent = "Translating…";
+  showError("");
+  try {
+    const {translations} = await api("/translate", {text: sentences, beam_size: Number($("beam").value)});
+    showTranslations(sentences, translations);
+    showHeatmap(await api("/attention", {text: sentences[0]}));
+    if ($("model").textContent === "Model unknown") await loadModel();
+  } catch (error) {
+    $("result").hidden = true;
+    $("attention").hidden = true;
+    showError(`The server refused this: ${error.message}`);
+  } finally {
+    button.disabled = false;
+    button.textContent = "Translate";
+  }
+}
+
+$("form").addEventListener("submit", translate);
+$("source").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) $("form").requestSubmit();
+});
+loadModel();

@@ -1,0 +1,314 @@
+"""serve.py: translations over HTTP from real server processes; every bad request gets a 4xx JSON
+error naming the problem; concurrent requests are decoded together, beam sizes apart; a failing
+decode leaves the batching worker running; an API key off loopback; a float32 export served by
+the CTranslate2 engine translates as the PyTorch engine does; clean exits on SIGINT and SIGTERM;
+one line and a non-zero exit for a server that cannot start."""
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import export
+from config import get_config
+from loadtest import ROOT, ServerProcess
+from serve import ApiError, Batcher
+from translator import DecodingOptions, TorchTranslator
+
+SENTENCES = ["The cat sees the dog.", "The old man reads a book.", "The small fish eats bread.",
+             "The red house.", "A black dog loves the white cat.", "The big dog eats the fish.",
+             "The man sees the house.", "The cat reads."]
+LIMITS = ["--serve_max_sentences", "4", "--serve_max_chars", "80", "--serve_max_body_bytes", "2048",
+          "--serve_max_beam_size", "3"]
+KEY = "test-key-0123456789"
+AUTHORIZED = {"Authorization": f"Bearer {KEY}"}
+
+
+def call(port: int, method: str, path: str, body: Any = None, headers: dict[str, str] | None = AUTHORIZED,
+         raw: bytes | None = None, chunked: bool = False) -> tuple[int, dict[str, Any]]:
+    """(status, JSON answer) of one request with the key (unless `headers` says otherwise); `body`
+    is sent as JSON, `raw` as it is."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+    if chunked:
+        connection.request(method, path, iter([data[i:i + 500] for i in range(0, len(data), 500)]), headers or {},
+                           encode_chunked=True)
+    else:
+        connection.request(method, path, data, headers or {})
+    response = connection.getresponse()
+    answer = json.loads(response.read())
+    connection.close()
+    return response.status, answer
+
+
+def no_traceback(server: ServerProcess) -> bool:
+    return not any("Traceback" in line for line in server.log)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(trained_run) -> Path:
+    return trained_run.latest()[0]
+
+
+@pytest.fixture(scope="module")
+def translator(checkpoint: Path) -> TorchTranslator:
+    return TorchTranslator.load(checkpoint, checkpoint.parent, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
+    """One server for the API tests, bound to 0.0.0.0 and so needing the key, which comes from
+    --api_key_file (it wins over the environment); reached here through 127.0.0.1. Requests that
+    arrive within 200 ms of each other are batched."""
+    key_file = tmp_path_factory.mktemp("key") / "key"
+    key_file.write_text(KEY + "\n")
+    with ServerProcess(["--checkpoint", str(checkpoint), "--api_key_file", str(key_file), "--serve_batch_wait_ms",
+                        "200", *LIMITS], host="0.0.0.0", env=dict(os.environ, TRANSLATE_API_KEY="environment-key")) \
+            as process:
+        yield process
+
+
+def health(port: int, headers: dict[str, str] | None = AUTHORIZED) -> dict[str, Any]:
+    status, answer = call(port, "GET", "/health", headers=headers)
+    assert status == 200, answer
+    return answer
+
+
+def test_translate(server: ServerProcess, translator: TorchTranslator) -> None:
+    status, answer = call(server.port, "POST", "/translate", {"text": SENTENCES[:3]})
+    assert status == 200
+    assert answer == {"translations": translator.translate_best(SENTENCES[:3], DecodingOptions())}
+    status, answer = call(server.port, "POST", "/translate", {"text": SENTENCES[:3], "beam_size": 3})
+    assert status == 200
+    assert answer == {"translations": translator.translate_best(SENTENCES[:3], DecodingOptions(beam_size=3))}
+
+
+def test_health_names_the_model(server: ServerProcess, checkpoint: Path) -> None:
+    answer = health(server.port)
+    assert answer["status"] == "ok" and answer["engine"] == "pytorch"
+    assert answer["checkpoint"] == answer["model"] == answer["source"] == str(checkpoint)
+    assert answer["seq_len"] == 64 and answer["beam_size"] == 1
+    assert answer["limits"]["serve_max_sentences"] == 4 and answer["limits"]["serve_batch_wait_ms"] == 200
+
+
+def test_attention(server: ServerProcess, translator: TorchTranslator) -> None:
+    status, answer = call(server.port, "POST", "/attention", {"text": SENTENCES[0]})
+    assert status == 200
+    expected = translator.cross_attention(SENTENCES[0])
+    assert answer["source_tokens"] == expected.source_tokens and answer["output_tokens"] == expected.output_tokens
+    assert len(answer["weights"]) == len(answer["output_tokens"])
+    for row in answer["weights"]:
+        assert len(row) == len(answer["source_tokens"]) and sum(row) == pytest.approx(1, abs=1e-4)
+
+
+BAD_REQUESTS = [
+    # (path, body as JSON or raw bytes, status, what the error must say)
+    ("/translate", b'{"text": ["The cat."', 400, "not valid JSON"),
+    ("/translate", b'{"text": ["caf\xe9"]}', 400, "not valid JSON"),
+    ("/translate", b"[" * 1500, 400, "not valid JSON"),
+    ("/translate", [SENTENCES[0]], 400, "must be a JSON object with the field 'text', got a list"),
+    ("/translate", {}, 400, "missing field 'text'"),
+    ("/translate", {"text": SENTENCES[0]}, 400, "'text' must be a list of strings, got a string"),
+    ("/translate", {"text": []}, 400, "'text' is an empty list"),
+    ("/translate", {"text": [SENTENCES[0], 7]}, 400, "sentence 2 of 'text' must be a string, got a number"),
+    ("/translate", {"text": [SENTENCES[0], " \t "]}, 400, "sentence 2 of 'text' is empty"),
+    ("/translate", {"text": SENTENCES[:5]}, 400, "'text' has 5 sentences; the limit is 4"),
+    ("/translate", {"text": ["a" * 81]}, 400, "sentence 1 of 'text' is 81 characters long; the limit is 80"),
+    ("/translate", b'{"text": ["\\ud800"]}', 400, "sentence 1 of 'text' is not valid Unicode"),
+    ("/translate", {"text": [SENTENCES[0]], "beam_size": "2"}, 400, "'beam_size' must be an integer, got a string"),
+    ("/translate", {"text": [SENTENCES[0]], "beam_size": 2.0}, 400, "'beam_size' must be an integer, got a number"),
+    ("/translate", {"text": [SENTENCES[0]], "beam_size": True}, 400, "'beam_size' must be an integer, got a boolean"),
+    ("/translate", {"text": [SENTENCES[0]], "beam_size": 0}, 400, "'beam_size' must be from 1 to 3"),
+    ("/translate", {"text": [SENTENCES[0]], "beam_size": 4}, 400, "'beam_size' must be from 1 to 3"),
+    ("/translate", {"text": [SENTENCES[0]], "beam": 2}, 400, "unknown field 'beam'"),
+    ("/translate", {"text": ["x" * 60] * 40}, 413, "the request body is 2570 bytes; the limit is 2048"),
+    ("/attention", {"text": [SENTENCES[0]]}, 400, "'text' must be a string, got a list"),
+    ("/attention", {"text": ""}, 400, "'text' is empty"),
+    ("/attention", {"text": SENTENCES[0], "beam_size": 2}, 400, "unknown field 'beam_size'"),
+]
+
+
+@pytest.mark.parametrize("path, body, status, message", BAD_REQUESTS,
+                         ids=[f"{path}-{message[:30]}" for path, _, _, message in BAD_REQUESTS])
+def test_bad_request_gets_a_json_error(server: ServerProcess, path: str, body: Any, status: int,
+                                       message: str) -> None:
+    raw = body if isinstance(body, bytes) else None
+    got, answer = call(server.port, "POST", path, None if raw else body, raw=raw)
+    assert (got, list(answer)) == (status, ["error"])
+    assert message in answer["error"]
+    assert no_traceback(server)
+
+
+def test_body_over_the_limit_without_a_length(server: ServerProcess) -> None:
+    """A chunked body has no Content-Length to check first: it is cut off as it arrives."""
+    status, answer = call(server.port, "POST", "/translate", {"text": ["x" * 60] * 40}, chunked=True)
+    assert status == 413 and "over the limit of 2048 bytes" in answer["error"]
+
+
+def test_unknown_path_and_method(server: ServerProcess) -> None:
+    assert call(server.port, "GET", "/translate") == (405, {"error": "GET /translate: Method Not Allowed"})
+    assert call(server.port, "GET", "/nowhere") == (404, {"error": "GET /nowhere: Not Found"})
+
+
+def burst(port: int, bodies: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    """Send all `bodies` to POST /translate at once, one thread each."""
+    answers: list[Any] = [None] * len(bodies)
+    start = threading.Barrier(len(bodies))
+
+    def send(index: int) -> None:
+        start.wait()
+        answers[index] = call(port, "POST", "/translate", bodies[index])
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return answers
+
+
+def test_concurrent_requests_are_decoded_together(server: ServerProcess, translator: TorchTranslator) -> None:
+    before = health(server.port)["batching"]
+    requests = [[SENTENCES[i], SENTENCES[(i + 3) % 8]] for i in range(8)]
+    answers = burst(server.port, [{"text": sentences} for sentences in requests])
+    expected = dict(zip(SENTENCES, translator.translate_best(SENTENCES, DecodingOptions())))
+    assert answers == [(200, {"translations": [expected[s] for s in sentences]}) for sentences in requests]
+    after = health(server.port)["batching"]
+    assert after["requests"] - before["requests"] == 8 and after["sentences"] - before["sentences"] == 16
+    # One decoding call for the burst; two if the machine was too busy to deliver all within 200 ms.
+    assert after["decoding_calls"] - before["decoding_calls"] <= 2
+    assert after["largest_batch"] >= 8
+
+
+def test_beam_sizes_decode_apart(server: ServerProcess, translator: TorchTranslator) -> None:
+    before = health(server.port)["batching"]
+    bodies = [{"text": [SENTENCES[i]], "beam_size": 1 + i % 2} for i in range(6)]
+    answers = burst(server.port, bodies)
+    for body, answer in zip(bodies, answers):
+        options = DecodingOptions(beam_size=body["beam_size"])
+        assert answer == (200, {"translations": translator.translate_best(body["text"], options)})
+    calls = health(server.port)["batching"]["decoding_calls"] - before["decoding_calls"]
+    assert 2 <= calls <= 3
+
+
+def test_a_failing_decode_does_not_stop_the_worker() -> None:
+    """The decode call raises once (as a model error would): that batch's requests get a 500 JSON
+    error and the next request is translated."""
+    calls = []
+
+    def decode(sentences: list[str], options: DecodingOptions) -> list[str]:
+        calls.append(sentences)
+        if len(calls) == 1:
+            raise RuntimeError("out of memory")
+        return [s.upper() for s in sentences]
+
+    async def scenario() -> None:
+        with ThreadPoolExecutor(1) as executor:
+            batcher = Batcher(decode, executor, max_sentences=8, wait_s=0.0)
+            with pytest.raises(ApiError) as failed:  # and not a request that waits for ever
+                await asyncio.wait_for(batcher.translate(["one"], DecodingOptions()), 10)
+            assert failed.value.status == 500
+            assert failed.value.message == "translation failed: RuntimeError: out of memory"
+            translated = await asyncio.wait_for(batcher.translate(["two", "three"], DecodingOptions()), 10)
+            assert translated == ["TWO", "THREE"]
+            assert not batcher.worker.done()
+            batcher.worker.cancel()
+
+    asyncio.run(scenario())
+    assert calls == [["one"], ["two", "three"]]
+
+
+def test_api_key(server: ServerProcess) -> None:
+    for headers in (None, {"Authorization": "Bearer environment-key"}, {"Authorization": KEY},
+                    {"Authorization": f"Bearer {KEY}x"}):
+        for method, path, body in (("POST", "/translate", {"text": [SENTENCES[0]]}),
+                                   ("POST", "/attention", {"text": SENTENCES[0]}), ("GET", "/health", None)):
+            status, answer = call(server.port, method, path, body, headers=headers)
+            assert status == 401 and "missing or wrong API key" in answer["error"], (headers, path)
+
+
+def stops_cleanly(server: ServerProcess, sig: int) -> None:
+    start = time.monotonic()
+    assert server.stop(sig) == 0
+    assert time.monotonic() - start < 5
+    assert server.log[-1] == "serve.py: stopped" and no_traceback(server)
+
+
+def test_key_from_the_environment_on_loopback_and_sigint(checkpoint: Path) -> None:
+    """A key that is set is asked for on loopback too; Ctrl-C stops the server promptly, with exit
+    code 0 and no traceback."""
+    server = ServerProcess(["--checkpoint", str(checkpoint)], env=dict(os.environ, TRANSLATE_API_KEY=KEY))
+    try:
+        assert call(server.port, "GET", "/health", headers=None)[0] == 401
+        assert health(server.port)["checkpoint"] == str(checkpoint)
+        assert call(server.port, "POST", "/translate", {"text": [SENTENCES[0]]})[0] == 200
+        stops_cleanly(server, signal.SIGINT)
+    finally:
+        server.stop()
+
+
+def test_ctranslate2_engine_and_sigterm(checkpoint: Path, translator: TorchTranslator, tmp_path: Path) -> None:
+    """A float32 export served with --engine ctranslate2 translates greedily as the PyTorch engine
+    does; SIGTERM stops it promptly, with exit code 0 and no traceback. (Beam search is not
+    compared: CTranslate2 stops a sentence once beam_size hypotheses have ended, decoding.py only
+    when no open one can beat them, so the two may pick different translations.)"""
+    model_dir = tmp_path / "ct2"
+    assert export.main(["--checkpoint", str(checkpoint), "--quantization", "float32", "--output", str(model_dir)]) == 0
+    server = ServerProcess(["--engine", "ctranslate2", "--model_dir", str(model_dir)],
+                           env={name: value for name, value in os.environ.items() if name != "TRANSLATE_API_KEY"})
+    try:
+        answer = health(server.port)
+        assert (answer["engine"], answer["model"], answer["checkpoint"]) == ("ctranslate2", str(model_dir),
+                                                                             str(checkpoint))
+        status, answer = call(server.port, "POST", "/translate", {"text": SENTENCES})
+        assert (status, answer) == (200, {"translations": translator.translate_best(SENTENCES, DecodingOptions())})
+        status, answer = call(server.port, "POST", "/attention", {"text": SENTENCES[0]})
+        assert status == 200 and len(answer["weights"]) == len(answer["output_tokens"]) > 0
+        assert all(len(row) == len(answer["source_tokens"]) for row in answer["weights"])
+        stops_cleanly(server, signal.SIGTERM)
+    finally:
+        server.stop()
+
+
+def test_a_server_that_cannot_start_says_why_in_one_line(checkpoint: Path, tmp_path: Path) -> None:
+    """Off loopback with no key; a damaged checkpoint; a model directory that export.py did not
+    write. The three start at once."""
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes(checkpoint.read_bytes()[:5000])
+    env = {name: value for name, value in os.environ.items() if name != "TRANSLATE_API_KEY"}
+    cases = [(["--checkpoint", str(checkpoint), "--host", "0.0.0.0"], 2,
+              "--host 0.0.0.0 is not a loopback address: it needs an API key (TRANSLATE_API_KEY"),
+             (["--checkpoint", str(damaged)], 1, f"serve.py: error: checkpoint {damaged}"),
+             (["--engine", "ctranslate2", "--model_dir", str(tmp_path)], 1,
+              f"serve.py: error: {tmp_path} is not a model directory written by export.py")]
+    processes = [subprocess.Popen([sys.executable, "serve.py", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for args, _, _ in cases]
+    try:
+        for process, (args, code, message) in zip(processes, cases):
+            out, err = process.communicate(timeout=60)
+            assert process.returncode == code and out == "", args
+            [line] = err.splitlines()
+            assert message in line
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+
+
+def test_serving_keys_are_validated() -> None:
+    from config import ConfigError, validate_config
+    for key, value in (("serve_max_sentences", 0), ("serve_max_body_bytes", -1), ("serve_batch_wait_ms", -5)):
+        with pytest.raises(ConfigError, match=f"--{key}"):
+            validate_config(dict(get_config(), **{key: value}))

@@ -1,0 +1,84 @@
+"""The web page at / in a real browser (Playwright driving Debian's Chromium): a sentence typed and
+translated shows its translation, the checkpoint's name and the heatmap of the server's attention
+weights; a rejected input shows the server's own message. Skips where the browser or the
+playwright package is missing."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from loadtest import ServerProcess
+from translator import DecodingOptions, TorchTranslator
+
+CHROMIUM = Path("/usr/bin/chromium")
+if not CHROMIUM.exists():
+    pytest.skip(f"no browser: {CHROMIUM} is missing (apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+
+# Without the background-networking flags Chromium keeps trying to reach Google's services.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SENTENCE = "The old man sees the black cat."
+
+
+@pytest.fixture(scope="module")
+def checkpoint(trained_run) -> Path:
+    return trained_run.latest()[0]
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint: Path) -> ServerProcess:
+    with ServerProcess(["--checkpoint", str(checkpoint), "--serve_max_chars", "60"]) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def page(server: ServerProcess):
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1000, "height": 900})
+        page.goto(f"http://127.0.0.1:{server.port}/")
+        yield page
+        browser.close()
+
+
+def translate(page, text: str) -> None:
+    page.fill("#source", text)
+    page.click("#translate")
+    page.wait_for_selector("#translate:not([disabled])")
+
+
+def test_translation_and_heatmap(page, checkpoint: Path) -> None:
+    translator = TorchTranslator.load(checkpoint, checkpoint.parent, torch.device("cpu"))
+    [expected] = translator.translate_best([SENTENCE], DecodingOptions())
+    attention = translator.cross_attention(SENTENCE)
+
+    sync_api.expect(page.locator("#model")).to_have_text(f"{checkpoint.name} · pytorch")
+    translate(page, SENTENCE)
+    sync_api.expect(page.locator("#translations .target")).to_have_text([expected])
+    assert page.locator("#error").is_hidden()
+
+    heatmap = page.locator("#heatmap")
+    sync_api.expect(heatmap.locator("th.source-token")).to_have_text(attention.source_tokens)
+    sync_api.expect(heatmap.locator("th.output-token")).to_have_text(attention.output_tokens)
+    rows = heatmap.locator("tbody tr")
+    assert rows.count() == len(attention.output_tokens)
+    titles = [cell.get_attribute("title") for cell in heatmap.locator("td").all()]
+    assert titles == [f"{out} → {src}: {weight:.3f}" for out, row in zip(attention.output_tokens, attention.weights)
+                      for src, weight in zip(attention.source_tokens, row)]
+    # Darker is less: the cell of a row's largest weight is the brightest of that row.
+    first = rows.nth(0).locator("td")
+    brightness = [sum(map(int, color[4:-1].split(","))) for color in
+                  first.evaluate_all("cells => cells.map(cell => getComputedStyle(cell).backgroundColor)")]
+    assert brightness.index(max(brightness)) == attention.weights[0].index(max(attention.weights[0]))
+
+
+def test_rejected_input_shows_the_server_message(page) -> None:
+    translate(page, "a" * 61)
+    sync_api.expect(page.locator("#error")).to_have_text(
+        "The server refused this: sentence 1 of 'text' is 61 characters long; the limit is 60 (serve_max_chars)")
+    assert page.locator("#result").is_hidden() and page.locator("#attention").is_hidden()
+    translate(page, "   ")
+    sync_api.expect(page.locator("#error")).to_have_text("The server refused this: sentence 1 of 'text' is empty")
