@@ -77,6 +77,7 @@ def get_config() -> dict[str, Any]:
         "sampling_topk": 0,  # translate.py: sample from the k most likely tokens (0 = no top-k cut)
         "sampling_topp": 0.0,  # translate.py: sample from the smallest set reaching this probability (0 = off)
         "temperature": 1.0,  # sampling: divide the logits by this first
+        "no_repeat_ngram_size": 0,  # never produce an n-gram of this size twice in one output; 0 = off
         "val_beam_size": 1,  # validation decodes greedily unless raised
         "num_examples": 3,
         "early_stopping_patience": 0,  # validations without a better BLEU before stopping; 0 = never
@@ -245,7 +246,7 @@ def validate_config(config: dict[str, Any]) -> None:
     for key in positive:
         if config[key] < 1:
             raise ConfigError(f"--{key} must be at least 1, got {config[key]}")
-    non_negative = ("val_max_pairs", "test_max_pairs", "filter_max_length_ratio", "max_steps", "max_minutes",
+    non_negative = ("no_repeat_ngram_size", "val_max_pairs", "test_max_pairs", "filter_max_length_ratio", "max_steps", "max_minutes",
                     "warmup_steps", "weight_decay", "clip_grad", "val_max_sentences",
                     "num_examples", "early_stopping_patience", "save_every_steps", "min_lr", "adam_eps")
     for key in non_negative:

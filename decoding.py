@@ -17,6 +17,13 @@ stay open. A sentence is done when no open hypothesis can still beat its `n_best
 an open hypothesis's log-probability only falls as it grows, so the best score it can still reach
 is its log-probability divided by the longest length it may reach (`max_tokens`) ** length_penalty.
 At `max_tokens` the open hypotheses compete with the finished ones as they are.
+
+`no_repeat_ngram_size` n > 0 forbids every decoder to produce an n-gram its hypothesis already
+holds. As in CTranslate2, the forbidden tokens are removed from the logits, so the model's
+distribution is renormalised over the allowed ones and scores are taken from that (fairseq masks
+log-probabilities instead). A search that stops only when nothing better can come finds whatever a
+score over length ** length_penalty rewards most; with length penalties above 1 that includes long,
+confident repetition loops ("il re re re ..."), which this rules out.
 """
 from __future__ import annotations
 
@@ -39,6 +46,18 @@ def max_output_tokens(src_len: int, seq_len: int) -> int:
     return max(1, min(seq_len - 1, 2 * src_len + 10))
 
 
+def block_repeats(scores: torch.Tensor, history: torch.Tensor, n: int) -> torch.Tensor:
+    """`scores` (rows, vocab) with -inf for every next token that would repeat an n-gram already in
+    that row of `history` (rows, length: the tokens after [SOS]); unchanged when n is 0."""
+    if n <= 0 or history.size(1) < n:
+        return scores
+    windows = history.unfold(1, n, 1)  # every n-gram of every row: (rows, length - n + 1, n)
+    last = history[:, history.size(1) - n + 1:]  # the n - 1 tokens a new n-gram would start with
+    matches = (windows[:, :, :-1] == last[:, None, :]).all(dim=-1)
+    rows, starts = matches.nonzero(as_tuple=True)
+    return scores.index_put((rows, windows[rows, starts, -1]), torch.tensor(float("-inf"), device=scores.device))
+
+
 def length_normalised(log_prob: float, length: int, length_penalty: float) -> float:
     """A hypothesis's score: its log-probability over length ** length_penalty."""
     return log_prob / (length ** length_penalty)
@@ -53,7 +72,8 @@ def _drop_finished(cache, keep: torch.Tensor, per_sentence: int) -> None:
 
 @torch.no_grad()
 def greedy_decode(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_tokens: int,
-                  length_penalty: float = 1.0, use_cache: bool = True) -> list[tuple[list[int], float]]:
+                  length_penalty: float = 1.0, use_cache: bool = True,
+                  no_repeat_ngram_size: int = 0) -> list[tuple[list[int], float]]:
     """The most likely next token at each step, for each row of `src` (B, S): (tokens without
     [EOS], score) per row."""
     memory = model.encode(src, src_mask)
@@ -67,9 +87,9 @@ def greedy_decode(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor,
             hidden = model.decode(memory, src_mask, ys[:, -1:], None, cache)
         else:
             hidden = model.decode(memory, src_mask, ys, causal_mask(ys.size(1), ys.device).unsqueeze(0))
-        logits = model.project(hidden[:, -1]).float()
-        best, next_token = logits.max(dim=-1)
-        log_prob += best - logits.logsumexp(dim=-1)
+        logits = block_repeats(model.project(hidden[:, -1]).float(), ys[:, 1:], no_repeat_ngram_size)
+        next_token = logits.argmax(dim=-1)
+        log_prob += logits.gather(1, next_token[:, None]).squeeze(1) - logits.logsumexp(dim=-1)
         ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)
         finished = next_token == EOS_ID
         if bool(finished.any()):  # one sync per step: the batch shrinks as sentences end
@@ -89,7 +109,8 @@ def greedy_decode(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor,
 
 @torch.no_grad()
 def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_tokens: int,
-                beam_size: int, length_penalty: float = 1.0, n_best: int = 1) -> list[Hypotheses]:
+                beam_size: int, length_penalty: float = 1.0, n_best: int = 1,
+                no_repeat_ngram_size: int = 0) -> list[Hypotheses]:
     """The `n_best` best hypotheses of each row of `src` (see the module docstring)."""
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size {beam_size}, got {n_best}")
@@ -104,7 +125,7 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, m
     best_reachable_divisor = max_tokens ** length_penalty
     for step in range(max_tokens):
         logits = model.project(model.decode(memory, src_mask, tokens[:, -1:], None, cache))[:, -1]
-        log_probs = F.log_softmax(logits.float(), dim=-1)
+        log_probs = F.log_softmax(block_repeats(logits.float(), tokens[:, 1:], no_repeat_ngram_size), dim=-1)
         vocab = log_probs.size(-1)
         candidates = (log_probs_so_far.view(-1, 1) + log_probs).view(-1, k * vocab)
         top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=1)
@@ -162,7 +183,7 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, m
 @torch.no_grad()
 def sample(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_tokens: int, samples: int = 1,
            topk: int = 0, topp: float = 0.0, temperature: float = 1.0, length_penalty: float = 1.0,
-           generator: torch.Generator | None = None) -> list[Hypotheses]:
+           generator: torch.Generator | None = None, no_repeat_ngram_size: int = 0) -> list[Hypotheses]:
     """`samples` random translations of each row of `src`, each token drawn from the model's
     distribution divided by `temperature`, restricted to the `topk` most likely tokens (0: all)
     and to the smallest set of most likely tokens whose probability reaches `topp` (0: all).
@@ -179,6 +200,7 @@ def sample(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_to
     results: list[list[tuple[float, list[int]]]] = [[] for _ in range(src.size(0))]
     for step in range(max_tokens):
         logits = model.project(model.decode(memory, src_mask, tokens[:, -1:], None, cache))[:, -1].float()
+        logits = block_repeats(logits, tokens[:, 1:], no_repeat_ngram_size)
         model_log_probs = F.log_softmax(logits, dim=-1)
         filtered = logits / temperature
         if topk:

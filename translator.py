@@ -49,13 +49,15 @@ class DecodingOptions:
     sampling_topk: int = 0
     sampling_topp: float = 0.0
     temperature: float = 1.0
+    no_repeat_ngram_size: int = 0
     batch_size: int = 64
 
     @classmethod
     def from_config(cls, config: dict[str, Any], **overrides: Any) -> "DecodingOptions":
         options = cls(beam_size=config["beam_size"], length_penalty=config["length_penalty"],
                       sampling_topk=config["sampling_topk"], sampling_topp=config["sampling_topp"],
-                      temperature=config["temperature"], batch_size=config["eval_batch_size"])
+                      temperature=config["temperature"], no_repeat_ngram_size=config["no_repeat_ngram_size"],
+                      batch_size=config["eval_batch_size"])
         return options.replace(**overrides) if overrides else options
 
     def replace(self, **changes: Any) -> "DecodingOptions":
@@ -179,12 +181,14 @@ class TorchTranslator(Translator):
                 if self.generator is None:
                     self.generator = torch.Generator(device).manual_seed(self.seed)
                 return sample(model, src, src_mask, max_tokens, options.n_best, options.sampling_topk,
-                              options.sampling_topp, options.temperature, options.length_penalty, self.generator)
+                              options.sampling_topp, options.temperature, options.length_penalty, self.generator,
+                              options.no_repeat_ngram_size)
             if options.beam_size == 1:
-                return [[hypothesis] for hypothesis in greedy_decode(model, src, src_mask, max_tokens,
-                                                                     options.length_penalty)]
+                return [[hypothesis] for hypothesis in greedy_decode(
+                    model, src, src_mask, max_tokens, options.length_penalty,
+                    no_repeat_ngram_size=options.no_repeat_ngram_size)]
             return beam_search(model, src, src_mask, max_tokens, options.beam_size, options.length_penalty,
-                               options.n_best)
+                               options.n_best, options.no_repeat_ngram_size)
         finally:
             model.train(was_training)
 
@@ -254,7 +258,8 @@ class CTranslate2Translator(Translator):
                         "sampling_temperature": options.temperature}
         results = self.ct2.translate_batch(
             tokens, beam_size=options.beam_size, num_hypotheses=options.n_best,
-            length_penalty=options.length_penalty, max_decoding_length=max_tokens, min_decoding_length=0,
+            length_penalty=options.length_penalty, no_repeat_ngram_size=options.no_repeat_ngram_size,
+            max_decoding_length=max_tokens, min_decoding_length=0,
             max_input_length=self.seq_len, return_scores=True, **sampling)
         return [[([self.tok_tgt.token_to_id(t) for t in hypothesis], score)
                  for hypothesis, score in zip(result.hypotheses, result.scores)] for result in results]

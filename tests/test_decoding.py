@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from decoding import beam_search, encode_sources, greedy_decode, length_normalised, max_output_tokens, sample
+from decoding import (beam_search, block_repeats, encode_sources, greedy_decode, length_normalised,
+                      max_output_tokens, sample)
 from model import KVCache, build_transformer, causal_mask
 from tokenizer import EOS_ID, PAD_ID, SOS_ID
 
@@ -275,6 +276,49 @@ def test_finished_sentences_leave_the_batch(toy_translator, mixed_lengths: list[
     assert rows_per_step[0] == 8 * 3 and rows_per_step[-1] < rows_per_step[0]
     assert rows_per_step == sorted(rows_per_step, reverse=True)
     assert len(kept) < len(rows_per_step) and kept == sorted(kept, reverse=True) and all(n < 8 for n in kept)
+
+
+# ---------------------------------------------------------------------------- repeated n-grams
+
+def test_block_repeats_forbids_exactly_the_tokens_that_repeat_an_ngram() -> None:
+    history = torch.tensor([[4, 5, 6, 4, 5], [4, 5, 6, 4, 5]])
+    scores = torch.zeros(2, VOCAB)
+    for n, banned in ((3, {6}), (2, {6}), (1, {4, 5, 6}), (6, set())):
+        blocked = block_repeats(scores, history, n)
+        assert {int(t) for t in (blocked[0] == float("-inf")).nonzero().squeeze(1)} == banned, n
+        assert torch.equal(blocked[0], blocked[1])
+    assert block_repeats(scores, history, 0) is scores
+
+
+class LoopingModel(StubModel):
+    """A model stuck on A: every prefix gives A 0.6, B 0.3, [EOS] 0.1."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = torch.full((*hidden.shape[:-1], VOCAB), float("-inf"))
+        logits[..., A], logits[..., B], logits[..., EOS_ID] = math.log(0.6), math.log(0.3), math.log(0.1)
+        return logits
+
+
+def test_no_repeat_ngram_size_breaks_repetition_loops() -> None:
+    """Greedy repeats A to the limit; with bigrams never repeated it must take A A B A, and then
+    only [EOS] is left (A A and A B both seen)."""
+    [(tokens, _)] = greedy_decode(LoopingModel(), *ONE_SOURCE, 10)
+    assert tokens == [A] * 10
+    [(tokens, score)] = greedy_decode(LoopingModel(), *ONE_SOURCE, 10, length_penalty=0.0, no_repeat_ngram_size=2)
+    # renormalised after a ban: B is 0.3 / 0.4 once A is banned, [EOS] is 1 once A and B are
+    assert tokens == [A, A, B, A] and score == pytest.approx(math.log(0.6 * 0.6 * 0.75 * 0.6 * 1.0))
+    for hypotheses in beam_search(LoopingModel(), *ONE_SOURCE, 10, 3, 1.0, 3, no_repeat_ngram_size=2):
+        for hypothesis, _ in hypotheses:
+            bigrams = list(zip(hypothesis, hypothesis[1:]))
+            assert len(bigrams) == len(set(bigrams)), hypothesis
+    drawn = sample(LoopingModel(), *ONE_SOURCE, 10, samples=20, no_repeat_ngram_size=2,
+                   generator=torch.Generator().manual_seed(0))[0]
+    for hypothesis, _ in drawn:
+        bigrams = list(zip(hypothesis, hypothesis[1:]))
+        assert len(bigrams) == len(set(bigrams)) and len(hypothesis) <= 5, hypothesis
 
 
 # ---------------------------------------------------------------------------- sampling

@@ -73,8 +73,9 @@ def test_every_architecture_variant_exports_exactly(tmp_path: Path, norm_first: 
     assert (tmp_path / "ct2" / "shared_vocabulary.json").is_file()
 
 
-@pytest.mark.parametrize("length_penalty", [1.0, 0.6])
-def test_beam_search_equals_ctranslate2s(toy_translator, toy_sources, tmp_path: Path, length_penalty: float) -> None:
+@pytest.mark.parametrize("length_penalty, ngram", [(1.0, 0), (0.6, 0), (1.2, 3)])
+def test_beam_search_equals_ctranslate2s(toy_translator, toy_sources, tmp_path: Path, length_penalty: float,
+                                         ngram: int) -> None:
     """Both define scores as log-probability over length ** length_penalty with [EOS] counted, and
     finish only an [EOS] among the first beam_size extensions. CTranslate2 stops a sentence once
     beam_size hypotheses have finished unless `patience` asks for more: with a patience it cannot
@@ -82,11 +83,11 @@ def test_beam_search_equals_ctranslate2s(toy_translator, toy_sources, tmp_path: 
     patience it may stop before finding the best hypothesis: this project's is then never worse."""
     toy = toy_translator
     ct2 = export_toy(toy, tmp_path / "ct2")
-    beam = DecodingOptions(beam_size=4, length_penalty=length_penalty)
+    beam = DecodingOptions(beam_size=4, length_penalty=length_penalty, no_repeat_ngram_size=ngram)
     ours = toy.translator().translate(toy_sources, beam)
     tokens = [e.tokens for e in toy.tok_src.encode_batch(toy_sources, add_special_tokens=False)]
     exhaustive = [ct2.ct2.translate_batch([t], beam_size=4, length_penalty=length_penalty, patience=1000,
-                                          min_decoding_length=0, return_scores=True,
+                                          no_repeat_ngram_size=ngram, min_decoding_length=0, return_scores=True,
                                           max_decoding_length=max_output_tokens(len(t), toy.seq_len))[0]
                   for t in tokens]
     for hypotheses, result in zip(ours, exhaustive):

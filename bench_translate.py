@@ -1,0 +1,149 @@
+"""Translation speed and quality of the two engines, on one split, in one run.
+
+    python bench_translate.py --datasource ../shared/data/tatoeba [--split test]
+                              [--experiment_name NAME | --checkpoint PATH] [--json]
+
+The checkpoint (found like translate.py finds it) is exported by export.py to CTranslate2 in
+float32 and int8 (temporary folders). Then each engine translates every source sentence of the
+split, greedy and with beam 5 (length penalty: the config's), each configuration in a fresh child
+process so that its peak RSS (VmHWM) is its own: this project's PyTorch decoding, CTranslate2
+float32 and CTranslate2 int8. A child loads the model, translates the first 64 sentences once to
+warm up, then times the whole split through the same `Translator.translate` batching translate.py
+uses (`--eval_batch_size` sentences per batch, sorted by length), on all the CPU threads torch
+uses. Reported: sentences/s, target tokens/s (tokens of the outputs, [EOS] not counted), peak RSS,
+and sacreBLEU/chrF of the outputs against the references, with the signatures. The target: int8
+with beam 5 at least 3x this project's PyTorch beam 5 in sentences/s, and int8 within 0.5 BLEU of
+float32.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from checkpoint import CheckpointError, load_for_inference
+from config import build_parser, config_or_exit, weights_dir
+from dataset import DataError
+from evaluate import load_eval_pairs
+from scoring import corpus_scores
+
+CONFIGURATIONS = [(engine, beam) for engine in ("pytorch", "ctranslate2 float32", "ctranslate2 int8")
+                  for beam in (1, 5)]
+WARM_UP = 64
+
+
+def peak_rss_gb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2 ** 20
+    return float("nan")
+
+
+def child(args: argparse.Namespace, config: dict[str, Any]) -> int:
+    """Time one engine and beam size on the sentences in --sources; one JSON line on stdout."""
+    from translator import DecodingOptions, load_translator
+
+    engine_args = argparse.Namespace(engine="pytorch", model_dir=None, checkpoint=args.checkpoint, average=1)
+    if args.model_dir is not None:
+        engine_args = argparse.Namespace(engine="ctranslate2", model_dir=args.model_dir, checkpoint=None, average=1)
+    translator = load_translator(engine_args, config)
+    sources = json.loads(Path(args.sources).read_text(encoding="utf-8"))
+    options = DecodingOptions.from_config(config, beam_size=args.beam)
+    translator.translate(sources[:WARM_UP], options)
+    started = time.perf_counter()
+    hypotheses = translator.translate(sources, options)
+    seconds = time.perf_counter() - started
+    texts = [h[0].text for h in hypotheses]
+    tokens = sum(len(e.ids) for e in translator.tok_tgt.encode_batch(texts, add_special_tokens=False))
+    print(json.dumps({"seconds": seconds, "sentences_per_s": len(sources) / seconds, "tokens_per_s": tokens / seconds,
+                      "output_tokens": tokens, "peak_rss_gb": peak_rss_gb(), "translations": texts}))
+    return 0
+
+
+def run_child(argv: list[str]) -> dict[str, Any]:
+    result = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"bench_translate.py {' '.join(argv)} failed: {result.stderr.strip().splitlines()[-1:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [f"{result['split']} ({result['sentences']} sentences), {result['model']}, length penalty "
+             f"{result['length_penalty']}, {result['threads']} threads",
+             "", "| engine | decoding | sentences/s | target tokens/s | peak RSS | BLEU | chrF2 |",
+             "|---|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        lines.append(f"| {row['engine']} | {'greedy' if row['beam'] == 1 else 'beam ' + str(row['beam'])} | "
+                     f"{row['sentences_per_s']:.1f} | {row['tokens_per_s']:.0f} | {row['peak_rss_gb']:.2f} GB | "
+                     f"{row['bleu']:.2f} | {row['chrf']:.2f} |")
+    lines += ["", f"BLEU signature: {result['bleu_signature']}", f"chrF signature: {result['chrf_signature']}"]
+    for name, value in result["targets"].items():
+        lines.append(f"{name}: {value['value']:.2f} (target {value['target']}) {'met' if value['met'] else 'MISS'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser(__doc__.splitlines()[0])
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--checkpoint", type=Path, default=None)
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    # a child measures one configuration:
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model_dir", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--beam", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--sources", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    config = config_or_exit(args, parser)
+    if args.child:
+        return child(args, config)
+    from export import export_model
+    try:
+        model, tok_src, tok_tgt, model_config, path = load_for_inference(args.checkpoint, weights_dir(config),
+                                                                         torch.device("cpu"))
+        pairs = load_eval_pairs(config["datasource"], args.split, model_config, config["store_folder"])
+    except (CheckpointError, DataError) as error:
+        print(f"bench_translate.py: error: {error}", file=sys.stderr)
+        return 1
+    sources, references = [p[0] for p in pairs], [p[1] for p in pairs]
+    common = [arg for arg in (argv if argv is not None else sys.argv[1:]) if arg != "--json"]
+    result: dict[str, Any] = {"command": " ".join(["python", "bench_translate.py", *sys.argv[1:]]),
+                              "model": str(path), "split": f"{config['datasource']} {args.split}",
+                              "sentences": len(sources), "length_penalty": config["length_penalty"],
+                              "threads": torch.get_num_threads(), "rows": []}
+    with tempfile.TemporaryDirectory(prefix="bench_translate-") as work:
+        source_file = Path(work) / "sources.json"
+        source_file.write_text(json.dumps(sources), encoding="utf-8")
+        folders = {}
+        for quantization in ("float32", "int8"):
+            folders[quantization] = export_model(model, model_config, tok_src, tok_tgt, Path(work) / quantization,
+                                                 quantization, str(path))
+        del model
+        for engine, beam in CONFIGURATIONS:
+            where = ["--checkpoint", str(path)] if engine == "pytorch" else \
+                ["--model_dir", str(folders[engine.split()[1]])]
+            measured = run_child([*common, "--child", *where, "--beam", str(beam), "--sources", str(source_file)])
+            scores = corpus_scores(measured.pop("translations"), references)
+            result["rows"].append({"engine": engine, "beam": beam, **measured, "bleu": scores["bleu"],
+                                   "chrf": scores["chrf"]})
+            result["bleu_signature"], result["chrf_signature"] = scores["bleu_signature"], scores["chrf_signature"]
+            print(f"[bench_translate] {engine}, beam {beam}: {measured['sentences_per_s']:.1f} sentences/s, "
+                  f"BLEU {scores['bleu']:.2f}", file=sys.stderr, flush=True)
+    rows = {(row["engine"], row["beam"]): row for row in result["rows"]}
+    speedup = rows[("ctranslate2 int8", 5)]["sentences_per_s"] / rows[("pytorch", 5)]["sentences_per_s"]
+    gap = rows[("ctranslate2 float32", 5)]["bleu"] - rows[("ctranslate2 int8", 5)]["bleu"]
+    result["targets"] = {"int8 beam 5 / pytorch beam 5, sentences/s": {"value": speedup, "target": ">= 3",
+                                                                      "met": speedup >= 3},
+                         "float32 - int8 BLEU, beam 5": {"value": gap, "target": "<= 0.5", "met": gap <= 0.5}}
+    print(json.dumps(result, indent=1) if args.json else table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
