@@ -165,6 +165,44 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     return newest
 
 
+def save_average(folder: Path, count: int) -> Path:
+    """Average the `count` newest checkpoints of `folder` into ckpt_<newest step>_avg<count>.pt:
+    weights, config and tokenizers (no optimizer: it is for translating, not resuming; its name is
+    not a resume candidate's). The manifest records it as the experiment's `average`, replacing an
+    older one, so inference loads it while it belongs to the newest checkpoint."""
+    folder = Path(folder)
+    paths = checkpoints_to_average(folder, count)
+    state = average_checkpoints(paths)
+    averaged = {key: state[key] for key in ("model", "config", "tokenizers", "epoch", "global_step")}
+    averaged["averaged_from"] = [p.name for p in paths]
+    path = folder / f"ckpt_{state['global_step']:08d}_avg{count}.pt"
+    try:
+        digest = atomic_write(path, lambda handle: torch.save(averaged, handle))
+        manifest = read_manifest(folder)
+        previous = manifest.get("average")
+        if previous and previous != path.name:
+            manifest["checkpoints"].pop(previous, None)
+        manifest["checkpoints"][path.name] = {"sha256": digest, "global_step": state["global_step"],
+                                              "averaged_from": averaged["averaged_from"]}
+        manifest["average"] = path.name
+        atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode("utf-8"))
+    except OSError as error:
+        raise CheckpointError(f"could not write {path}: {error.strerror or error}") from None
+    if previous and previous != path.name:
+        (folder / previous).unlink(missing_ok=True)
+    return path
+
+
+def current_average(folder: Path, latest: Path) -> Path | None:
+    """The experiment's averaged checkpoint if it was made from `latest` and its predecessors."""
+    name = read_manifest(folder).get("average")
+    if not name:
+        return None
+    entry = read_manifest(folder)["checkpoints"].get(name, {})
+    return Path(folder) / name if entry.get("global_step") == _step_of(Path(latest)) and \
+        (Path(folder) / name).is_file() else None
+
+
 def best_checkpoint(folder: Path) -> Path | None:
     best = read_manifest(folder).get("best")
     return Path(folder) / best if best else None
@@ -172,7 +210,8 @@ def best_checkpoint(folder: Path) -> Path | None:
 
 def load_for_inference(path: Path | None, folder: Path, device: torch.device, average: int = 1):
     """(model in eval mode on `device`, source tokenizer, target tokenizer, its config, its path) from
-    the checkpoint at `path`, or the newest good one in `folder`; with `average` N > 1, the mean
+    the checkpoint at `path`, or else the newest good one in `folder` (its average, when training
+    ended by averaging the last checkpoints: `average_checkpoints`); with `average` N > 1, the mean
     weights of the N newest checkpoints (ending at `path` when given)."""
     if average > 1:
         paths = checkpoints_to_average(Path(path).parent if path is not None else Path(folder), average, path)
@@ -185,6 +224,9 @@ def load_for_inference(path: Path | None, folder: Path, device: torch.device, av
             raise CheckpointError(f"no usable checkpoint in {folder}; train one with train.py (same --datasource, "
                                   f"--lang_src, --lang_tgt) or pass --checkpoint PATH")
         path, state = found
+        average = current_average(folder, path)
+        if average is not None:
+            path, state = average, load_checkpoint(average)
     try:
         # Keys added to the config after the checkpoint was written take their defaults.
         config = {**get_config(), **state["config"]}

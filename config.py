@@ -88,6 +88,7 @@ def get_config() -> dict[str, Any]:
         "init_from": "",  # a checkpoint whose weights, tokenizers and architecture start a new experiment
         "preload": "latest",  # latest (resume if there is a checkpoint) | new (refuse if there is one) | a path
         "keep_checkpoints": 3,
+        "average_checkpoints": 0,  # at the end of training, average the newest N checkpoints for inference; 0 = off
         "save_every_steps": 0,  # also checkpoint every N optimizer steps; 0 = epoch ends only
         "log_every": 20,
         # serving (serve.py): limits on one request, and how concurrent requests are batched
@@ -246,7 +247,7 @@ def validate_config(config: dict[str, Any]) -> None:
     for key in positive:
         if config[key] < 1:
             raise ConfigError(f"--{key} must be at least 1, got {config[key]}")
-    non_negative = ("no_repeat_ngram_size", "val_max_pairs", "test_max_pairs", "filter_max_length_ratio", "max_steps", "max_minutes",
+    non_negative = ("average_checkpoints", "no_repeat_ngram_size", "val_max_pairs", "test_max_pairs", "filter_max_length_ratio", "max_steps", "max_minutes",
                     "warmup_steps", "weight_decay", "clip_grad", "val_max_sentences",
                     "num_examples", "early_stopping_patience", "save_every_steps", "min_lr", "adam_eps")
     for key in non_negative:
@@ -281,6 +282,9 @@ def validate_config(config: dict[str, Any]) -> None:
     if 0 < config["filter_max_length_ratio"] < 1:
         raise ConfigError(f"--filter_max_length_ratio must be 0 (off) or at least 1, "
                           f"got {config['filter_max_length_ratio']}")
+    if config["average_checkpoints"] > config["keep_checkpoints"]:
+        raise ConfigError(f"--average_checkpoints {config['average_checkpoints']} needs --keep_checkpoints at least as "
+                          f"large, got {config['keep_checkpoints']}")
     if config["min_lr"] > config["lr"]:
         raise ConfigError(f"--min_lr {config['min_lr']} is above the peak --lr {config['lr']}")
     if config["length_penalty"] < 0:

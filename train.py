@@ -38,7 +38,8 @@ from tqdm import tqdm
 
 from atomic_files import atomic_write_bytes
 from attention_plot import attention_figure
-from checkpoint import CheckpointError, RunLock, checkpoint_candidates, load_checkpoint, load_latest, save_checkpoint
+from checkpoint import (CheckpointError, RunLock, checkpoint_candidates, load_checkpoint, load_latest, save_average,
+                        save_checkpoint)
 from config import (IDENTITY_KEYS, MODEL_KEYS, ConfigError, build_parser, config_or_exit, explicit_keys, runs_dir,
                     validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
@@ -610,6 +611,12 @@ class Trainer:
         if self.writer is not None:
             self.writer.close()
         config = self.config
+        if self.ranks.is_main and config["average_checkpoints"] > 1 and stop not in ("signal", "nonfinite"):
+            try:
+                log(f"saved {save_average(self.folder, config['average_checkpoints'])}, the average of the last "
+                    f"{config['average_checkpoints']} checkpoints, which translate.py and evaluate.py will use")
+            except CheckpointError as error:
+                log(f"warning: no average: {error}")
         if self.ranks.is_main:
             command = " ".join(["python", "train.py", *sys.argv[1:]])
             messages = {

@@ -20,7 +20,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 import dataset
 import train
-from checkpoint import MANIFEST, checkpoint_name, load_checkpoint, load_for_inference
+from checkpoint import MANIFEST, checkpoint_name, load_checkpoint, load_for_inference, load_latest
 from config import parse_config, validate_config, weights_dir
 from store import text_store, token_store
 from synthetic_data import synthetic_pairs, write_hub_dataset
@@ -370,3 +370,23 @@ def test_init_from_refuses_conflicts_in_one_line(trained_run, capsys: pytest.Cap
     code = train.main(trained_run.args + ["--init_from", str(base_path), "--max_steps", "70", *extra])
     lines = error_lines(capsys.readouterr().err)
     assert code == 2 and len(lines) == 1 and message in lines[0], lines
+
+
+def test_the_last_checkpoints_are_averaged_for_inference(stopped_mid_epoch: list[str],
+                                                         capsys: pytest.CaptureFixture) -> None:
+    args = stopped_mid_epoch + ["--num_epochs", "3", "--average_checkpoints", "2"]
+    assert train.main(args) == 0
+    folder = weights_dir(parse_config(args))
+    averaged = folder / "ckpt_00000030_avg2.pt"
+    assert f"saved {averaged}, the average of the last 2 checkpoints" in capsys.readouterr().err
+    state = load_checkpoint(averaged)
+    assert state["averaged_from"] == ["ckpt_00000030.pt", "ckpt_00000020.pt"] and "optimizer" not in state
+    last, before = (load_checkpoint(folder / name)["model"] for name in state["averaged_from"])
+    for name, tensor in state["model"].items():
+        torch.testing.assert_close(tensor, (last[name] + before[name]) / 2)
+    assert load_for_inference(None, folder, torch.device("cpu"))[4] == averaged  # what translate.py uses
+    assert load_latest(folder)[0].name == "ckpt_00000030.pt"  # what a resume uses
+    # training on: a new average replaces the old one, which no longer belongs to the newest checkpoint
+    assert train.main(stopped_mid_epoch + ["--num_epochs", "4", "--average_checkpoints", "2"]) == 0
+    assert not averaged.exists() and (folder / "ckpt_00000040_avg2.pt").is_file()
+    assert load_for_inference(None, folder, torch.device("cpu"))[4] == folder / "ckpt_00000040_avg2.pt"
