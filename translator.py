@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -199,11 +198,9 @@ class TorchTranslator(Translator):
 
 
 def import_ctranslate2() -> Any:
-    """The ctranslate2 module, imported with MKL as its CPU backend. CTranslate2's int8 products on
-    its default oneDNN backend are far off on CPUs without AVX-512 VNNI (this project's AMD machine:
-    5 of 50 toy sentences kept their greedy output); MKL's are not. CTranslate2 reads this setting
-    once, when first imported, so every import goes through here; an explicit setting wins."""
-    os.environ.setdefault("CT2_USE_MKL", "1")
+    """The ctranslate2 module, imported only by the programs that use it. Its CPU backend is left to
+    CTranslate2 (oneDNN on AMD, MKL on Intel; CT2_USE_MKL overrides): on this project's AMD machine
+    MKL's int8 products ran at a quarter of oneDNN's speed for the same BLEU (docs/serving.md)."""
     import ctranslate2
     return ctranslate2
 

