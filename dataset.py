@@ -84,12 +84,48 @@ class Source:
     builder: Any
 
     def rows(self, split: str) -> Iterator[list[dict]]:
-        """The rows of `split` in batches of READ_BATCH; read errors become one-line DataErrors."""
+        """The rows of `split` in batches of READ_BATCH, each row with its `translation` field only;
+        read errors become one-line DataErrors. Only that column becomes Python objects."""
+        files = [str(path) for path in (self.builder.config.data_files or {}).get(split, [])]
+        if files and all(path.endswith(".parquet") and os.path.isfile(path) for path in files):
+            yield from self._local_parquet_rows(files)
+        else:
+            yield from self._streamed_rows(split)
+
+    def _local_parquet_rows(self, files: list[str]) -> Iterator[list[dict]]:
+        """Local parquet files (opus_books' Hub layout) read batch by batch with pyarrow: the
+        `datasets` stream of the same files held 1.4 GB at the end of a 4M-pair corpus, this 0.6 GB."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        for path in files:
+            try:
+                parquet = pq.ParquetFile(path)
+                has_translation = "translation" in parquet.schema_arrow.names
+                for batch in parquet.iter_batches(batch_size=READ_BATCH,
+                                                  columns=["translation"] if has_translation else None):
+                    yield ([{"translation": value} for value in batch.column(0).to_pylist()] if has_translation
+                           else [{}] * batch.num_rows)
+            except (pa.ArrowException, OSError) as error:
+                raise DataError(f"cannot read {path}: {(str(error).splitlines() or [type(error).__name__])[0]}") \
+                    from None
+
+    def _streamed_rows(self, split: str) -> Iterator[list[dict]]:
+        """Any other source (the Hub, JSON, CSV) through `datasets` in streaming mode, as Arrow
+        batches whose `translation` column alone is decoded (its features turn the loader's
+        JSON-typed fields, from mixed types in a JSON file, into values)."""
         import datasets
         stream = self.builder.as_streaming_dataset(split)
+        features = stream.features
+        wanted = datasets.Features({"translation": features["translation"]}) \
+            if features is not None and "translation" in features else None
         try:
-            for batch in stream.iter(batch_size=READ_BATCH):
-                yield [dict(zip(batch, values)) for values in zip(*batch.values())]
+            for batch in stream.with_format("arrow").iter(batch_size=READ_BATCH):
+                if "translation" not in batch.column_names:
+                    yield [{}] * batch.num_rows
+                    continue
+                columns = batch.select(["translation"]).to_pydict()
+                values = (wanted.decode_batch(columns) if wanted is not None else columns)["translation"]
+                yield [{"translation": value} for value in values]
         except (ValueError, OSError, datasets.exceptions.DatasetGenerationError) as error:
             detail = _first_bad_json_line(self.datasource) or (str(error).splitlines() or [type(error).__name__])[0]
             raise DataError(f"cannot read {self.datasource!r} ({self.pair}) {split}: {detail}") from None

@@ -54,6 +54,48 @@ def test_bad_rows_are_skipped_and_counted(tmp_path: Path, capsys: pytest.Capture
     assert "2 missing side" in message and "1 non-text side" in message and "2 empty side" in message
 
 
+def write_parquet_dataset(folder: Path, rows: list[dict], row_group_size: int = 3) -> Path:
+    """An opus_books-shaped folder: one en-it parquet file with `id` and `translation` columns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    (folder / "en-it").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows), folder / "en-it" / "train-00000-of-00001.parquet",
+                   row_group_size=row_group_size)
+    (folder / "README.md").write_text("---\nconfigs:\n- config_name: en-it\n  data_files:\n  - split: train\n"
+                                      "    path: en-it/train-*.parquet\n---\n", encoding="utf-8")
+    return folder
+
+
+def test_local_parquet_is_read_batch_by_batch_with_bad_rows_counted(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """opus_books' layout goes through pyarrow directly, across row groups and READ_BATCH batches,
+    with the same pairs and the same counts as the datasets stream of the same rows."""
+    import dataset
+    monkeypatch.setattr(dataset, "READ_BATCH", 4)
+    good = synthetic_pairs(9, 1)
+    bad = [{"id": "a", "translation": {"en": "No Italian.", "it": None}},
+           {"id": "b", "translation": {"en": "  ", "it": "Vuoto."}}]
+    rows = [{"id": str(i), "translation": {"en": s, "it": t}} for i, (s, t) in enumerate(good)]
+    folder = write_parquet_dataset(tmp_path / "data", rows[:4] + bad + rows[4:])
+    source = open_source(str(folder), "en-it")
+    batches = list(source._local_parquet_rows([str(folder / "en-it" / "train-00000-of-00001.parquet")]))
+    assert [len(batch) for batch in batches] == [4, 4, 3]  # READ_BATCH rows, across row groups of 3
+    with monkeypatch.context() as patched:
+        patched.setattr(dataset.Source, "_streamed_rows", lambda *_: pytest.fail("parquet went through datasets"))
+        assert all_pairs(folder, "train") == good
+    assert "train: skipped 2 of 11 rows (1 empty side, 1 missing side)" in capsys.readouterr().err
+    assert all_pairs(write_hub_dataset(tmp_path / "json", {"train": good}), "train") == good
+
+
+def test_a_damaged_parquet_file_is_one_line(tmp_path: Path) -> None:
+    folder = write_parquet_dataset(tmp_path / "data", [{"id": "0", "translation": {"en": "Hi.", "it": "Ciao."}}])
+    path = folder / "en-it" / "train-00000-of-00001.parquet"
+    path.write_bytes(path.read_bytes()[:-20])
+    with pytest.raises(DataError, match="^cannot read .*train-00000-of-00001.parquet: ") as raised:
+        all_pairs(folder, "train")
+    assert "\n" not in str(raised.value)
+
+
 def test_pair_of_strips_and_checks_types() -> None:
     assert pair_of({"translation": {"en": "  Hi. ", "it": "Ciao.\n"}}, "en", "it") == ("Hi.", "Ciao.")
     assert pair_of({"translation": {"en": ["list"], "it": "x"}}, "en", "it") == "non-text side"
