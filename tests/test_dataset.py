@@ -79,7 +79,7 @@ def test_local_parquet_is_read_batch_by_batch_with_bad_rows_counted(tmp_path: Pa
     folder = write_parquet_dataset(tmp_path / "data", rows[:4] + bad + rows[4:])
     source = open_source(str(folder), "en-it")
     batches = list(source._local_parquet_rows([str(folder / "en-it" / "train-00000-of-00001.parquet")]))
-    assert [len(batch) for batch in batches] == [4, 4, 3]  # READ_BATCH rows, across row groups of 3
+    assert [len(batch) for batch in batches] == [3, 3, 3, 2]  # row groups of 3 (and never over READ_BATCH)
     with monkeypatch.context() as patched:
         patched.setattr(dataset.Source, "_streamed_rows", lambda *_: pytest.fail("parquet went through datasets"))
         assert all_pairs(folder, "train") == good
