@@ -156,11 +156,13 @@ def keep_freed_memory() -> None:
     afresh and page-faulted in on first touch, every training step on CPU: at the paper-base size
     with 4k-token batches that was a quarter of the step's time (bench.py). The cost is that the
     process keeps its peak heap until it exits, so this changes every later allocation of the
-    process: call it only from a program's entry point. Does nothing where the C library is not glibc."""
+    process: train.py applies it from its command line only, after data preparation. Does nothing where the C library is not glibc."""
     try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt, malloc_trim = libc.mallopt, libc.malloc_trim
     except (OSError, AttributeError):
         return
+    malloc_trim(0)  # first hand back what was freed so far (data preparation): it is not what gets reused
     m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
     mallopt(m_mmap_max, 0)
     mallopt(m_trim_threshold, 2 ** 31 - 1)
