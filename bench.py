@@ -6,7 +6,7 @@ One process, one device, one run. Prints a table (or with --json one JSON object
 its progress on stderr. The phases, in order:
 
 1. Dense matmul peak of the device, measured here: the best of `torch.mm` and the model's own
-   `cpu_kernels.linear` (oneDNN on CPU) on square fp32 matrices, and of `torch.mm` in bf16.
+   `cpu_kernels.linear` (oneDNN on CPU) on square fp32 matrices, and of `torch.mm` in bf16 where the device runs bf16 natively.
 2. Sentence lengths: the train split of `--datasource`, tokenized with word-level tokenizers
    trained on it, or else seeded synthetic text whose lengths resemble opus_books (log-normal,
    mean about 30 tokens, about 1% past 100). The model's vocabularies are those of the
@@ -155,6 +155,11 @@ class PeakMemory:
         except OSError:
             import resource  # getrusage reports the lifetime peak in KiB on Linux
             self.peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether bf16 products run natively: on CPU, what oneDNN reports (AVX-512 BF16 or AMX)."""
+    return device.type != "cpu" or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def matmul_peak(device: torch.device, size: int, dtype: torch.dtype) -> dict[str, float]:
@@ -487,8 +492,9 @@ def training_rows(dataset: BilingualDataset, settings: dict[str, Any], vocab: tu
     # (name, model, autocast dtype, the model's CPU fast paths on)
     variants: list[tuple[str, Callable[[], nn.Module], torch.dtype | None, bool]] = [
         ("project", lambda: build_model(config, *vocab), default_dtype, True)]
-    if device.type == "cpu":
+    if device.type == "cpu" and native_bf16(device):
         variants.append(("project, bf16 autocast", lambda: build_model(config, *vocab), torch.bfloat16, True))
+    if device.type == "cpu":
         variants.append(("project, stock PyTorch kernels", lambda: build_model(config, *vocab), None, False))
     variants.append(("torch.nn.Transformer", lambda: TorchTransformer(*vocab, config), default_dtype, True))
 
@@ -600,8 +606,10 @@ def run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
                         f"{TUTORIAL_BATCH * (settings['tutorial_steps'] + 1)}")
     log(f"data: {data_name}, {len(dataset)} pairs; measuring the matmul peak on {device}")
     peak_fp32 = matmul_peak(device, settings["peak_size"], torch.float32)
-    peak_bf16 = matmul_peak(device, settings["peak_size"], torch.bfloat16)
-    result["peak_gflops"] = {"float32": max(peak_fp32.values()), "bfloat16": max(peak_bf16.values()),
+    # Without native bf16 (AVX-512 BF16 or AMX) a CPU runs bf16 products on a slow fallback: on an
+    # AVX2 machine one square bf16 product did not finish in 4 minutes. Measured only where native.
+    peak_bf16 = matmul_peak(device, settings["peak_size"], torch.bfloat16) if native_bf16(device) else {}
+    result["peak_gflops"] = {"float32": max(peak_fp32.values()), "bfloat16": max(peak_bf16.values(), default=None),
                              "float32_by_kernel": peak_fp32, "bfloat16_by_kernel": peak_bf16}
     floor = settings["vocab_floor"]
     vocab = (max(tok_src.get_vocab_size(), floor[0]), max(tok_tgt.get_vocab_size(), floor[1]))
@@ -667,7 +675,8 @@ def table(result: dict[str, Any]) -> str:
              f"batching: token budget {model['batch_tokens']}, padding {100 * data['padding_waste']:.1f}% of the "
              f"epoch's positions (dataset.padding_waste)",
              "matmul peak (GFLOP/s): fp32 " + ", ".join(f"{k} {v:.0f}" for k, v in peak["float32_by_kernel"].items())
-             + "; bf16 " + ", ".join(f"{k} {v:.0f}" for k, v in peak["bfloat16_by_kernel"].items()),
+             + "; bf16 " + (", ".join(f"{k} {v:.0f}" for k, v in peak["bfloat16_by_kernel"].items())
+                            or "not measured: this CPU has no native bf16"),
              "",
              f"{'training (fwd+bwd+AdamW)':<34}{'dtype':>9}{'real tok/s':>12}{'ms/step':>10}{'GFLOP/s':>9}"
              f"{'% peak':>8}{'real %':>8}{'peak mem GB':>13}"]
