@@ -6,9 +6,11 @@ they are exactly F.linear, F.dropout and relu. Results and gradients are those o
 float rounding and the dropout rate's rounding to 1/65536 (tests/test_fast_paths.py). Switch them all
 off with `CPU_FAST_PATHS = False` (bench.py measures both ways).
 
-- Matrix products: torch runs fp32 products on MKL, which takes slower code paths on non-Intel CPUs;
-  oneDNN (bundled with torch) picks its kernels from the CPU's own features: 2.2-2.6x the GFLOP/s of
-  torch.mm on this project's AMD EPYC (Zen 3, AVX2; bench.py).
+- Matrix products: torch runs fp32 products on MKL, which takes slower code paths on non-Intel CPUs.
+  oneDNN (bundled with torch) picks its kernels from the CPU's own features. bench.py measured both
+  on two AMD EPYC machines this project ran on: with AVX-512 oneDNN gave 2.6x torch.mm's GFLOP/s
+  (404 against 153), with AVX2 only 0.82x (154 against 187). So oneDNN is taken only where torch
+  reports AVX-512.
 - Dropout: F.dropout's mask comes from ATen's bernoulli_, which costs about four times as much as
   drawing 16 random bits per element.
 - The feed-forward block's ReLU and dropout are one step that keeps a single d_ff activation per
@@ -25,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 CPU_FAST_PATHS = True
-_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+_ONEDNN = ONEDNN_AVAILABLE and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 def _cpu_fast_path(x: torch.Tensor) -> bool:
@@ -66,7 +69,7 @@ class _OneDNNLinear(torch.autograd.Function):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear; fp32 on CPU (outside autocast and torch.compile) runs on oneDNN."""
+    """F.linear; fp32 on an AVX-512 CPU (outside autocast and torch.compile) runs on oneDNN."""
     if _ONEDNN and _cpu_fast_path(x) and x.dtype == weight.dtype == torch.float32 and x.numel() \
             and not torch.is_autocast_enabled("cpu"):
         return _OneDNNLinear.apply(x, weight, bias)

@@ -31,7 +31,11 @@ def small_batch() -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("shape", [(3, 5, 12), (7, 40)])
 @pytest.mark.parametrize("out_features", [8, 64])
-def test_fast_linear_equals_f_linear(shape: tuple[int, ...], out_features: int, fast_paths) -> None:
+def test_fast_linear_equals_f_linear(shape: tuple[int, ...], out_features: int, fast_paths,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    if not cpu_kernels.ONEDNN_AVAILABLE:
+        pytest.skip("this torch build has no oneDNN linear")
+    monkeypatch.setattr(cpu_kernels, "_ONEDNN", True)  # the oneDNN path even where the CPU would not take it
     torch.manual_seed(4)
     weight = torch.randn(out_features, shape[-1], requires_grad=True)
     bias = torch.randn(out_features, requires_grad=True)
@@ -44,6 +48,11 @@ def test_fast_linear_equals_f_linear(shape: tuple[int, ...], out_features: int, 
         results.append((out, *grads))
     for fast, stock in zip(*results):
         assert_close(fast, stock, atol=1e-5, rtol=1e-5)
+
+
+def test_onednn_is_taken_only_on_avx512() -> None:
+    avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    assert cpu_kernels._ONEDNN == (cpu_kernels.ONEDNN_AVAILABLE and avx512)
 
 
 def test_fast_dropout_rate_scale_and_gradient() -> None:
