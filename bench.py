@@ -6,7 +6,8 @@ One process, one device, one run. Prints a table (or with --json one JSON object
 its progress on stderr. The phases, in order:
 
 1. Dense matmul peak of the device, measured here: the best of `torch.mm` and the model's own
-   `cpu_kernels.linear` (oneDNN on CPU) on square fp32 matrices, and of `torch.mm` in bf16 where the device runs bf16 natively.
+   `cpu_kernels.linear` (oneDNN on AVX-512 CPUs) on square fp32 matrices, and of `torch.mm` in bf16
+   where the device runs bf16 natively.
 2. Sentence lengths: the train split of `--datasource`, tokenized with word-level tokenizers
    trained on it, or else seeded synthetic text whose lengths resemble opus_books (log-normal,
    mean about 30 tokens, about 1% past 100). The model's vocabularies are those of the

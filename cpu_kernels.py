@@ -159,7 +159,8 @@ def keep_freed_memory() -> None:
     afresh and page-faulted in on first touch, every training step on CPU: at the paper-base size
     with 4k-token batches that was a quarter of the step's time (bench.py). The cost is that the
     process keeps its peak heap until it exits, so this changes every later allocation of the
-    process: train.py applies it from its command line only, after data preparation. Does nothing where the C library is not glibc."""
+    process: train.py applies it from its command line only, after data preparation. Does nothing
+    where the C library is not glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         mallopt, malloc_trim = libc.mallopt, libc.malloc_trim

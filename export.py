@@ -35,7 +35,7 @@ from checkpoint import CheckpointError, load_for_inference
 from config import build_parser, config_or_exit, weights_dir
 from model import Transformer
 from tokenizer import EOS, SOS, UNK
-from translator import CT2_PROJECT_CONFIG, CT2_SOURCE_TOKENIZER, CT2_TARGET_TOKENIZER, import_ctranslate2
+from translator import CT2_PROJECT_CONFIG, CT2_SOURCE_TOKENIZER, CT2_TARGET_TOKENIZER
 
 QUANTIZATIONS = ("int8", "int16", "float32", "bfloat16")
 LAYER_NORM_EPSILON = 1e-5  # nn.LayerNorm's default, which model.py uses
@@ -75,7 +75,7 @@ class TransformerConverter:
         spec.gamma, spec.beta = self.tensor(layer_norm.weight), self.tensor(layer_norm.bias)
 
     def spec(self) -> Any:
-        specs = import_ctranslate2().specs
+        from ctranslate2 import specs
         common_spec, transformer_spec = specs.common_spec, specs.transformer_spec
 
         model, config = self.model, self.config
@@ -139,7 +139,7 @@ def export_model(model: Transformer, config: dict[str, Any], tok_src: Any, tok_t
     with the tokenizers and training config beside it."""
     if quantization not in QUANTIZATIONS:
         raise ExportError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
-    Converter = import_ctranslate2().converters.Converter
+    from ctranslate2.converters import Converter
     spec = TransformerConverter(model, config, tok_src, tok_tgt).spec()
 
     class SpecConverter(Converter):

@@ -197,21 +197,15 @@ class TorchTranslator(Translator):
         return CrossAttention(sources, outputs, weights.mean(dim=0).tolist())
 
 
-def import_ctranslate2() -> Any:
-    """The ctranslate2 module, imported only by the programs that use it. Its CPU backend is left to
-    CTranslate2 (oneDNN on AMD, MKL on Intel; CT2_USE_MKL overrides): on this project's AMD machine
-    MKL's int8 products ran at a quarter of oneDNN's speed for the same BLEU (docs/serving.md)."""
-    import ctranslate2
-    return ctranslate2
-
-
 # Files export.py writes beside CTranslate2's own (model.bin, config.json, vocabularies).
 CT2_SOURCE_TOKENIZER, CT2_TARGET_TOKENIZER, CT2_PROJECT_CONFIG = \
     "tokenizer_source.json", "tokenizer_target.json", "project.json"
 
 
 class CTranslate2Translator(Translator):
-    """A model directory written by export.py, run by CTranslate2."""
+    """A model directory written by export.py, run by CTranslate2. Its CPU backend is left to
+    CTranslate2 (oneDNN on AMD, MKL on Intel; CT2_USE_MKL overrides): on this project's AMD machine
+    MKL's int8 products ran at a quarter of oneDNN's speed for the same BLEU (docs/serving.md)."""
 
     engine = "ctranslate2"
 
@@ -230,7 +224,7 @@ class CTranslate2Translator(Translator):
                                   f"{str(error).splitlines()[0]}") from None
         super().__init__(tok_src, tok_tgt, model_config, model_dir, str(model_dir))
         self.project = project
-        ctranslate2 = import_ctranslate2()
+        import ctranslate2  # only the programs that run this engine pay for the import
         # Its sampling RNG is per thread and seeded when a translator is made: seed first.
         ctranslate2.set_random_seed(seed)
         try:
