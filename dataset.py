@@ -58,6 +58,11 @@ def _hub_reachable(timeout: float = 5.0) -> bool:
         return False
 
 
+def _first_line(error: BaseException) -> str:
+    """An error's message in one line (its type's name when it has none)."""
+    return (str(error).splitlines() or [type(error).__name__])[0]
+
+
 def _first_bad_json_line(folder: str) -> str | None:
     """Name the first line of a local JSON-lines file that is not valid JSON."""
     if not os.path.isdir(folder):
@@ -110,8 +115,7 @@ class Source:
                                else [{}] * batch.num_rows)
                     del table
             except (pa.ArrowException, OSError) as error:
-                raise DataError(f"cannot read {path}: {(str(error).splitlines() or [type(error).__name__])[0]}") \
-                    from None
+                raise DataError(f"cannot read {path}: {_first_line(error)}") from None
 
     def _streamed_rows(self, split: str) -> Iterator[list[dict]]:
         """Any other source (the Hub, JSON, CSV) through `datasets` in streaming mode, as Arrow
@@ -131,7 +135,7 @@ class Source:
                 values = (wanted.decode_batch(columns) if wanted is not None else columns)["translation"]
                 yield [{"translation": value} for value in values]
         except (ValueError, OSError, datasets.exceptions.DatasetGenerationError) as error:
-            detail = _first_bad_json_line(self.datasource) or (str(error).splitlines() or [type(error).__name__])[0]
+            detail = _first_bad_json_line(self.datasource) or _first_line(error)
             raise DataError(f"cannot read {self.datasource!r} ({self.pair}) {split}: {detail}") from None
 
 

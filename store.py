@@ -13,10 +13,10 @@ restart, resume and torchrun rank (rank 0 builds, the others wait and map the sa
 Another datasource, pair, setting or tokenizer gives another key, so a stale store is never read.
 
 Format, as in fairseq's indexed datasets: per split, all source sequences end to end in one flat
-file, all target sequences in another, and an offsets array (2, rows + 1), read through
-np.memmap, so a row costs two slices and nothing is loaded whole. Token ids use the smallest
-unsigned type that holds the vocabulary (uint16 up to 65,536 entries). Chosen over Arrow through
-`datasets` because it needs nothing beside NumPy, its ids are 2 bytes instead of Arrow's 8-byte
+file, all target sequences in another, and an offsets array (2, rows + 1): token rows are read
+through np.memmap, text rows with file reads (`read_texts`), and nothing is loaded whole. Token
+ids use the smallest unsigned type that holds the vocabulary (uint16 up to 65,536 entries).
+Chosen over Arrow through `datasets` because it needs nothing beside NumPy, its ids are 2 bytes instead of Arrow's 8-byte
 int64 lists, and it is built atomically in a few lines: everything is written into a temporary
 folder with a `meta.json` recording each file's size and sha256, which is renamed into place last.
 A folder whose files are missing or do not match is rebuilt with a one-line message; a build that
@@ -100,27 +100,30 @@ class PairArrays:
 
 
 def read_texts(folder: Path, name: str, rows: np.ndarray) -> list[Pair]:
-    """The text pairs at `rows` of the flat files `name`, read with plain file reads: one read for a
-    run of rows close together (a chunk of train), one per row otherwise. Not through a memory map:
-    there, the kernel maps 64 KB around each row touched (fault-around), and the 3,000 scattered
-    validation rows of a 4M-pair store put 0.5 GB of the file into the process's RSS."""
+    """The text pairs at `rows` of the flat files `name`, read with plain file reads. Not through a
+    memory map: there, the kernel maps 64 KB around each row touched (fault-around), and the 3,000
+    scattered validation rows of a 4M-pair store put 0.5 GB of the file into the process's RSS."""
     offsets = np.load(folder / f"{name}.offsets.npy", mmap_mode="r")
     starts, ends = offsets[:, rows].tolist(), offsets[:, rows + 1].tolist()
-    sides = []
-    for side, first, last in (("src", starts[0], ends[0]), ("tgt", starts[1], ends[1])):
-        with open(folder / f"{name}.{side}.bin", "rb", buffering=0) as handle:
-            needed = sum(b - a for a, b in zip(first, last))
-            if first and all(a <= b for a, b in zip(first, first[1:])) and last[-1] - first[0] <= 2 * needed + (1 << 20):
-                handle.seek(first[0])
-                block, base = handle.read(last[-1] - first[0]), first[0]
-                sides.append([block[a - base:b - base].decode("utf-8") for a, b in zip(first, last)])
-            else:
-                texts = []
-                for a, b in zip(first, last):
-                    handle.seek(a)
-                    texts.append(handle.read(b - a).decode("utf-8"))
-                sides.append(texts)
-    return list(zip(*sides))
+    return list(zip(*(_read_side(folder / f"{name}.{side}.bin", starts[i], ends[i])
+                      for i, side in enumerate(("src", "tgt")))))
+
+
+def _read_side(path: Path, starts: list[int], ends: list[int]) -> list[str]:
+    """The byte ranges [start, end) of `path`, decoded: one read for a run of ranges close together
+    (a chunk of train), one per range otherwise."""
+    needed = sum(end - start for start, end in zip(starts, ends))
+    in_order = all(a <= b for a, b in zip(starts, starts[1:]))
+    with open(path, "rb", buffering=0) as handle:
+        if starts and in_order and ends[-1] - starts[0] <= 2 * needed + (1 << 20):
+            handle.seek(starts[0])
+            block, base = handle.read(ends[-1] - starts[0]), starts[0]
+            return [block[start - base:end - base].decode("utf-8") for start, end in zip(starts, ends)]
+        texts = []
+        for start, end in zip(starts, ends):
+            handle.seek(start)
+            texts.append(handle.read(end - start).decode("utf-8"))
+        return texts
 
 
 class Store:

@@ -51,6 +51,15 @@ def test_a_train_only_source_is_carved_once_by_seed(train_only: Path, tmp_path: 
     assert (capped.size("train"), capped.size("validation"), capped.size("test")) == (183, 7, 10)
 
 
+def test_rows_in_any_order_read_the_same_pairs(train_only: Path, tmp_path: Path) -> None:
+    """Rows in corpus order are read in one block, rows out of order one by one: the same pairs."""
+    store = text_store(config_for(train_only, tmp_path))
+    in_order = store.pairs("train", range(0, 40))
+    assert in_order == sorted(in_order, key=numbered_pairs(200).index)  # corpus order
+    assert store.pairs("train", range(39, -1, -1)) == in_order[::-1]
+    assert store.pairs("train", [5, 0, 5]) == [in_order[5], in_order[0], in_order[5]]
+
+
 def test_a_missing_test_split_is_carved_from_train_only(tmp_path: Path) -> None:
     validation = numbered_pairs(5, "v")
     folder = write_hub_dataset(tmp_path / "data", {"train": numbered_pairs(100), "validation": validation})
