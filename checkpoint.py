@@ -195,10 +195,11 @@ def save_average(folder: Path, count: int) -> Path:
 
 def current_average(folder: Path, latest: Path) -> Path | None:
     """The experiment's averaged checkpoint if it was made from `latest` and its predecessors."""
-    name = read_manifest(folder).get("average")
+    manifest = read_manifest(folder)
+    name = manifest.get("average")
     if not name:
         return None
-    entry = read_manifest(folder)["checkpoints"].get(name, {})
+    entry = manifest["checkpoints"].get(name, {})
     return Path(folder) / name if entry.get("global_step") == _step_of(Path(latest)) and \
         (Path(folder) / name).is_file() else None
 

@@ -248,9 +248,10 @@ def validate_config(config: dict[str, Any]) -> None:
     for key in positive:
         if config[key] < 1:
             raise ConfigError(f"--{key} must be at least 1, got {config[key]}")
-    non_negative = ("average_checkpoints", "no_repeat_ngram_size", "val_max_pairs", "test_max_pairs", "filter_max_length_ratio", "max_steps", "max_minutes",
-                    "warmup_steps", "weight_decay", "clip_grad", "val_max_sentences",
-                    "num_examples", "early_stopping_patience", "save_every_steps", "min_lr", "adam_eps")
+    non_negative = ("average_checkpoints", "no_repeat_ngram_size", "val_max_pairs", "test_max_pairs",
+                    "filter_max_length_ratio", "max_steps", "max_minutes", "warmup_steps", "weight_decay",
+                    "clip_grad", "val_max_sentences", "num_examples", "early_stopping_patience",
+                    "save_every_steps", "min_lr", "adam_eps")
     for key in non_negative:
         if config[key] < 0:
             raise ConfigError(f"--{key} must not be negative, got {config[key]}")

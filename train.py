@@ -431,7 +431,8 @@ class Trainer:
         self.start_or_resume()
         if self.keep_freed:
             # After data preparation, whose freed heap is handed back first: kept, it would stay in
-            # the process's memory for the whole run (0.4 GB more at 1M pairs, tiny preset).
+            # the process's memory for the whole run (at 1M pairs, tiny preset: RSS 0.82 GB after the
+            # text store with the setting from start-up, 0.67 GB without).
             keep_freed_memory()
         config = self.config
         if config["max_steps"] and self.global_step >= config["max_steps"]:
