@@ -74,6 +74,9 @@ def get_config() -> dict[str, Any]:
         "eval_batch_size": 64,  # sentences per decoding batch
         "beam_size": 1,
         "length_penalty": 1.0,  # hypothesis scores are log-probability / length ** length_penalty
+        # plus this times log(BLEU's brevity penalty) against length_ratio x the source's length (Sockeye)
+        "brevity_penalty": 0.0,
+        "length_ratio": 0.0,  # target / source tokens of the training data; 0: train.py measures it
         "sampling_topk": 0,  # translate.py: sample from the k most likely tokens (0 = no top-k cut)
         "sampling_topp": 0.0,  # translate.py: sample from the smallest set reaching this probability (0 = off)
         "temperature": 1.0,  # sampling: divide the logits by this first
@@ -251,7 +254,7 @@ def validate_config(config: dict[str, Any]) -> None:
     non_negative = ("average_checkpoints", "no_repeat_ngram_size", "val_max_pairs", "test_max_pairs",
                     "filter_max_length_ratio", "max_steps", "max_minutes", "warmup_steps", "weight_decay",
                     "clip_grad", "val_max_sentences", "num_examples", "early_stopping_patience",
-                    "save_every_steps", "min_lr", "adam_eps")
+                    "save_every_steps", "min_lr", "adam_eps", "length_penalty", "brevity_penalty", "length_ratio")
     for key in non_negative:
         if config[key] < 0:
             raise ConfigError(f"--{key} must not be negative, got {config[key]}")
@@ -289,8 +292,6 @@ def validate_config(config: dict[str, Any]) -> None:
                           f"large, got {config['keep_checkpoints']}")
     if config["min_lr"] > config["lr"]:
         raise ConfigError(f"--min_lr {config['min_lr']} is above the peak --lr {config['lr']}")
-    if config["length_penalty"] < 0:
-        raise ConfigError(f"--length_penalty must not be negative, got {config['length_penalty']}")
     if not config["datasource"]:
         raise ConfigError("--datasource must name a Hub dataset or a local folder")
     for key in ("serve_max_sentences", "serve_max_chars", "serve_max_body_bytes", "serve_max_beam_size",

@@ -18,6 +18,13 @@ an open hypothesis's log-probability only falls as it grows, so the best score i
 is its log-probability divided by the longest length it may reach (`max_tokens`) ** length_penalty.
 At `max_tokens` the open hypotheses compete with the finished ones as they are.
 
+A `brevity_penalty` λ > 0 adds λ times the logarithm of BLEU's brevity penalty,
+min(0, 1 - expected / length), to a hypothesis's score, as Sockeye's constant brevity penalty does:
+the expected length is the model's `length_ratio` (target over source tokens in its training data,
+both counting [EOS]) times the source's length. It lowers only hypotheses shorter than expected
+and never rewards length beyond it, so it cannot favour runaways the way a length penalty above 1
+does, and the stopping bound above still holds (the term is never positive).
+
 `no_repeat_ngram_size` n > 0 forbids every decoder to produce an n-gram its hypothesis already
 holds. As in CTranslate2, the forbidden tokens are removed from the logits, so the model's
 distribution is renormalised over the allowed ones and scores are taken from that (fairseq masks
@@ -58,9 +65,23 @@ def block_repeats(scores: torch.Tensor, history: torch.Tensor, n: int) -> torch.
     return scores.index_put((rows, windows[rows, starts, -1]), torch.tensor(float("-inf"), device=scores.device))
 
 
-def length_normalised(log_prob: float, length: int, length_penalty: float) -> float:
-    """A hypothesis's score: its log-probability over length ** length_penalty."""
-    return log_prob / (length ** length_penalty)
+def hypothesis_score(log_prob: float, length: int, length_penalty: float, expected_length: float = 0.0,
+                     brevity_penalty: float = 0.0) -> float:
+    """A hypothesis's score: its log-probability over length ** length_penalty, plus the brevity
+    penalty's term when it is shorter than `expected_length` (lengths count [EOS])."""
+    return log_prob / (length ** length_penalty) + brevity_term(length, expected_length, brevity_penalty)
+
+
+def brevity_term(length: int, expected_length: float, brevity_penalty: float) -> float:
+    """brevity_penalty x log of BLEU's brevity penalty for `length` against `expected_length`: 0
+    from the expected length on, negative below it."""
+    return brevity_penalty * min(0.0, 1.0 - expected_length / length) if brevity_penalty else 0.0
+
+
+def expected_lengths(src_mask: torch.Tensor, length_ratio: float) -> list[float]:
+    """Each source row's expected output length, [EOS] counted: length_ratio times its tokens
+    after [SOS] (its [EOS] counted)."""
+    return (length_ratio * (src_mask.reshape(src_mask.size(0), -1).sum(dim=1) - 1)).tolist()
 
 
 def _drop_finished(cache, keep: torch.Tensor, per_sentence: int) -> None:
@@ -72,10 +93,11 @@ def _drop_finished(cache, keep: torch.Tensor, per_sentence: int) -> None:
 
 @torch.no_grad()
 def greedy_decode(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_tokens: int,
-                  length_penalty: float = 1.0, use_cache: bool = True,
-                  no_repeat_ngram_size: int = 0) -> list[tuple[list[int], float]]:
+                  length_penalty: float = 1.0, use_cache: bool = True, no_repeat_ngram_size: int = 0,
+                  brevity_penalty: float = 0.0, length_ratio: float = 0.0) -> list[tuple[list[int], float]]:
     """The most likely next token at each step, for each row of `src` (B, S): (tokens without
     [EOS], score) per row."""
+    expected = expected_lengths(src_mask, length_ratio)
     memory = model.encode(src, src_mask)
     cache = model.new_cache() if use_cache else None
     rows = torch.arange(src.size(0), device=src.device)  # original row of each sentence still decoding
@@ -95,7 +117,8 @@ def greedy_decode(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor,
         if bool(finished.any()):  # one sync per step: the batch shrinks as sentences end
             for row, tokens, score in zip(rows[finished].tolist(), ys[finished, 1:-1].tolist(),
                                           log_prob[finished].tolist()):
-                outputs[row] = (tokens, length_normalised(score, step + 1, length_penalty))
+                outputs[row] = (tokens, hypothesis_score(score, step + 1, length_penalty, expected[row],
+                                                         brevity_penalty))
             keep = (~finished).nonzero().squeeze(1)
             rows, ys, log_prob, memory, src_mask = rows[keep], ys[keep], log_prob[keep], memory[keep], src_mask[keep]
             if cache is not None:
@@ -103,18 +126,19 @@ def greedy_decode(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor,
             if rows.numel() == 0:
                 break
     for row, tokens, score in zip(rows.tolist(), ys[:, 1:].tolist(), log_prob.tolist()):
-        outputs[row] = (tokens, length_normalised(score, len(tokens), length_penalty))
+        outputs[row] = (tokens, hypothesis_score(score, len(tokens), length_penalty, expected[row], brevity_penalty))
     return outputs
 
 
 @torch.no_grad()
 def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_tokens: int,
-                beam_size: int, length_penalty: float = 1.0, n_best: int = 1,
-                no_repeat_ngram_size: int = 0) -> list[Hypotheses]:
+                beam_size: int, length_penalty: float = 1.0, n_best: int = 1, no_repeat_ngram_size: int = 0,
+                brevity_penalty: float = 0.0, length_ratio: float = 0.0) -> list[Hypotheses]:
     """The `n_best` best hypotheses of each row of `src` (see the module docstring)."""
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size {beam_size}, got {n_best}")
     k, device = beam_size, src.device
+    expected = expected_lengths(src_mask, length_ratio)
     memory = model.encode(src, src_mask)
     cache = model.new_cache()
     sentences = torch.arange(src.size(0), device=device)  # original row of each sentence still searching
@@ -149,8 +173,8 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, m
             for j in range(k):
                 if ends_first_k[b][j]:
                     hypothesis = history[b * k + beams_host[b][j]]
-                    finished[sentence].append((length_normalised(scores_host[b][j], step + 1, length_penalty),
-                                               hypothesis))
+                    finished[sentence].append((hypothesis_score(scores_host[b][j], step + 1, length_penalty,
+                                                                expected[sentence], brevity_penalty), hypothesis))
             ranked = sorted(finished[sentence], key=lambda item: item[0], reverse=True)[:n_best]
             finished[sentence] = ranked
             can_improve = math.isfinite(open_best[b]) and (
@@ -161,7 +185,8 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, m
                 final_tokens = next_tokens[b].tolist()
                 for score, row, token in zip(final_scores, final_origin, final_tokens):
                     if math.isfinite(score):
-                        finished[sentence].append((length_normalised(score, step + 1, length_penalty),
+                        finished[sentence].append((hypothesis_score(score, step + 1, length_penalty,
+                                                                    expected[sentence], brevity_penalty),
                                                    history[row] + [token]))
                 finished[sentence] = sorted(finished[sentence], key=lambda item: item[0], reverse=True)[:n_best]
             elif can_improve:
@@ -183,13 +208,15 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, m
 @torch.no_grad()
 def sample(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_tokens: int, samples: int = 1,
            topk: int = 0, topp: float = 0.0, temperature: float = 1.0, length_penalty: float = 1.0,
-           generator: torch.Generator | None = None, no_repeat_ngram_size: int = 0) -> list[Hypotheses]:
+           generator: torch.Generator | None = None, no_repeat_ngram_size: int = 0,
+           brevity_penalty: float = 0.0, length_ratio: float = 0.0) -> list[Hypotheses]:
     """`samples` random translations of each row of `src`, each token drawn from the model's
     distribution divided by `temperature`, restricted to the `topk` most likely tokens (0: all)
     and to the smallest set of most likely tokens whose probability reaches `topp` (0: all).
     Scores are those of the module docstring under the model's own distribution (temperature 1,
     nothing cut off), as rescoring wants them; each sentence's samples come best first."""
     device = src.device
+    expected = expected_lengths(src_mask, length_ratio)
     memory = model.encode(src, src_mask)
     cache = model.new_cache()
     sentences = torch.arange(src.size(0), device=device)
@@ -229,8 +256,9 @@ def sample(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_to
                     if ended[row]:
                         hypothesis = hypothesis[:hypothesis.index(EOS_ID)]
                     length = len(hypothesis) + 1 if ended[row] else len(hypothesis)
-                    results[int(sentences[b])].append((length_normalised(scores[row], length, length_penalty),
-                                                       hypothesis))
+                    sentence = int(sentences[b])
+                    results[sentence].append((hypothesis_score(scores[row], length, length_penalty,
+                                                               expected[sentence], brevity_penalty), hypothesis))
             keep = per_sentence_alive.nonzero().squeeze(1)
             if keep.numel() == 0:
                 break

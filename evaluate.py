@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     scores = corpus_scores(hypotheses, references)
     print(f"model: {translator.source} ({translator.engine})")
     print(f"data: {config['datasource']} {args.split}, {len(pairs)} sentences, beam size {config['beam_size']}, "
-          f"length penalty {config['length_penalty']}")
+          f"length penalty {config['length_penalty']}, brevity penalty {config['brevity_penalty']} "
+          f"(length_ratio {translator.length_ratio})")
     print(f"chrF2 = {scores['chrf']:.2f} ({scores['chrf_signature']})")
     print(f"BLEU signature: {scores['bleu_signature']}")
     print(scores["bleu_text"])

@@ -275,10 +275,15 @@ class Trainer:
             log(f"starting from {config['init_from']}: its weights, tokenizers and architecture, with a new "
                 f"optimizer, schedule and step count")
         self.text, self.tokens, self.tok_src, self.tok_tgt = self.prepare_data(resume or self.initial)
+        self.train_ds = self.tokens.dataset("train")
+        if not config["length_ratio"] and len(self.train_ds):
+            # Both sides counting [EOS]: src_lens also count [SOS], tgt_lens count one of [SOS]/[EOS].
+            config["length_ratio"] = round(float(self.train_ds.tgt_lens.sum() / (self.train_ds.src_lens - 1).sum()), 4)
+            log(f"length_ratio {config['length_ratio']}: target over source tokens in the training data, what "
+                f"the brevity penalty expects")
         if ranks.is_main:
             self.folder.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(self.folder / "config.json", json.dumps(config, indent=1).encode("utf-8"))
-        self.train_ds = self.tokens.dataset("train")
         self.val_ds = self.tokens.dataset("validation") if "validation" in self.text.splits() else None
         self.val_pairs = self.text.pairs("validation")
         if len(self.train_ds) == 0:

@@ -11,7 +11,9 @@ The model: the newest good checkpoint of the experiment that --datasource and th
 name, or `--checkpoint PATH`, or the average of the N newest (`--average N`); or with
 `--engine ctranslate2 --model_dir DIR` a model exported by export.py. The model is rebuilt from the
 config stored with it, so only decoding options matter here:
-- `--beam_size K` and `--length_penalty A` (scores are log-probability / length ** A);
+- `--beam_size K`, `--length_penalty A` (scores are log-probability / length ** A) and
+  `--brevity_penalty B` (plus B x log of BLEU's brevity penalty against the length the model's
+  training data predicts; decoding.py);
 - sampling, for back-translation: `--sampling_topk K` and/or `--sampling_topp P`, `--temperature T`,
   reproducible with `--seed S`;
 - `--n_best N`: N hypotheses per input (the N best of the beam, or N samples), one per line as

@@ -8,7 +8,9 @@ One interface, two engines:
 translate.py, evaluate.py and serve.py get a `Translator` from `load_translator` and never branch on
 the engine. Both engines tokenize with the model's own tokenizers, truncate sources to its seq_len
 (with a warning on stderr), translate in length-sorted batches, and score hypotheses the same way
-(decoding.py: log-probability including [EOS] over length ** length_penalty).
+(decoding.py: log-probability including [EOS] over length ** length_penalty, plus the brevity
+penalty's term). CTranslate2 has no brevity penalty in its search: with one, its engine asks for
+beam_size hypotheses and ranks them with the term added, which picks from its final beam only.
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ import torch
 from tokenizers import Tokenizer
 
 from checkpoint import load_for_inference
-from config import validate_config, weights_dir
-from decoding import beam_search, encode_sources, greedy_decode, max_output_tokens, sample
+from config import get_config, validate_config, weights_dir
+from decoding import beam_search, brevity_term, encode_sources, greedy_decode, max_output_tokens, sample
 from device import pick_device
 from model import Transformer
 from tokenizer import PAD_ID, TokenizerError, decode_ids, load_tokenizer
@@ -44,6 +46,7 @@ class DecodingOptions:
 
     beam_size: int = 1
     length_penalty: float = 1.0
+    brevity_penalty: float = 0.0
     n_best: int = 1
     sampling_topk: int = 0
     sampling_topp: float = 0.0
@@ -54,6 +57,7 @@ class DecodingOptions:
     @classmethod
     def from_config(cls, config: dict[str, Any], **overrides: Any) -> "DecodingOptions":
         options = cls(beam_size=config["beam_size"], length_penalty=config["length_penalty"],
+                      brevity_penalty=config["brevity_penalty"],
                       sampling_topk=config["sampling_topk"], sampling_topp=config["sampling_topp"],
                       temperature=config["temperature"], no_repeat_ngram_size=config["no_repeat_ngram_size"],
                       batch_size=config["eval_batch_size"])
@@ -105,6 +109,8 @@ class Translator(ABC):
         self.path, self.source = path, source  # the checkpoint file or model directory; what to call it
         self.model_config = model_config  # the config the model was trained with
         self.seq_len = model_config["seq_len"]
+        # What the brevity penalty expects: output tokens per source token (train.py measured it).
+        self.length_ratio = model_config["length_ratio"]
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.engine, "model": self.source, "seq_len": self.seq_len,
@@ -181,13 +187,15 @@ class TorchTranslator(Translator):
                     self.generator = torch.Generator(device).manual_seed(self.seed)
                 return sample(model, src, src_mask, max_tokens, options.n_best, options.sampling_topk,
                               options.sampling_topp, options.temperature, options.length_penalty, self.generator,
-                              options.no_repeat_ngram_size)
+                              options.no_repeat_ngram_size, options.brevity_penalty, self.length_ratio)
             if options.beam_size == 1:
                 return [[hypothesis] for hypothesis in greedy_decode(
                     model, src, src_mask, max_tokens, options.length_penalty,
-                    no_repeat_ngram_size=options.no_repeat_ngram_size)]
+                    no_repeat_ngram_size=options.no_repeat_ngram_size, brevity_penalty=options.brevity_penalty,
+                    length_ratio=self.length_ratio)]
             return beam_search(model, src, src_mask, max_tokens, options.beam_size, options.length_penalty,
-                               options.n_best, options.no_repeat_ngram_size)
+                               options.n_best, options.no_repeat_ngram_size, options.brevity_penalty,
+                               self.length_ratio)
         finally:
             model.train(was_training)
 
@@ -215,7 +223,7 @@ class CTranslate2Translator(Translator):
             raise TranslatorError(f"model directory {model_dir} does not exist (write one with export.py)")
         try:
             project = json.loads((model_dir / CT2_PROJECT_CONFIG).read_text(encoding="utf-8"))
-            model_config = dict(project["config"])
+            model_config = {**get_config(), **project["config"]}  # keys added since the export get defaults
             validate_config(model_config)
             tok_src = load_tokenizer(model_dir / CT2_SOURCE_TOKENIZER)
             tok_tgt = load_tokenizer(model_dir / CT2_TARGET_TOKENIZER)
@@ -247,13 +255,21 @@ class CTranslate2Translator(Translator):
             topk = options.sampling_topk or self.tok_tgt.get_vocab_size()
             sampling = {"sampling_topk": topk, "sampling_topp": options.sampling_topp or 1.0,
                         "sampling_temperature": options.temperature}
+        brevity = options.brevity_penalty if self.length_ratio and not options.sampling else 0.0
         results = self.ct2.translate_batch(
-            tokens, beam_size=options.beam_size, num_hypotheses=options.n_best,
+            tokens, beam_size=options.beam_size, num_hypotheses=options.beam_size if brevity else options.n_best,
             length_penalty=options.length_penalty, no_repeat_ngram_size=options.no_repeat_ngram_size,
             max_decoding_length=max_tokens, min_decoding_length=0,
             max_input_length=self.seq_len, return_scores=True, **sampling)
-        return [[([self.tok_tgt.token_to_id(t) for t in hypothesis], score)
-                 for hypothesis, score in zip(result.hypotheses, result.scores)] for result in results]
+        found = []
+        for source, result in zip(tokens, results):
+            # Lengths count [EOS], as in decoding.py; the source's is its tokens after truncation, plus [EOS].
+            expected = self.length_ratio * (min(len(source), self.seq_len - 2) + 1)
+            hypotheses = [([self.tok_tgt.token_to_id(t) for t in hypothesis],
+                           score + brevity_term(len(hypothesis) + 1, expected, brevity))
+                          for hypothesis, score in zip(result.hypotheses, result.scores)]
+            found.append(sorted(hypotheses, key=lambda item: item[1], reverse=True)[:options.n_best])
+        return found
 
     def cross_attention(self, sentence: str) -> CrossAttention:
         tokens = self.tok_src.encode(sentence, add_special_tokens=False).tokens[:self.seq_len - 2]
@@ -290,8 +306,17 @@ def load_translator(args: argparse.Namespace, config: dict[str, Any]) -> Transla
         device = pick_device(config["device"])
         if device.type not in ("cpu", "cuda"):
             raise TranslatorError(f"CTranslate2 runs on cpu or cuda, not {device.type}")
-        return CTranslate2Translator(args.model_dir, device.type, config["seed"])
+        return with_length_ratio(CTranslate2Translator(args.model_dir, device.type, config["seed"]), config)
     if args.model_dir is not None:
         raise TranslatorError("--model_dir is a CTranslate2 model directory: add --engine ctranslate2")
-    return TorchTranslator.load(args.checkpoint, weights_dir(config), pick_device(config["device"]), args.average,
-                                config["seed"])
+    translator = TorchTranslator.load(args.checkpoint, weights_dir(config), pick_device(config["device"]),
+                                      args.average, config["seed"])
+    return with_length_ratio(translator, config)
+
+
+def with_length_ratio(translator: Translator, config: dict[str, Any]) -> Translator:
+    """An explicit --length_ratio replaces the one the model was trained with (or supplies it for a
+    model trained before train.py measured it)."""
+    if config["length_ratio"]:
+        translator.length_ratio = config["length_ratio"]
+    return translator

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from decoding import (beam_search, block_repeats, encode_sources, greedy_decode, length_normalised,
-                      max_output_tokens, sample)
+from decoding import (beam_search, block_repeats, encode_sources, expected_lengths, greedy_decode,
+                      hypothesis_score, max_output_tokens, sample)
 from model import KVCache, build_transformer, causal_mask
 from tokenizer import EOS_ID, PAD_ID, SOS_ID
 
@@ -214,7 +214,37 @@ def test_open_hypotheses_compete_when_tokens_run_out() -> None:
     results, _ = run_beam(table, 2, 1.0, n_best=2, max_tokens=2)
     assert tokens_of(results) == [[A, A], [B, B]]
     assert_close(scores_of(results), expected_scores((0.7, 2), (0.3, 2)))
-    assert length_normalised(-1.5, 3, 1.0) == pytest.approx(-0.5)
+    assert hypothesis_score(-1.5, 3, 1.0) == pytest.approx(-0.5)
+
+
+def test_brevity_penalty_lowers_only_hypotheses_shorter_than_expected() -> None:
+    # log BP = 1 - expected / length below the expected length, 0 from it on; lengths count [EOS].
+    assert hypothesis_score(-1.5, 3, 1.0, expected_length=4.0, brevity_penalty=2.0) == \
+        pytest.approx(-0.5 + 2 * (1 - 4 / 3))
+    assert hypothesis_score(-1.5, 3, 1.0, expected_length=3.0, brevity_penalty=2.0) == pytest.approx(-0.5)
+    assert hypothesis_score(-1.5, 6, 0.0, expected_length=3.0, brevity_penalty=2.0) == pytest.approx(-1.5)
+    # The expected length: length_ratio x the source's tokens after [SOS], padding not counted.
+    src = torch.tensor([[SOS_ID, 9, 9, 9, EOS_ID], [SOS_ID, 9, EOS_ID, PAD_ID, PAD_ID]])
+    assert expected_lengths((src != PAD_ID)[:, None, None, :], 1.5) == pytest.approx([6.0, 3.0])
+
+
+def test_brevity_penalty_makes_beam_search_prefer_the_expected_length() -> None:
+    """The table of the test above: [A] wins on its own with length_penalty 0. The source (one
+    token and [EOS]) with length_ratio 2 expects 4 tokens with [EOS]: [A A A] [EOS] meets that, and
+    [A] [EOS] (length 2) pays 1 - 4 / 2 = -1 per unit of brevity penalty."""
+    table = {(): {A: 0.5, B: 0.4, C: 0.1}, (A,): {EOS_ID: 0.7, A: 0.3}, (B,): {EOS_ID: 0.8, B: 0.2},
+             (A, A): {A: 1.0}, (B, B): {B: 1.0}, (A, A, A): {EOS_ID: 1.0}, (B, B, B): {EOS_ID: 1.0}}
+    search = lambda brevity: beam_search(StubModel(table), *ONE_SOURCE, 10, 2, 0.0, 2, brevity_penalty=brevity,
+                                         length_ratio=2.0)[0]
+    assert tokens_of(search(0.0)) == [[A], [B]]
+    # log 0.35 - 1 = -2.05 and log 0.32 - 1 = -2.14 fall below [A A A]'s log 0.15 = -1.90.
+    results = search(1.0)
+    assert tokens_of(results) == [[A, A, A], [A]]
+    assert_close(scores_of(results), torch.tensor([math.log(0.15), math.log(0.35) - 1.0], dtype=torch.float64))
+    # Greedy reports the same score for what it finds, and the term changes nothing it chooses.
+    [(tokens, score)] = greedy_decode(StubModel(table), *ONE_SOURCE, 10, length_penalty=0.0, brevity_penalty=1.0,
+                                      length_ratio=2.0)
+    assert tokens == [A] and score == pytest.approx(math.log(0.35) - 1.0)
 
 
 def test_beam_size_one_without_length_penalty_equals_greedy_on_a_random_model() -> None:

@@ -98,6 +98,26 @@ def test_beam_search_equals_ctranslate2s(toy_translator, toy_sources, tmp_path: 
     assert all(a[0].score >= b[0].score - 1e-4 for a, b in zip(ours, engine))
 
 
+def test_brevity_penalty_ranks_ctranslate2s_beam(toy_translator, toy_sources, tmp_path: Path) -> None:
+    """CTranslate2 has no brevity penalty in its search: its engine ranks its final beam with the
+    term added. Where it picks what this project's search picks, the scores are the same (the same
+    lengths counted on both sides); elsewhere this project's search, which goes on until nothing
+    better can come, finds a better-scoring hypothesis, never a worse one."""
+    ct2 = export_toy(toy_translator, tmp_path / "ct2")
+    ours = toy_translator.translator()
+    ours.length_ratio = ct2.length_ratio = 2.5  # longer than the toy's outputs: the term matters
+    brevity = DecodingOptions(beam_size=4, brevity_penalty=2.0)
+    with_term = ours.translate(toy_sources, brevity)
+    theirs = ct2.translate(toy_sources, brevity)
+    same, same_scores = agreement(with_term, theirs)
+    assert same >= SENTENCES // 4 and same_scores == same
+    without = {h[0].text: h[0].score for h in ct2.translate(toy_sources, DecodingOptions(beam_size=4))}
+    penalised = [a[0] for a, b in zip(with_term, theirs) if a[0].text == b[0].text and a[0].text in without
+                 and a[0].score < without[a[0].text] - 1e-3]
+    assert len(penalised) >= 5, "premise: some of the agreeing outputs carry the term"
+    assert all(a[0].score >= b[0].score - 1e-4 for a, b in zip(with_term, theirs))
+
+
 def test_int8_keeps_most_greedy_outputs(toy_translator, toy_sources, tmp_path: Path) -> None:
     ct2 = export_toy(toy_translator, tmp_path / "int8", "int8")
     assert ct2.describe()["quantization"] == "int8"

@@ -26,7 +26,7 @@ from store import text_store, token_store
 from synthetic_data import synthetic_pairs, write_hub_dataset
 from loss import loss_sum
 from scoring import corpus_scores
-from tokenizer import PAD_ID
+from tokenizer import PAD_ID, tokenizer_from_json
 from translator import DecodingOptions, TorchTranslator
 
 SCALARS = {"train/loss", "train/lr", "train/tokens_per_second", "val/loss", "val/bleu", "val/chrf", "val/cer",
@@ -54,7 +54,14 @@ def test_first_run_stops_at_max_steps_with_a_checkpoint(trained_run) -> None:
             "batch_settings", "config", "tokenizers", "metrics"} <= set(state)
     config = dict(state["config"])
     validate_config(config)
-    assert config == {**run.config, "max_steps": run.FIRST_MAX_STEPS}
+    # length_ratio: target over source tokens of the training pairs, both counting [EOS]
+    tok_src, tok_tgt = tokenizer_from_json(state["tokenizers"]["src"]), tokenizer_from_json(state["tokenizers"]["tgt"])
+    pairs = synthetic_pairs(200, 1)
+    source_tokens = sum(len(tok_src.encode(s, add_special_tokens=False).ids) + 1 for s, _ in pairs)
+    target_tokens = sum(len(tok_tgt.encode(t, add_special_tokens=False).ids) + 1 for _, t in pairs)
+    length_ratio = round(target_tokens / source_tokens, 4)
+    assert f"length_ratio {length_ratio}:" in run.first.stderr
+    assert config == {**run.config, "max_steps": run.FIRST_MAX_STEPS, "length_ratio": length_ratio}
     # tokenizers and the resolved config sit beside the checkpoints
     assert json.loads((run.folder / "config.json").read_text())["max_steps"] == run.SECOND_MAX_STEPS
     assert (run.folder / "tokenizer_en.json").read_text() == state["tokenizers"]["src"]

@@ -123,6 +123,22 @@ def test_n_best_lines_are_numbered_scored_and_ranked(trained_run, capsys: pytest
         [(h.text, score) for h, (_, score, _) in zip(best, rows[:3])]
 
 
+def test_brevity_penalty_expects_the_models_length_ratio_unless_told(trained_run,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    translator = TorchTranslator.load(None, trained_run.folder, torch.device("cpu"))
+    assert translator.length_ratio == translator.model_config["length_ratio"] > 0  # train.py measured it
+    found = {}
+    for extra, ratio in (([], translator.length_ratio), (["--length_ratio", "3"], 3.0)):
+        code, out, _ = run_main(capsys, experiment(trained_run) + ["--beam_size", "4", "--n_best", "2",
+                                                                   "--brevity_penalty", "1", *extra, FIRST])
+        assert code == 0
+        translator.length_ratio = ratio
+        best = translator.translate([FIRST], DecodingOptions(beam_size=4, n_best=2, brevity_penalty=1.0))[0]
+        found[ratio] = [(text, score) for _, score, text in (line.split("\t") for line in out)]
+        assert found[ratio] == [(h.text, f"{h.score:.4f}") for h in best]
+    assert found[3.0] != found[translator.model_config["length_ratio"]], "premise: a ratio of 3 penalises"
+
+
 def test_sampling_is_reproducible_with_seed(trained_run, capsys: pytest.CaptureFixture) -> None:
     sample = experiment(trained_run) + ["--sampling_topk", "8", "--temperature", "1.5", "--n_best", "5", FIRST]
     first = run_main(capsys, sample + ["--seed", "1"])
