@@ -7,8 +7,8 @@ The run reads top to bottom, one named phase after another:
 3. `Trainer.train_epoch`: forward and backward of each micro-batch (AMP, gradient accumulation);
    `Trainer.optimizer_step` after the last micro-batch of each step (clipping, skipping a non-finite
    step); then `Trainer.stop_decision` (max_steps, max_minutes, a signal, too many non-finite steps).
-4. `Trainer.end_of_epoch`: validation, early stopping, fitting a cosine schedule to --max_minutes,
-   and a checkpoint, at each epoch's end and when training stops.
+4. `Trainer.end_of_epoch`: validation, early stopping and a checkpoint, at each epoch's end and
+   when training stops.
 Checkpoints are also written every `save_every_steps`, and on SIGINT/SIGTERM.
 
 Under `torchrun --nproc_per_node N train.py ...` each rank trains on a disjoint share of every
@@ -297,8 +297,7 @@ class Trainer:
         if steps_per_epoch == 0:
             raise DataError(f"too little training data for one step of {ranks.world_size * config['accum_steps']} "
                             f"batches")
-        self.configured_steps = config["max_steps"] or config["num_epochs"] * steps_per_epoch
-        self.total_steps = self.configured_steps  # where the cosine ends; fit_schedule_to_time may move it
+        self.total_steps = config["max_steps"] or config["num_epochs"] * steps_per_epoch
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
                                                            lambda step: lr_factor(step, config, self.total_steps))
         self.autocast_dtype = amp_dtype(config, self.device)
@@ -449,7 +448,6 @@ class Trainer:
             log(f"already trained {self.epoch} epochs; raise --num_epochs to go on")
             return 0
         self.model.train()
-        self.loop_started, self.loop_first_step = time.monotonic(), self.global_step
         stop = None
         with GracefulStop() as graceful:
             while self.epoch < config["num_epochs"] and stop is None:
@@ -599,38 +597,10 @@ class Trainer:
                     stop = "early_stopping"
             [early] = self.on_any_rank(stop == "early_stopping")  # rank 0 validated: it decides
             stop = stop or ("early_stopping" if early else None)
-        if stop is None:
-            self.fit_schedule_to_time()
         self.save(metrics)
         if self.ranks.distributed:
             dist.barrier()
         return stop
-
-    def fit_schedule_to_time(self) -> None:
-        """With --max_minutes and the cosine schedule: if this run's pace so far (validations
-        included) says the configured steps will not fit in the time left, the cosine is made to
-        end when the time runs out, so a slower machine still ends its run at the bottom of the
-        decay instead of being cut off high on it. Rank 0's clock decides for every rank."""
-        config = self.config
-        steps = self.global_step - self.loop_first_step
-        if not config["max_minutes"] or config["lr_schedule"] != "cosine" or steps == 0:
-            return
-        fitted = 0
-        if self.ranks.is_main:
-            now = time.monotonic()
-            seconds_per_step = (now - self.loop_started) / steps
-            # The last validation's time is kept back for the final one, as stop_decision does.
-            left = 60 * config["max_minutes"] - (now - self.started) - self.last_validation_seconds
-            fitted = self.global_step + max(1, int(left / seconds_per_step))
-        if self.ranks.distributed:
-            shared = torch.tensor([fitted], device=self.device)
-            dist.broadcast(shared, src=0)
-            fitted = int(shared.item())
-        total = min(self.configured_steps, fitted)
-        if total != self.total_steps:
-            log(f"--max_minutes {config['max_minutes']}: the cosine schedule now ends at step {total} of "
-                f"{self.configured_steps}, at this run's pace so far")
-            self.total_steps = total
 
     def save(self, metrics: dict[str, float] | None = None) -> None:
         if not self.ranks.is_main:

@@ -85,39 +85,6 @@ def test_cosine_schedule_ends_at_min_lr() -> None:
     assert train.lr_factor(99, config, 100) == pytest.approx(1e-2)
 
 
-def paced_trainer(monkeypatch: pytest.MonkeyPatch, **config_changes) -> "train.Trainer":
-    """A trainer 100 steps into a run of 1,000 with --max_minutes 2, as fit_schedule_to_time sees
-    it: started at t=0, its loop at t=10, now t=60 (0.5 s a step), its last validation 5 s."""
-    trainer = object.__new__(train.Trainer)
-    trainer.config = {**get_config(), "lr_schedule": "cosine", "max_minutes": 2.0, **config_changes}
-    trainer.ranks, trainer.device = train.Ranks(), torch.device("cpu")
-    trainer.started, trainer.loop_started, trainer.last_validation_seconds = 0.0, 10.0, 5.0
-    trainer.loop_first_step, trainer.global_step = 0, 100
-    trainer.configured_steps = trainer.total_steps = 1000
-    monkeypatch.setattr(train.time, "monotonic", lambda: 60.0)
-    return trainer
-
-
-def test_cosine_schedule_is_fitted_to_the_time_left(monkeypatch: pytest.MonkeyPatch,
-                                                    capsys: pytest.CaptureFixture) -> None:
-    trainer = paced_trainer(monkeypatch)
-    trainer.fit_schedule_to_time()
-    # 120 s - 60 s gone - 5 s kept for the final validation = 55 s: 110 more steps at 0.5 s.
-    assert trainer.total_steps == 210
-    assert "the cosine schedule now ends at step 210 of 1000" in capsys.readouterr().err
-    trainer.configured_steps = 150  # fits in the time: the configured end stands
-    trainer.fit_schedule_to_time()
-    assert trainer.total_steps == 150
-
-
-@pytest.mark.parametrize("changes", [{"max_minutes": 0.0}, {"lr_schedule": "inverse_sqrt"}])
-def test_schedule_is_left_alone_without_a_time_budget_or_cosine(monkeypatch: pytest.MonkeyPatch,
-                                                                 changes: dict) -> None:
-    trainer = paced_trainer(monkeypatch, **changes)
-    trainer.fit_schedule_to_time()
-    assert trainer.total_steps == 1000
-
-
 def test_bf16_autocast_on_cpu_trains(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     data = tiny_corpus(tmp_path / "data")
     assert train.main(["--datasource", str(data), "--preset", "tiny", "--amp", "bf16", "--max_steps", "30",
