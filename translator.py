@@ -46,7 +46,7 @@ class DecodingOptions:
 
     beam_size: int = 1
     length_penalty: float = 1.0
-    brevity_penalty: float = 0.0
+    brevity_penalty: float = 0.2
     n_best: int = 1
     sampling_topk: int = 0
     sampling_topp: float = 0.0
