@@ -4,8 +4,8 @@
 
 Each global step holds world_size * accum_steps micro-batches; rank r trains on every
 world_size-th one. So 2 ranks x accum 1 and 1 rank x accum 2 see the same micro-batches per step,
-and with the loss normalised by the step's token count they must reach the same weights. The DDP
-run is stopped at step 3 and resumed to step 6 to check resuming under DDP as well.
+and with the loss normalised by the step's token count they must reach the same weights.
+(Resuming under DDP is test 2's.)
 
 Adam's eps is raised to 1e-6 for the comparison: the key projection's bias has an exactly zero
 true gradient (it shifts every attention score of a query equally), so it only ever sees rounding
@@ -52,18 +52,15 @@ def test_two_rank_ddp_equals_single_process_with_same_global_batch(tmp_path: Pat
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     subprocess.run([sys.executable, *train_args(data, single, "--max_steps", "6", "--accum_steps", "2")], cwd=ROOT,
                    check=True, capture_output=True, timeout=240)
-    for max_steps in ("3", "6"):
-        result = subprocess.run([*TORCHRUN, *train_args(data, ddp, "--max_steps", max_steps)], cwd=ROOT,
-                                capture_output=True, text=True, timeout=240)
-        assert result.returncode == 0, result.stderr[-3000:]
-    assert "2 ranks" in result.stderr and "resuming from" in result.stderr
+    result = subprocess.run([*TORCHRUN, *train_args(data, ddp, "--max_steps", "6")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 ranks" in result.stderr
 
     expected, actual = weights(single, 6), weights(ddp, 6)
     assert expected.keys() == actual.keys()
     for name in expected:
         torch.testing.assert_close(actual[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
-    at_resume = weights(ddp, 3)
-    assert any(not torch.equal(at_resume[name], actual[name]) for name in actual), "the resumed run trained"
 
 
 def process_tree(root: int) -> list[int]:
