@@ -78,10 +78,16 @@ def brevity_term(length: int, expected_length: float, brevity_penalty: float) ->
     return brevity_penalty * min(0.0, 1.0 - expected_length / length) if brevity_penalty else 0.0
 
 
+def expected_length(source_tokens: int, length_ratio: float) -> float:
+    """The output length the brevity penalty expects for a source of `source_tokens` tokens (no
+    special tokens): length_ratio times its length, [EOS] counted on both sides."""
+    return length_ratio * (source_tokens + 1)
+
+
 def expected_lengths(src_mask: torch.Tensor, length_ratio: float) -> list[float]:
-    """Each source row's expected output length, [EOS] counted: length_ratio times its tokens
-    after [SOS] (its [EOS] counted)."""
-    return (length_ratio * (src_mask.reshape(src_mask.size(0), -1).sum(dim=1) - 1)).tolist()
+    """expected_length of each source row of a batch, its [SOS] and [EOS] not counted as tokens."""
+    return [expected_length(count - 2, length_ratio)
+            for count in src_mask.reshape(src_mask.size(0), -1).sum(dim=1).tolist()]
 
 
 def _drop_finished(cache, keep: torch.Tensor, per_sentence: int) -> None:

@@ -27,7 +27,8 @@ from tokenizers import Tokenizer
 
 from checkpoint import load_for_inference
 from config import get_config, validate_config, weights_dir
-from decoding import beam_search, brevity_term, encode_sources, greedy_decode, max_output_tokens, sample
+from decoding import (beam_search, brevity_term, encode_sources, expected_length, greedy_decode, max_output_tokens,
+                      sample)
 from device import pick_device
 from model import Transformer
 from tokenizer import PAD_ID, TokenizerError, decode_ids, load_tokenizer
@@ -39,20 +40,23 @@ class TranslatorError(RuntimeError):
     """A model that cannot be loaded, or options it cannot decode with; the message says which."""
 
 
+_DEFAULTS = get_config()  # DecodingOptions' defaults are the config's
+
+
 @dataclass(frozen=True)
 class DecodingOptions:
     """How to decode. Sampling is on when `sampling_topk` or `sampling_topp` is set; it draws
     `n_best` samples per sentence and needs beam_size 1."""
 
-    beam_size: int = 1
-    length_penalty: float = 1.0
-    brevity_penalty: float = 0.2
+    beam_size: int = _DEFAULTS["beam_size"]
+    length_penalty: float = _DEFAULTS["length_penalty"]
+    brevity_penalty: float = _DEFAULTS["brevity_penalty"]
     n_best: int = 1
-    sampling_topk: int = 0
-    sampling_topp: float = 0.0
-    temperature: float = 1.0
-    no_repeat_ngram_size: int = 0
-    batch_size: int = 64
+    sampling_topk: int = _DEFAULTS["sampling_topk"]
+    sampling_topp: float = _DEFAULTS["sampling_topp"]
+    temperature: float = _DEFAULTS["temperature"]
+    no_repeat_ngram_size: int = _DEFAULTS["no_repeat_ngram_size"]
+    batch_size: int = _DEFAULTS["eval_batch_size"]
 
     @classmethod
     def from_config(cls, config: dict[str, Any], **overrides: Any) -> "DecodingOptions":
@@ -263,8 +267,8 @@ class CTranslate2Translator(Translator):
             max_input_length=self.seq_len, return_scores=True, **sampling)
         found = []
         for source, result in zip(tokens, results):
-            # Lengths count [EOS], as in decoding.py; the source's is its tokens after truncation, plus [EOS].
-            expected = self.length_ratio * (min(len(source), self.seq_len - 2) + 1)
+            # Lengths count [EOS], as in decoding.py; the source as truncated to the model's seq_len.
+            expected = expected_length(min(len(source), self.seq_len - 2), self.length_ratio)
             hypotheses = [([self.tok_tgt.token_to_id(t) for t in hypothesis],
                            score + brevity_term(len(hypothesis) + 1, expected, brevity))
                           for hypothesis, score in zip(result.hypotheses, result.scores)]
