@@ -114,7 +114,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cpu": {
         "d_model": 256, "num_layers": 3, "num_heads": 4, "d_ff": 512, "dropout": 0.1,
         "tokenizer_type": "bpe", "vocab_size": 4000, "joint_vocab": True, "tie_embeddings": True,
-        "batch_tokens": 1500, "lr": 2e-3, "warmup_steps": 100, "lr_schedule": "cosine",
+        "batch_tokens": 1500, "lr": 1.4e-3, "warmup_steps": 100, "lr_schedule": "cosine",
         "num_epochs": 16, "seq_len": 128, "eval_batch_size": 128, "keep_checkpoints": 5,
         "average_checkpoints": 3,
     },
