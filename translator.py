@@ -113,6 +113,7 @@ class Translator(ABC):
         self.path, self.source = path, source  # the checkpoint file or model directory; what to call it
         self.model_config = model_config  # the config the model was trained with
         self.seq_len = model_config["seq_len"]
+        self.max_source_tokens = self.seq_len - 2  # [SOS] and [EOS] take two of its positions
         # What the brevity penalty expects: output tokens per source token (train.py measured it).
         self.length_ratio = model_config["length_ratio"]
 
@@ -124,16 +125,16 @@ class Translator(ABC):
         """Translate in batches of similar length; results in the input order."""
         options.check()
         tokens = [e.tokens for e in self.tok_src.encode_batch(list(sentences), add_special_tokens=False)]
-        truncated = sum(len(t) + 2 > self.seq_len for t in tokens)
+        truncated = sum(len(t) > self.max_source_tokens for t in tokens)
         if truncated:
-            print(f"warning: truncated {truncated} source sentence(s) to the model's limit of {self.seq_len - 2} "
+            print(f"warning: truncated {truncated} source sentence(s) to the model's limit of {self.max_source_tokens} "
                   f"tokens", file=sys.stderr, flush=True)
         order = sorted(range(len(sentences)), key=lambda i: len(tokens[i]), reverse=True)
         results: list[list[Hypothesis]] = [[] for _ in sentences]
         for start in range(0, len(order), options.batch_size):
             chunk = order[start:start + options.batch_size]
             batch = [sentences[i] for i in chunk]
-            longest = min(len(tokens[chunk[0]]), self.seq_len - 2)
+            longest = min(len(tokens[chunk[0]]), self.max_source_tokens)
             found = self.translate_batch(batch, options, max_output_tokens(longest, self.seq_len))
             for index, hypotheses in zip(chunk, found):
                 results[index] = [Hypothesis(decode_ids(self.tok_tgt, ids), score) for ids, score in hypotheses]
@@ -268,7 +269,7 @@ class CTranslate2Translator(Translator):
         found = []
         for source, result in zip(tokens, results):
             # Lengths count [EOS], as in decoding.py; the source as truncated to the model's seq_len.
-            expected = expected_length(min(len(source), self.seq_len - 2), self.length_ratio)
+            expected = expected_length(min(len(source), self.max_source_tokens), self.length_ratio)
             hypotheses = [([self.tok_tgt.token_to_id(t) for t in hypothesis],
                            score + brevity_term(len(hypothesis) + 1, expected, brevity))
                           for hypothesis, score in zip(result.hypotheses, result.scores)]
@@ -276,7 +277,7 @@ class CTranslate2Translator(Translator):
         return found
 
     def cross_attention(self, sentence: str) -> CrossAttention:
-        tokens = self.tok_src.encode(sentence, add_special_tokens=False).tokens[:self.seq_len - 2]
+        tokens = self.tok_src.encode(sentence, add_special_tokens=False).tokens[:self.max_source_tokens]
         [result] = self.ct2.translate_batch([tokens], beam_size=1, min_decoding_length=0, return_attention=True,
                                             max_decoding_length=max_output_tokens(len(tokens), self.seq_len),
                                             max_input_length=self.seq_len)
