@@ -299,9 +299,10 @@ class Load:
 
 
 def client(port: int, requests: list[list[str]], total: int, next_index: list[int], load: Load,
-           deadline: float) -> None:
+           deadline: float, timeout: float | None) -> None:
     """One client: a kept-alive connection sending the next unsent request (of `total`, taken from
-    `requests` in turn) until none is left or time is up."""
+    `requests` in turn) until none is left or time is up; an answer is awaited `timeout` seconds,
+    or (None) until time is up."""
     connection = http.client.HTTPConnection("127.0.0.1", port)
     while True:
         with load.lock:
@@ -311,7 +312,7 @@ def client(port: int, requests: list[list[str]], total: int, next_index: list[in
             next_index[0] += 1
             load.sent += 1
         sentences = requests[index % len(requests)]
-        connection.timeout = max(0.1, deadline - time.monotonic())
+        connection.timeout = timeout or max(0.1, deadline - time.monotonic())
         start = time.monotonic()
         try:
             status, retry_after, body = exchange(connection, sentences)
@@ -333,13 +334,15 @@ def client(port: int, requests: list[list[str]], total: int, next_index: list[in
     connection.close()
 
 
-def run_load(port: int, requests: list[list[str]], clients: int, time_limit: float, total: int | None = None) -> Load:
-    """`total` requests (default: each of `requests` once) from `clients` closed-loop clients."""
+def run_load(port: int, requests: list[list[str]], clients: int, time_limit: float, total: int | None = None,
+             timeout: float | None = None) -> Load:
+    """`total` requests (default: each of `requests` once) from `clients` closed-loop clients, sent
+    for `time_limit` seconds; each answer awaited `timeout` seconds (None: until the time limit)."""
     load = Load()
     next_index = [0]
     deadline = time.monotonic() + time_limit
     threads = [threading.Thread(target=client, args=(port, requests, total or len(requests), next_index, load,
-                                                     deadline)) for _ in range(clients)]
+                                                     deadline, timeout)) for _ in range(clients)]
     start = time.monotonic()
     for thread in threads:
         thread.start()
@@ -377,9 +380,11 @@ def table(rows: list[dict[str, Any]]) -> str:
                                enumerate(zip(line, widths))) for line in cells)
 
 
-def measure_capacity(port: int, requests: list[list[str]], clients: int, seconds: float) -> dict[str, Any]:
-    """Requests and sentences answered 200 per second by a closed-loop run of `seconds` at saturation."""
-    load = run_load(port, requests, clients, seconds, total=sys.maxsize)
+def measure_capacity(port: int, requests: list[list[str]], clients: int, seconds: float,
+                     timeout: float) -> dict[str, Any]:
+    """Requests and sentences answered 200 per second by closed-loop clients sending for `seconds`
+    at saturation (the answers to the last requests are awaited and counted)."""
+    load = run_load(port, requests, clients, seconds, total=sys.maxsize, timeout=timeout)
     return {"clients": clients, "seconds": round(load.seconds, 3), "refused_or_failed": len(load.errors),
             "requests_per_second": len(load.latencies) / load.seconds,
             "sentences_per_second": load.sentences / load.seconds}
@@ -521,7 +526,7 @@ def drive_open_loop(port: int, pid: int, requests: list[list[str]], args: argpar
     with pinned(pinning.generator):
         capacity = None
         if args.rate is None:
-            capacity = measure_capacity(port, requests, args.clients, args.capacity_seconds)
+            capacity = measure_capacity(port, requests, args.clients, args.capacity_seconds, timeout)
             print(f"loadtest.py: capacity: {capacity['requests_per_second']:.2f} requests/s "
                   f"({capacity['sentences_per_second']:.1f} sentences/s) from {args.clients} closed-loop clients "
                   f"in {capacity['seconds']:.1f} s", file=sys.stderr)
@@ -613,8 +618,8 @@ def summary(row: dict[str, Any]) -> str:
     lines = [
         f"{row['engine']}, {row['mode']} loop: {rate}, {row['arrivals']} arrivals for {row['duration_s']:g} s",
         f"  requests: {row['scheduled']} due, {row['sent']} sent, {row['unsent']} unsent",
-        f"  answers: {counts[OK]} 200, {counts[REFUSED]} 503 with Retry-After; failures: "
-        + ", ".join(f"{counts[kind]} {what}" for kind, what in FAILURES.items()),
+        f"  answers: answered (200) {counts[OK]}, refused (503 with Retry-After) {counts[REFUSED]}, failures: "
+        + (", ".join(f"{what} {counts[kind]}" for kind, what in FAILURES.items() if counts[kind]) or "none"),
         "  statuses: " + (", ".join(f"{code}: {count}" for code, count in row["statuses"].items()) or "none"),
         f"  answered (200): p50 {ms(answered['p50_ms'])}, p99 {ms(answered['p99_ms'])}, max {ms(answered['max_ms'])}; "
         f"deadline {row['deadline_s']:g} s ({row['deadline_source']})",
@@ -628,7 +633,8 @@ def summary(row: dict[str, Any]) -> str:
         + f" (samples from {rss['slope_from_s']:g} s)",
         f"  after the load: {row['recovery']['status'] or row['recovery']['message']} in "
         f"{row['recovery']['latency_ms']:g} ms",
-        "  " + ("; ".join(row["problems"]) if row["problems"] else "held: every answer 200 or 503 with Retry-After"),
+        "  " + ("; ".join(row["problems"]) if row["problems"] else
+                "held: every answer 200 or 503 with Retry-After, p99 within the deadline, memory within the bound"),
     ]
     return "\n".join(lines)
 

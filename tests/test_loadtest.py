@@ -54,10 +54,11 @@ def test_percentile_is_nearest_rank() -> None:
 def test_open_loop_against_the_server(trained_run, capsys: pytest.CaptureFixture) -> None:
     """Capacity measured, then half of it sent open-loop: the report adds up, says where each side
     ran and how the server's memory went, and the server held."""
+    cpus = sorted(os.sched_getaffinity(0))
     code = loadtest.main(["--datasource", str(trained_run.datasource), "--model_folder", str(trained_run.model_folder),
                           "--mode", "open", "--clients", "2", "--capacity_seconds", "0.5", "--rate_factor", "0.5",
-                          "--duration", "1.5", "--sentences_per_request", "2", "--deadline_s", "30",
-                          "--rss_interval_s", "0.5", "--json"])
+                          "--duration", "1", "--sentences_per_request", "2", "--deadline_s", "30",
+                          "--rss_interval_s", "0.25", "--json"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     [row] = json.loads(captured.out)
@@ -68,7 +69,6 @@ def test_open_loop_against_the_server(trained_run, capsys: pytest.CaptureFixture
     assert row["counts"]["refused"] == row["refused"]["count"]
     assert sum(row["statuses"].values()) == row["sent"] - row["counts"]["connection_error"] - row["counts"]["timeout"]
     assert row["answered"]["p50_ms"] <= row["answered"]["p99_ms"] <= row["answered"]["max_ms"]
-    cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) >= 2:
         assert row["pinning"] == {"generator": str(cpus[0]), "server": ",".join(map(str, cpus[1:])), "note": ""}
     else:
