@@ -18,20 +18,32 @@ through np.memmap, text rows with file reads (`read_texts`), and nothing is load
 ids use the smallest unsigned type that holds the vocabulary (uint16 up to 65,536 entries).
 Chosen over Arrow through `datasets` because it needs nothing beside NumPy, its ids are 2 bytes instead of Arrow's 8-byte
 int64 lists, and it is built atomically in a few lines: everything is written into a temporary
-folder with a `meta.json` recording each file's size and sha256, which is renamed into place last.
-A folder whose files are missing or do not match is rebuilt with a one-line message; a build that
-died halfway leaves only a temporary folder, which the next build removes.
+folder `.NAME.tmp<pid>` with a `meta.json` recording each file's size and sha256, which is renamed
+into place last.
+
+Only the builder deletes. `Store.open_or_build` (rank 0, through `text_store` and `token_store`) is
+the one path that builds, and it builds under a lock per store (`.NAME.lock`, flock, dropped by the
+kernel when its owner dies): a second process building the same store waits, then opens the first
+one's result. Holding that lock proves that no live process is building the store, so the builder
+then removes the `.NAME.tmp*` leftovers of a build that died, and replaces a folder whose files are
+missing or do not match (one-line message); it never touches another store's files. `Store.open`,
+for the ranks that only read, never deletes: a missing or damaged store is a DataError there. A full
+disk (ENOSPC, EFBIG, EDQUOT) during a build is a one-line DataError naming the store; its temporary
+folder is removed and the stores already built are left as they are.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -42,6 +54,7 @@ from tokenizer import tokenizer_hash
 
 STORE_FORMAT = 1
 ENCODE_BATCH = 20_000  # pairs tokenized per call: bounds memory, keeps the tokenizer's threads busy
+DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # errors that mean "no room to write"
 
 
 def smallest_id_type(vocab_size: int) -> np.dtype:
@@ -126,6 +139,62 @@ def _read_side(path: Path, starts: list[int], ends: list[int]) -> list[str]:
         return texts
 
 
+class StoreDamage(ValueError):
+    """A store folder whose meta.json or files do not match; the message says which."""
+
+
+def checked_meta(folder: Path, verify: bool) -> dict[str, Any]:
+    """The meta.json of the store at `folder`, every file's size checked against it, and its sha256
+    too when `verify`. Raises StoreDamage."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        for name, recorded in meta["files"].items():
+            path = folder / name
+            if path.stat().st_size != recorded["bytes"]:
+                raise StoreDamage(f"{name} has {path.stat().st_size} bytes, not {recorded['bytes']}")
+            if verify and sha256_of(path) != recorded["sha256"]:
+                raise StoreDamage(f"{name} does not match its sha256")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise StoreDamage(str(error).splitlines()[0]) from None
+    return meta
+
+
+@contextmanager
+def build_lock(folder: Path) -> Iterator[None]:
+    """Hold the build lock of the store at `folder` (`.NAME.lock` beside it), waiting for a process
+    that holds it, with one line saying so. Not POSIX: no lock, as checkpoint.RunLock does."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(folder.with_name(f".{folder.name}.lock"), "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            log(f"waiting for process {handle.read().strip() or '(unknown)'}, which is building the data store "
+                f"{folder}")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield  # closing the file releases the lock
+
+
+@contextmanager
+def disk_full_as_data_error(folder: Path) -> Iterator[None]:
+    """A write refused for want of room becomes one line naming the store being built."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in DISK_FULL:
+            raise
+        raise DataError(f"cannot write the data store {folder}: {error.strerror}; nothing of it was kept, and the "
+                        f"stores already in {folder.parent} are intact") from None
+
+
 class Store:
     """A built store folder and its meta.json."""
 
@@ -133,34 +202,49 @@ class Store:
         self.folder, self.meta = Path(folder), meta
 
     @classmethod
-    def open(cls, folder: Path, verify: bool = True) -> "Store | None":
-        """The store at `folder`, or None when there is none; a damaged one is removed, with a
-        one-line message, so that it is rebuilt. `verify` checks every file's sha256 (rank 0 does,
-        the ranks that wait for it need not)."""
+    def open(cls, folder: Path, verify: bool = True) -> "Store":
+        """The store at `folder`, for a process that only reads it (the ranks that wait for rank 0).
+        A missing or damaged store is a DataError and is left as it is: only its builder replaces it.
+        `verify` checks every file's sha256 besides its size."""
         folder = Path(folder)
         if not folder.is_dir():
-            return None
+            raise DataError(f"data store {folder} does not exist")
         try:
-            meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-            for name, recorded in meta["files"].items():
-                path = folder / name
-                if path.stat().st_size != recorded["bytes"]:
-                    raise ValueError(f"{name} has {path.stat().st_size} bytes, not {recorded['bytes']}")
-                if verify and sha256_of(path) != recorded["sha256"]:
-                    raise ValueError(f"{name} does not match its sha256")
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            log(f"data store {folder} is damaged ({str(error).splitlines()[0]}); rebuilding it")
-            shutil.rmtree(folder, ignore_errors=True)
-            return None
-        return cls(folder, meta)
+            return cls(folder, checked_meta(folder, verify))
+        except StoreDamage as damage:
+            raise DataError(f"data store {folder} is damaged ({damage}); the next run that builds it (rank 0) "
+                            f"replaces it") from None
 
     @classmethod
-    def build(cls, folder: Path, key: dict[str, Any], fill) -> "Store":
-        """Build a store with `fill(temporary_folder) -> meta` and move it into place whole."""
+    def open_or_build(cls, folder: Path, key: dict[str, Any], fill: Callable[[Path], dict[str, Any]],
+                      building: str) -> "Store":
+        """The store at `folder`, verified; built with `fill(temporary_folder) -> meta` (after logging
+        `building`) when there is none or it is damaged. The only path that deletes anything."""
         folder = Path(folder)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        for stale in folder.parent.glob(f".{folder.name}.tmp*"):
-            shutil.rmtree(stale, ignore_errors=True)  # what a build that died halfway left
+        if folder.is_dir():
+            try:
+                return cls(folder, checked_meta(folder, verify=True))
+            except StoreDamage:
+                pass  # checked again under the lock: another process may be replacing it
+        with disk_full_as_data_error(folder):
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            with build_lock(folder):
+                if folder.is_dir():  # built by the process this one waited for, or damaged
+                    try:
+                        return cls(folder, checked_meta(folder, verify=True))
+                    except StoreDamage as damage:
+                        log(f"data store {folder} is damaged ({damage}); rebuilding it")
+                        shutil.rmtree(folder)
+                log(building)
+                return cls(folder, cls._build(folder, key, fill))
+
+    @staticmethod
+    def _build(folder: Path, key: dict[str, Any], fill: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+        """Under the build lock: fill a temporary folder and rename it into place whole; its meta."""
+        leftover = re.compile(rf"\.{re.escape(folder.name)}\.tmp\d+")
+        for stale in folder.parent.iterdir():
+            if leftover.fullmatch(stale.name):
+                shutil.rmtree(stale, ignore_errors=True)  # a build that died halfway: the lock says none runs
         temporary = folder.with_name(f".{folder.name}.tmp{os.getpid()}")
         temporary.mkdir()
         try:
@@ -168,15 +252,11 @@ class Store:
             meta["files"] = {path.name: {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
                              for path in sorted(temporary.iterdir())}
             atomic_write_bytes(temporary / "meta.json", json.dumps(meta, indent=1).encode("utf-8"))
-            try:
-                temporary.rename(folder)
-            except OSError:  # another process built the same store meanwhile: use it
-                shutil.rmtree(temporary, ignore_errors=True)
-                return cls.open(folder) or cls.build(folder, key, fill)
+            temporary.rename(folder)
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
             raise
-        return cls(folder, meta)
+        return meta
 
 
 def _store_folder(config: dict[str, Any], kind: str, key: dict[str, Any]) -> Path:
@@ -230,10 +310,8 @@ def text_store(config: dict[str, Any]) -> TextStore:
         key.update({k: config[k] for k in ("seed", "val_fraction", "test_fraction", "val_max_pairs",
                                            "test_max_pairs")})
     folder = _store_folder(config, "text", key)
-    store = TextStore.open(folder)
-    if store is None:
-        log(f"building the data store {folder} from {config['datasource']}")
-        store = TextStore.build(folder, key, lambda temporary: _fill_text_store(temporary, source, config, missing))
+    store = TextStore.open_or_build(folder, key, lambda temporary: _fill_text_store(temporary, source, config, missing),
+                                    f"building the data store {folder} from {config['datasource']}")
     log(f"data store {store.folder}: " + ", ".join(f"{name} {store.size(name)}" for name in store.splits())
         + " pairs")
     return store
@@ -291,12 +369,9 @@ def token_store(config: dict[str, Any], text: TextStore, tok_src: Tokenizer, tok
            "target_tokenizer": tokenizer_hash(tok_tgt), "seq_len": config["seq_len"],
            "filter_max_length_ratio": config["filter_max_length_ratio"]}
     folder = _store_folder(config, "tokens", key)
-    store = TokenStore.open(folder)
-    if store is None:
-        log(f"tokenizing into the data store {folder}")
-        store = TokenStore.build(folder, key, lambda temporary: _fill_token_store(temporary, text, config, tok_src,
-                                                                                  tok_tgt))
-    return store
+    return TokenStore.open_or_build(folder, key, lambda temporary: _fill_token_store(temporary, text, config, tok_src,
+                                                                                     tok_tgt),
+                                    f"tokenizing into the data store {folder}")
 
 
 def _fill_token_store(folder: Path, text: TextStore, config: dict[str, Any], tok_src: Tokenizer,

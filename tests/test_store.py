@@ -1,12 +1,22 @@
 """store.py: the text and token stores are built once and reused without reading the datasource
 again; carving, held-out overlap and filters are applied and counted; tokenizers see a capped, seeded
 sample of train only; ids use the smallest type and are memory-mapped; a damaged or half-built store
-is rebuilt with one line; another tokenizer, setting or datasource never gets a stale store."""
+is rebuilt with one line; another tokenizer, setting or datasource never gets a stale store. Builds
+in other processes (forked, so that they start in milliseconds): two builds of one store at once
+both succeed with one store, a live builder's temporary folder survives every other build and a
+dead one's is removed, a reader never deletes, and a full disk (RLIMIT_FSIZE) is one line that
+leaves no store behind and the other stores as they were."""
 from __future__ import annotations
 
+import multiprocessing
+import os
+import resource
 import shutil
+import signal
+import time
+import traceback
 from pathlib import Path
-
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -14,7 +24,7 @@ import pytest
 import dataset
 import store
 from config import get_config
-from store import text_store, token_store
+from store import TextStore, text_store, token_store
 from synthetic_data import synthetic_pairs, write_hub_dataset
 from tokenizer import UNK_ID, encode_ids, train_tokenizers
 
@@ -224,7 +234,7 @@ def test_a_half_built_store_is_never_used_and_is_cleared(train_only: Path, tmp_p
     monkeypatch.setattr(dataset.Source, "rows", dies_halfway)
     with pytest.raises(KeyboardInterrupt):
         text_store(config)
-    assert not list(stores.iterdir()), "an interrupted build leaves nothing behind"
+    assert [p.suffix for p in stores.iterdir()] == [".lock"], "an interrupted build leaves only its lock file"
     monkeypatch.setattr(dataset.Source, "rows", original)
     built = text_store(config)
     shutil.rmtree(built.folder)
@@ -232,5 +242,140 @@ def test_a_half_built_store_is_never_used_and_is_cleared(train_only: Path, tmp_p
     leftover.mkdir()
     (leftover / "raw-train.src.bin").write_bytes(b"partial")
     rebuilt = text_store(config)
-    assert [p.name for p in stores.iterdir()] == [rebuilt.folder.name]
+    assert [p.name for p in stores.iterdir() if p.suffix != ".lock"] == [rebuilt.folder.name]
     assert rebuilt.pairs("train") == built.pairs("train")
+
+
+# ---------------------------------------------------------------------------- other processes
+
+FORK = multiprocessing.get_context("fork")  # a child with the modules already imported
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def build_in_child(config: dict, signals: Path, hold: bool) -> None:
+    """A child process's text_store(config), leaving a file in `signals` when it asks for the build
+    lock (`locking-PID`), when it fills its temporary folder (`filling-PID`, then waiting for a `go`
+    file if `hold`), and when it has its store (`done-PID`, holding the folder)."""
+    original_lock, original_fill = store.build_lock, store._fill_text_store
+
+    def announced_lock(folder: Path):
+        (signals / f"locking-{os.getpid()}").touch()
+        return original_lock(folder)
+
+    def held_fill(temporary: Path, *args):
+        (signals / f"filling-{os.getpid()}").touch()
+        if hold:
+            wait_for((signals / "go").exists)
+        return original_fill(temporary, *args)
+
+    store.build_lock, store._fill_text_store = announced_lock, held_fill
+    try:
+        (signals / f"done-{os.getpid()}").write_text(str(text_store(config).folder))
+    except BaseException:
+        (signals / f"failed-{os.getpid()}").write_text(traceback.format_exc())
+        os._exit(1)
+
+
+def start_builds(config: dict, tmp_path: Path) -> tuple[Path, multiprocessing.Process, multiprocessing.Process]:
+    """A first build held inside its fill, and a second build of the same store started meanwhile,
+    given half a second to do what it would do without the lock (start filling); neither did."""
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    first = FORK.Process(target=build_in_child, args=(config, signals, True))
+    first.start()
+    assert wait_for((signals / f"filling-{first.pid}").exists)
+    second = FORK.Process(target=build_in_child, args=(config, signals, False))
+    second.start()
+    assert wait_for((signals / f"locking-{second.pid}").exists)
+    assert not wait_for((signals / f"filling-{second.pid}").exists, timeout=0.5), "the second build did not wait"
+    return signals, first, second
+
+
+def test_two_builds_of_one_store_at_once_both_succeed_with_one_store(train_only: Path, tmp_path: Path) -> None:
+    config = config_for(train_only, tmp_path)
+    stores = Path(config["store_folder"])
+    signals, first, second = start_builds(config, tmp_path)
+    temporaries = list(stores.glob(".*.tmp*"))
+    assert [p.name.rsplit(".tmp", 1)[1] for p in temporaries] == [str(first.pid)]
+    other = text_store({**config, "seed": 2})  # another store built meanwhile, in this process
+    assert all(p.is_dir() for p in temporaries), "the first build's temporary folder survives the others"
+    (signals / "go").touch()
+    for child in (first, second):
+        child.join(60)
+        assert child.exitcode == 0, (signals / f"failed-{child.pid}").read_text()
+    folders = {(signals / f"done-{child.pid}").read_text() for child in (first, second)}
+    assert len(folders) == 1 and not (signals / f"filling-{second.pid}").exists(), "the second opened the first's"
+    built = TextStore.open(Path(folders.pop()))
+    assert sorted(sum((built.pairs(name) for name in built.splits()), [])) == sorted(numbered_pairs(200))
+    assert sorted(p.name for p in stores.iterdir() if p.suffix != ".lock") == sorted([built.folder.name,
+                                                                                       other.folder.name])
+
+
+def test_a_dead_builders_leftover_is_removed_by_the_build_that_waited(train_only: Path, tmp_path: Path) -> None:
+    config = config_for(train_only, tmp_path)
+    stores = Path(config["store_folder"])
+    signals, first, second = start_builds(config, tmp_path)
+    leftover = next(stores.glob(".*.tmp*"))
+    os.kill(first.pid, signal.SIGKILL)  # the kernel drops its lock; its temporary folder stays
+    second.join(60)
+    assert second.exitcode == 0, (signals / f"failed-{second.pid}").read_text()
+    assert (signals / f"filling-{second.pid}").exists() and not leftover.exists()
+    assert [p.name for p in stores.iterdir() if p.suffix != ".lock"] == [Path((signals / f"done-{second.pid}")
+                                                                          .read_text()).name]
+
+
+def test_a_reader_never_deletes_a_damaged_store(train_only: Path, tmp_path: Path) -> None:
+    """Store.open is what the ranks that wait for rank 0 call (train.py, verify=False)."""
+    built = text_store(config_for(train_only, tmp_path))
+    damaged = built.folder / "raw-train.src.bin"
+    damaged.write_bytes(damaged.read_bytes()[:-1])
+    files = {p.name: p.read_bytes() for p in built.folder.iterdir()}
+    for verify in (False, True):
+        with pytest.raises(dataset.DataError, match=r"is damaged \(raw-train\.src\.bin has \d+ bytes"):
+            TextStore.open(built.folder, verify=verify)
+    assert {p.name: p.read_bytes() for p in built.folder.iterdir()} == files
+    with pytest.raises(dataset.DataError, match="does not exist"):
+        TextStore.open(built.folder.with_name("nowhere"), verify=False)
+
+
+def build_with_file_size_limit(config: dict, limit: int, report: Path) -> None:
+    """A child process's text_store(config) with files capped at `limit` bytes: a write past it fails
+    with EFBIG, as on a full disk (SIGXFSZ ignored, or it would kill the process instead)."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    try:
+        text_store(config)
+    except dataset.DataError as error:  # what train.py prints as one line, with exit 1
+        report.write_text(str(error))
+        os._exit(1)
+    except BaseException:
+        report.write_text(traceback.format_exc())
+        os._exit(2)
+    os._exit(0)
+
+
+def test_a_full_disk_during_a_build_is_one_line_and_keeps_the_other_stores(tmp_path: Path) -> None:
+    data = write_hub_dataset(tmp_path / "data", {"train": numbered_pairs(4000)})  # 92 KB of source text
+    config = config_for(data, tmp_path, seed=1)
+    good = text_store(config)
+    stores = Path(config["store_folder"])
+    before = {p.name: p.read_bytes() for p in good.folder.iterdir()}
+    child = FORK.Process(target=build_with_file_size_limit, args=({**config, "seed": 2}, 40_000, tmp_path / "report"))
+    child.start()
+    child.join(60)
+    message = (tmp_path / "report").read_text()
+    assert child.exitcode == 1, message
+    assert len(message.splitlines()) == 1 and "File too large" in message
+    built = [p for p in stores.iterdir() if p.suffix != ".lock"]
+    assert built == [good.folder], "no store and no temporary folder of the failed build is left"
+    assert f"cannot write the data store {stores}{os.sep}" in message and good.folder.name not in message
+    assert {p.name: p.read_bytes() for p in good.folder.iterdir()} == before
+    assert TextStore.open(good.folder).pairs("validation") == good.pairs("validation")
