@@ -251,6 +251,23 @@ def test_a_half_built_store_is_never_used_and_is_cleared(train_only: Path, tmp_p
 FORK = multiprocessing.get_context("fork")  # a child with the modules already imported
 
 
+@pytest.fixture
+def fork():
+    """Start a forked child running `target(*args)`; any still running when the test ends is killed."""
+    started: list[multiprocessing.Process] = []
+
+    def start(target: Callable, *args) -> multiprocessing.Process:
+        child = FORK.Process(target=target, args=args)
+        child.start()
+        started.append(child)
+        return child
+
+    yield start
+    for child in started:
+        child.kill()
+        child.join(5)
+
+
 def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -284,25 +301,23 @@ def build_in_child(config: dict, signals: Path, hold: bool) -> None:
         os._exit(1)
 
 
-def start_builds(config: dict, tmp_path: Path) -> tuple[Path, multiprocessing.Process, multiprocessing.Process]:
+def start_builds(fork, config: dict, tmp_path: Path) -> tuple[Path, multiprocessing.Process, multiprocessing.Process]:
     """A first build held inside its fill, and a second build of the same store started meanwhile,
     given half a second to do what it would do without the lock (start filling); neither did."""
     signals = tmp_path / "signals"
     signals.mkdir()
-    first = FORK.Process(target=build_in_child, args=(config, signals, True))
-    first.start()
+    first = fork(build_in_child, config, signals, True)
     assert wait_for((signals / f"filling-{first.pid}").exists)
-    second = FORK.Process(target=build_in_child, args=(config, signals, False))
-    second.start()
+    second = fork(build_in_child, config, signals, False)
     assert wait_for((signals / f"locking-{second.pid}").exists)
     assert not wait_for((signals / f"filling-{second.pid}").exists, timeout=0.5), "the second build did not wait"
     return signals, first, second
 
 
-def test_two_builds_of_one_store_at_once_both_succeed_with_one_store(train_only: Path, tmp_path: Path) -> None:
+def test_two_builds_of_one_store_at_once_both_succeed_with_one_store(fork, train_only: Path, tmp_path: Path) -> None:
     config = config_for(train_only, tmp_path)
     stores = Path(config["store_folder"])
-    signals, first, second = start_builds(config, tmp_path)
+    signals, first, second = start_builds(fork, config, tmp_path)
     temporaries = list(stores.glob(".*.tmp*"))
     assert [p.name.rsplit(".tmp", 1)[1] for p in temporaries] == [str(first.pid)]
     other = text_store({**config, "seed": 2})  # another store built meanwhile, in this process
@@ -319,10 +334,10 @@ def test_two_builds_of_one_store_at_once_both_succeed_with_one_store(train_only:
                                                                                        other.folder.name])
 
 
-def test_a_dead_builders_leftover_is_removed_by_the_build_that_waited(train_only: Path, tmp_path: Path) -> None:
+def test_a_dead_builders_leftover_is_removed_by_the_build_that_waited(fork, train_only: Path, tmp_path: Path) -> None:
     config = config_for(train_only, tmp_path)
     stores = Path(config["store_folder"])
-    signals, first, second = start_builds(config, tmp_path)
+    signals, first, second = start_builds(fork, config, tmp_path)
     leftover = next(stores.glob(".*.tmp*"))
     os.kill(first.pid, signal.SIGKILL)  # the kernel drops its lock; its temporary folder stays
     second.join(60)
@@ -362,14 +377,13 @@ def build_with_file_size_limit(config: dict, limit: int, report: Path) -> None:
     os._exit(0)
 
 
-def test_a_full_disk_during_a_build_is_one_line_and_keeps_the_other_stores(tmp_path: Path) -> None:
+def test_a_full_disk_during_a_build_is_one_line_and_keeps_the_other_stores(fork, tmp_path: Path) -> None:
     data = write_hub_dataset(tmp_path / "data", {"train": numbered_pairs(4000)})  # 92 KB of source text
     config = config_for(data, tmp_path, seed=1)
     good = text_store(config)
     stores = Path(config["store_folder"])
     before = {p.name: p.read_bytes() for p in good.folder.iterdir()}
-    child = FORK.Process(target=build_with_file_size_limit, args=({**config, "seed": 2}, 40_000, tmp_path / "report"))
-    child.start()
+    child = fork(build_with_file_size_limit, {**config, "seed": 2}, 40_000, tmp_path / "report")
     child.join(60)
     message = (tmp_path / "report").read_text()
     assert child.exitcode == 1, message
