@@ -19,12 +19,22 @@ Every tensor of the checkpoint must find its place: one that does not (a model t
 not know) is refused in one line naming it. The model's tokenizers and its training config are
 written beside CTranslate2's files (translator.py reads them). `--quantization` takes CTranslate2's
 names: int8, int16, float32, bfloat16.
+
+`--output DIR` is never a folder export.py did not write. Each export holds a marker, `export.json`;
+DIR may be new, an empty folder, or, with `--overwrite` (ct2-transformers-converter's `--force`), an
+earlier export; anything else (a folder without the marker, a file, a symbolic link) is refused in
+one line with nothing touched, and so is an earlier export without `--overwrite`. The model is
+written into a folder of export.py's own beside DIR (tempfile.mkdtemp) and renamed into place
+whole; an earlier export is first renamed aside, so it stays usable until the new one is complete,
+and removed only then. A failed export removes only that folder of its own.
 """
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +49,9 @@ from translator import CT2_PROJECT_CONFIG, CT2_SOURCE_TOKENIZER, CT2_TARGET_TOKE
 
 QUANTIZATIONS = ("int8", "int16", "float32", "bfloat16")
 LAYER_NORM_EPSILON = 1e-5  # nn.LayerNorm's default, which model.py uses
+MARKER = "export.json"  # in every export: what --overwrite may replace
+MARKER_CONTENT = {"written_by": "export.py", "note": "a model directory written by export.py, which may replace it "
+                                                     "when given --overwrite"}
 
 
 class ExportError(RuntimeError):
@@ -133,10 +146,39 @@ class TransformerConverter:
         return spec
 
 
+def is_export(folder: Path) -> bool:
+    """Whether `folder` (not a symbolic link) holds the marker of an export."""
+    try:
+        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return not folder.is_symlink() and isinstance(marker, dict) and marker.get("written_by") == "export.py"
+
+
+def is_empty_folder(path: Path) -> bool:
+    try:
+        return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+    except OSError:  # unreadable: not known to be empty
+        return False
+
+
+def check_output(output: Path, overwrite: bool) -> None:
+    """Refuse an --output that is not new, an empty folder or (with `overwrite`) an earlier export."""
+    if not os.path.lexists(output) or is_empty_folder(output):
+        return
+    if is_export(output):
+        if not overwrite:
+            raise ExportError(f"{output} holds an earlier export; pass --overwrite to replace it")
+        return
+    what = "a symbolic link" if output.is_symlink() else "a folder" if output.is_dir() else "a file"
+    raise ExportError(f"--output {output} is {what} that export.py did not write (no {MARKER}); nothing was changed: "
+                      f"name a new or empty folder")
+
+
 def export_model(model: Transformer, config: dict[str, Any], tok_src: Any, tok_tgt: Any, output: Path,
-                 quantization: str, checkpoint: str = "") -> Path:
-    """Write `model` as a CTranslate2 model directory at `output` (replacing what is there),
-    with the tokenizers and training config beside it."""
+                 quantization: str, checkpoint: str = "", overwrite: bool = False) -> Path:
+    """Write `model` as a CTranslate2 model directory at `output` (new, empty, or an earlier export
+    with `overwrite`: check_output), with the tokenizers and training config beside it."""
     if quantization not in QUANTIZATIONS:
         raise ExportError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     from ctranslate2.converters import Converter
@@ -147,21 +189,46 @@ def export_model(model: Transformer, config: dict[str, Any], tok_src: Any, tok_t
             return spec
 
     output = Path(output)
-    # Written to a sibling folder and swapped in whole: a failed export leaves the old model usable.
-    staging = output.with_name(f".{output.name}.export")
-    shutil.rmtree(staging, ignore_errors=True)
+    check_output(output, overwrite)
     try:
-        SpecConverter().convert(str(staging), quantization=quantization, force=True)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        own = Path(tempfile.mkdtemp(prefix=f".{output.name}.export-", dir=output.parent))
+    except OSError as error:
+        raise ExportError(f"cannot write {output}: {error.strerror or error}") from None
+    aside = own / "previous"
+    try:
+        staging = own / "model"  # made by the converter, with the user's umask (mkdtemp's folder is 0700)
+        SpecConverter().convert(str(staging), quantization=quantization)
         atomic_write_bytes(staging / CT2_SOURCE_TOKENIZER, tok_src.to_str().encode("utf-8"))
         atomic_write_bytes(staging / CT2_TARGET_TOKENIZER, tok_tgt.to_str().encode("utf-8"))
         project = {"checkpoint": checkpoint, "quantization": quantization, "config": config}
         atomic_write_bytes(staging / CT2_PROJECT_CONFIG, json.dumps(project, indent=1).encode("utf-8"))
-        shutil.rmtree(output, ignore_errors=True)
-        staging.rename(output)
-    except OSError as error:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise ExportError(f"cannot write {output}: {error.strerror or error}") from None
+        atomic_write_bytes(staging / MARKER, json.dumps(MARKER_CONTENT, indent=1).encode("utf-8"))
+        swap_in(staging, output, aside if overwrite else None)
+    except BaseException as error:
+        reason = f"cannot write {output}: {getattr(error, 'strerror', None) or error}"
+        if os.path.lexists(aside):  # the earlier export could not be put back: it is kept where it is
+            raise ExportError(f"{reason}; the earlier export is at {aside}") from None
+        shutil.rmtree(own, ignore_errors=True)
+        if isinstance(error, OSError):
+            raise ExportError(reason) from None
+        raise
+    shutil.rmtree(own, ignore_errors=True)  # export.py's own folder, holding the export it replaced
     return output
+
+
+def swap_in(staging: Path, output: Path, aside: Path | None) -> None:
+    """Rename `staging` to `output`, which is new, an empty folder (rename() replaces it, and fails if
+    it is no longer empty) or, given `aside`, an earlier export: renamed there first, and back if the
+    new one cannot take its place."""
+    if aside is not None and is_export(output):
+        output.rename(aside)
+    try:
+        staging.rename(output)
+    except OSError:
+        if aside is not None and os.path.lexists(aside):
+            aside.rename(output)
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,16 +239,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="average the weights of this many newest checkpoints, ending at --checkpoint")
     parser.add_argument("--quantization", choices=QUANTIZATIONS, default="int8",
                         help="weight type in the exported model (default: int8)")
-    parser.add_argument("--output", type=Path, required=True, help="the model directory to write")
+    parser.add_argument("--output", type=Path, required=True,
+                        help="the model directory to write: a new or empty folder, or an earlier export with "
+                             "--overwrite")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier export at --output (never a folder or file export.py did not write)")
     args = parser.parse_args(argv)
     config = config_or_exit(args, parser)
     if args.average < 1:
         parser.error(f"--average must be at least 1, got {args.average}")
     try:
+        check_output(args.output, args.overwrite)  # before the checkpoint is loaded: refused at once
         model, tok_src, tok_tgt, model_config, path = load_for_inference(
             args.checkpoint, weights_dir(config), torch.device("cpu"), args.average)
         source = str(path) + (f" (average of {args.average} ending here)" if args.average > 1 else "")
-        output = export_model(model, model_config, tok_src, tok_tgt, args.output, args.quantization, source)
+        output = export_model(model, model_config, tok_src, tok_tgt, args.output, args.quantization, source,
+                              args.overwrite)
     except (CheckpointError, ExportError) as error:
         print(f"export.py: error: {error}", file=sys.stderr)
         return 1

@@ -1,9 +1,13 @@
 """export.py and the CTranslate2 engine: an exported model decodes exactly as this project's PyTorch
 decoding does (greedy and beam search, tokens and scores), in every architecture variant; int8 keeps
 at least half a toy's greedy outputs; what cannot be represented is refused; translate.py and evaluate.py run it with
---engine ctranslate2, and a missing or damaged model directory is one line."""
+--engine ctranslate2, and a missing or damaged model directory is one line. --output is never a folder
+or file export.py did not write: refused in one line, untouched; --overwrite replaces only an earlier
+export, which a failed export leaves as it was."""
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -196,3 +200,53 @@ def test_missing_or_damaged_model_directory_is_one_line(exported: Path, tmp_path
     (damaged / "tokenizer_target.json").unlink()
     code, out, err = run(capsys, translate.main, ["--engine", "ctranslate2", "--model_dir", str(damaged), "Hello."])
     assert code == 1 and len(err) == 1 and "not a model directory written by export.py" in err[0]
+
+
+def snapshot(folder: Path) -> dict[str, bytes | str]:
+    """Every entry under `folder`: a file's bytes, a link's target, a folder's mark."""
+    return {str(p.relative_to(folder)): os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else "dir"
+            for p in sorted(folder.rglob("*"))}
+
+
+def test_an_output_export_py_did_not_write_is_refused_untouched(trained_run, tmp_path: Path, capsys) -> None:
+    experiment = ["--datasource", str(trained_run.datasource), "--model_folder", str(trained_run.model_folder)]
+    thesis = tmp_path / "thesis"
+    thesis.mkdir()
+    (thesis / "thesis.txt").write_text("Four years of work.\n", encoding="utf-8")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    before = snapshot(tmp_path)
+    cases = [(thesis, "is a folder that export.py did not write"), (thesis / "thesis.txt", "is a file that"),
+             (tmp_path / "link", "is a symbolic link that")]
+    for output, message in cases:
+        for overwrite in ([], ["--overwrite"]):
+            code, out, err = run(capsys, export.main, experiment + ["--output", str(output), *overwrite])
+            assert code == 1 and out == [] and len(err) == 1 and message in err[0], err
+            assert snapshot(tmp_path) == before
+    code, _, err = run(capsys, export.main, experiment + ["--output", str(tmp_path / "empty")])
+    assert code == 0, err
+    assert export.is_export(tmp_path / "empty") and (tmp_path / "link" / "model.bin").is_file()
+
+
+def test_overwrite_replaces_only_an_earlier_export(trained_run, tmp_path: Path, capsys,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    experiment = ["--datasource", str(trained_run.datasource), "--model_folder", str(trained_run.model_folder),
+                  "--output", str(tmp_path / "model")]
+    assert run(capsys, export.main, experiment + ["--quantization", "float32"])[0] == 0
+    earlier = snapshot(tmp_path)
+    code, _, err = run(capsys, export.main, experiment)
+    assert code == 1 and len(err) == 1 and "holds an earlier export; pass --overwrite" in err[0]
+    assert snapshot(tmp_path) == earlier
+
+    def full_disk(path: Path, data: bytes) -> str:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(export, "atomic_write_bytes", full_disk)
+        code, _, err = run(capsys, export.main, experiment + ["--overwrite"])
+    assert code == 1 and len(err) == 1 and f"cannot write {tmp_path / 'model'}: No space left on device" in err[0]
+    assert snapshot(tmp_path) == earlier, "a failed export leaves the earlier one and nothing else"
+    code, _, err = run(capsys, export.main, experiment + ["--overwrite"])
+    assert code == 0, err
+    assert [p.name for p in tmp_path.iterdir()] == ["model"] and export.is_export(tmp_path / "model")
+    assert '"quantization": "int8"' in (tmp_path / "model" / "project.json").read_text(encoding="utf-8")
