@@ -16,6 +16,9 @@ process's VmHWM at that line), peak RSS while training (the largest VmRSS sample
 it), and the stores' size on disk. `--before CHECKOUT` runs another checkout's train.py on the same
 folders instead (it takes no --store_folder): this project's figures before the data store.
 The folders, stores and runs live in a temporary folder removed at the end (`--keep` keeps it).
+With `--work DIR`, the corpora written there stay for the next run to reuse, each run gets a
+folder of its own made there (tempfile.mkdtemp, `run_SIZE_store-*`), and only that folder is
+removed: nothing else in DIR is touched.
 """
 from __future__ import annotations
 
@@ -105,8 +108,7 @@ def measure(size: int, work: Path, source: Path, checkout: Path, store: bool) ->
         made = time.monotonic()
         write_corpus(corpus, size, source)
         print(f"[bench_data] wrote {size:,} pairs in {time.monotonic() - made:.0f} s", file=sys.stderr, flush=True)
-    run = work / f"run_{size}_{'store' if store else 'before'}"
-    shutil.rmtree(run, ignore_errors=True)
+    run = Path(tempfile.mkdtemp(prefix=f"run_{size}_{'store' if store else 'before'}-", dir=work))
     folders = ["--model_folder", str(run / "weights"), "--runs_folder", str(run / "runs")]
     if store:
         folders += ["--store_folder", str(run / "stores")]
@@ -118,7 +120,7 @@ def measure(size: int, work: Path, source: Path, checkout: Path, store: bool) ->
         print(f"[bench_data] {size:,} pairs, {name}: {json.dumps(row[name])}", file=sys.stderr, flush=True)
     row["store_gb"] = folder_size_gb(run / "stores")
     row["corpus_gb"] = folder_size_gb(corpus)
-    shutil.rmtree(run, ignore_errors=True)
+    shutil.rmtree(run, ignore_errors=True)  # made above by mkdtemp
     return row
 
 
@@ -153,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.source / "README.md").is_file():
         print(f"bench_data.py: error: {args.source} is not a dataset folder", file=sys.stderr)
         return 1
+    if args.work is not None:
+        args.work.mkdir(parents=True, exist_ok=True)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_data-"))
     try:
         rows = [measure(size, work, args.source.resolve(), (args.before or ROOT).resolve(), args.before is None)
@@ -162,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         if not args.keep and args.work is None:
-            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(work, ignore_errors=True)  # made above by mkdtemp
     result = {"command": " ".join(["python", "bench_data.py", *sys.argv[1:]]), "rows": rows}
     print(json.dumps(result, indent=1) if args.json else table(rows))
     return 0
