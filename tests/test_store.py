@@ -314,7 +314,8 @@ def start_builds(fork, config: dict, tmp_path: Path) -> tuple[Path, multiprocess
     return signals, first, second
 
 
-def test_two_builds_of_one_store_at_once_both_succeed_with_one_store(fork, train_only: Path, tmp_path: Path) -> None:
+def test_two_builds_of_one_store_at_once_both_succeed_with_one_store(fork, train_only: Path, tmp_path: Path,
+                                                                    capfd: pytest.CaptureFixture) -> None:
     config = config_for(train_only, tmp_path)
     stores = Path(config["store_folder"])
     signals, first, second = start_builds(fork, config, tmp_path)
@@ -329,6 +330,7 @@ def test_two_builds_of_one_store_at_once_both_succeed_with_one_store(fork, train
     folders = {(signals / f"done-{child.pid}").read_text() for child in (first, second)}
     assert len(folders) == 1 and not (signals / f"filling-{second.pid}").exists(), "the second opened the first's"
     built = TextStore.open(Path(folders.pop()))
+    assert f"waiting for process {first.pid}, which is building the data store {built.folder}" in capfd.readouterr().err
     assert sorted(sum((built.pairs(name) for name in built.splits()), [])) == sorted(numbered_pairs(200))
     assert sorted(p.name for p in stores.iterdir() if p.suffix != ".lock") == sorted([built.folder.name,
                                                                                        other.folder.name])
