@@ -2,16 +2,25 @@
 
 - Written atomically (atomic_files.py): a temporary file in the same folder, fsync, rename, then
   fsync the folder.
-- Verified: the sha256 of every checkpoint is recorded in `checkpoints.json` (the manifest, itself
-  replaced atomically and only after the checkpoint's rename); loading checks it.
+- Self-verifying: every checkpoint carries `content_sha256`, a digest of its content (each tensor's
+  path, dtype, shape and bytes, and every plain value, in a fixed order: `content_digest`), so a copy
+  anywhere, without its folder, is checked after loading. torch's zip reader checks no CRC: without
+  it, a flipped byte inside tensor data loads silently. A checkpoint written before the digest
+  existed loads with a warning when no manifest lists it.
+- Listed: the sha256 of every checkpoint file is recorded in `checkpoints.json` (the manifest,
+  itself replaced atomically and only after the checkpoint's rename); a listed checkpoint is checked
+  against it before unpickling (then its digest, which the same bytes always satisfy, is not
+  recomputed). Rotation removes only listed checkpoints: a file the user put in the folder stays.
 - Safe: loaded with `torch.load(weights_only=True)`, which refuses pickles that would run code;
   the config stored inside is plain data and is validated before use.
-- `latest` falls back to the newest good checkpoint, warning about each bad one.
+- `latest` falls back to the newest good checkpoint, warning about each bad one; when none loads,
+  it says so in one line naming them, and never pretends the folder is empty.
 - `RunLock` keeps two training processes out of one experiment folder; the kernel drops the lock
   when its owner dies, so a stale lock file never blocks.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -29,7 +38,9 @@ from model import build_model
 from tokenizer import TokenizerError, tokenizer_from_json
 
 MANIFEST = "checkpoints.json"
-CHECKPOINT_PATTERN = re.compile(r"^ckpt_(\d{8,})\.pt$")
+CHECKPOINT_PATTERN = re.compile(r"^ckpt_(\d{8,})\.pt$")  # what a run resumes from
+ANY_CHECKPOINT = re.compile(r"^ckpt_\d{8,}(_avg\d+)?\.pt$")  # averages too
+DIGEST_KEY = "content_sha256"
 
 
 class CheckpointError(RuntimeError):
@@ -50,25 +61,66 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     return manifest
 
 
+def content_digest(state: dict[str, Any]) -> str:
+    """The sha256 of a checkpoint's content, `DIGEST_KEY` aside: each tensor's path in the dict, dtype,
+    shape and bytes, and each plain value's path and repr, dict keys in sorted order. Not JSON: the
+    optimizer's state has integer keys and tuples, which JSON would change. What torch.load returns
+    gives the same digest as what torch.save was given, on any device."""
+    digest = hashlib.sha256()
+
+    def walk(value: Any, where: str) -> None:
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().cpu().contiguous()
+            digest.update(f"{where}\0tensor {tensor.dtype} {tuple(tensor.shape)}\0".encode())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # the bytes in place, not a copy
+        elif isinstance(value, dict):
+            digest.update(f"{where}\0dict {len(value)}\0".encode())
+            for key in sorted(value, key=repr):
+                walk(value[key], f"{where}/{key!r}")
+        elif isinstance(value, (list, tuple)):
+            digest.update(f"{where}\0{type(value).__name__} {len(value)}\0".encode())
+            for index, item in enumerate(value):
+                walk(item, f"{where}/{index}")
+        elif isinstance(value, (set, frozenset)):  # its repr's order changes with the process's hash seed
+            digest.update(f"{where}\0set {sorted(map(repr, value))}\0".encode())
+        else:
+            digest.update(f"{where}\0{value!r}\0".encode())
+
+    walk({key: value for key, value in state.items() if key != DIGEST_KEY}, "")
+    return digest.hexdigest()
+
+
+def _write_checkpoint(path: Path, state: dict[str, Any], manifest: dict[str, Any]) -> str:
+    """Write `state` with its content digest, atomically; the sha256 of the file. A file of that
+    name that `manifest` does not list is not this run's to replace: CheckpointError."""
+    if path.exists() and path.name not in manifest["checkpoints"]:
+        raise CheckpointError(f"will not replace {path}: {MANIFEST} does not list it, so it is not this run's; "
+                              f"move it out of {path.parent} and resume")
+    signed = {**state, DIGEST_KEY: content_digest(state)}
+    return atomic_write(path, lambda handle: torch.save(signed, handle))
+
+
 def save_checkpoint(folder: Path, state: dict[str, Any], global_step: int, keep: int,
                     bleu: float | None = None) -> Path:
     """Write `state` as the checkpoint of `global_step`, record it, and keep the last `keep`
-    checkpoints plus the best by validation BLEU. Raises CheckpointError (the previous ones intact)."""
+    checkpoints plus the best by validation BLEU, counting and removing only those the manifest
+    lists. Raises CheckpointError (the previous ones intact)."""
     folder = Path(folder)
     path = folder / checkpoint_name(global_step)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        digest = atomic_write(path, lambda handle: torch.save(state, handle))
         manifest = read_manifest(folder)
+        digest = _write_checkpoint(path, state, manifest)
         manifest["checkpoints"][path.name] = {"sha256": digest, "global_step": global_step,
                                               "epoch": state.get("epoch"), "bleu": bleu}
         manifest["latest"] = path.name
         if bleu is not None and (manifest.get("best_bleu") is None or bleu > manifest["best_bleu"]):
             manifest["best"], manifest["best_bleu"] = path.name, bleu
-        on_disk = sorted((p for p in folder.iterdir() if CHECKPOINT_PATTERN.match(p.name)), key=_step_of)
-        stale = [p for p in on_disk[:-keep] if p.name != manifest.get("best")] if keep else []
+        listed = sorted((folder / name for name in manifest["checkpoints"] if CHECKPOINT_PATTERN.match(name)),
+                        key=_step_of)
+        stale = [p for p in listed[:-keep] if p.name != manifest.get("best")] if keep else []
         for old in stale:
-            manifest["checkpoints"].pop(old.name, None)
+            manifest["checkpoints"].pop(old.name)
         atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode("utf-8"))
     except OSError as error:
         raise CheckpointError(f"could not write checkpoint {path}: {error.strerror or error}; "
@@ -84,15 +136,23 @@ def _step_of(path: Path) -> int:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load one checkpoint safely onto the CPU, checking its recorded sha256 when there is one."""
+    """Load one checkpoint safely onto the CPU, checked against the sha256 its folder's manifest
+    records for it, or else against the digest it carries (a checkpoint with neither: a warning)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} is not a file")
     recorded = read_manifest(path.parent)["checkpoints"].get(path.name, {}).get("sha256")
-    if recorded is not None and sha256_of(path) != recorded:
-        raise CheckpointError(f"checkpoint {path} is corrupt (its sha256 does not match {MANIFEST})")
+    try:
+        if recorded is not None and sha256_of(path) != recorded:
+            raise CheckpointError(f"checkpoint {path} is corrupt (its sha256 does not match {MANIFEST})")
+    except OSError as error:
+        raise CheckpointError(f"cannot read checkpoint {path}: {error.strerror or error}") from None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except PermissionError as error:
+        raise CheckpointError(f"cannot read checkpoint {path}: {error.strerror}") from None
     except pickle.UnpicklingError as error:
         detail = str(error).splitlines()[0] if str(error) else ""
         if "weights_only" in str(error) or "Unsupported" in str(error) or "global" in str(error).lower():
@@ -102,9 +162,48 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, IndexError) as error:
         detail = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({detail})") from None
-    if not isinstance(state, dict) or "model" not in state or "config" not in state:
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path} is not a checkpoint of this project")
+    if recorded is None:
+        _verify_content(path, state)
+    if "model" not in state or "config" not in state:
         raise CheckpointError(f"checkpoint {path} is not a checkpoint of this project")
     return state
+
+
+def _verify_content(path: Path, state: dict[str, Any]) -> None:
+    """Check the digest a checkpoint carries; one written before checkpoints carried it loads
+    unverified, with a warning."""
+    carried = state.get(DIGEST_KEY)
+    if carried is None:
+        print(f"warning: checkpoint {path} carries no {DIGEST_KEY} (it was written by an older version) and no "
+              f"{MANIFEST} beside it lists it: loaded unverified", file=sys.stderr, flush=True)
+    elif content_digest(state) != carried:
+        raise CheckpointError(f"checkpoint {path} is corrupt (its content does not match the {DIGEST_KEY} it "
+                              f"carries)")
+
+
+def load_weights(model: torch.nn.Module, weights: Any, path: Path) -> None:
+    """`model.load_state_dict(weights)`, or a CheckpointError that says in one line how the
+    checkpoint's weights differ from the model its config describes."""
+    try:
+        model.load_state_dict(weights)
+        return
+    except (RuntimeError, TypeError, AttributeError, KeyError):
+        pass
+    if not isinstance(weights, dict):
+        raise CheckpointError(f"checkpoint {path} holds no weights (its 'model' is a {type(weights).__name__})")
+    expected = model.state_dict()
+    missing = [name for name in expected if name not in weights]
+    unexpected = [name for name in weights if name not in expected]
+    reshaped = [f"{name} {tuple(getattr(weights[name], 'shape', ()))} in the checkpoint, {tuple(tensor.shape)} "
+                f"in the model" for name, tensor in expected.items()
+                if name in weights and tuple(getattr(weights[name], "shape", ())) != tuple(tensor.shape)]
+    differences = [f"{what}: {len(found)} (first: {found[0]})" for what, found in
+                   (("missing weights", missing), ("unexpected weights", unexpected),
+                    ("weights of another shape", reshaped)) if found]
+    raise CheckpointError(f"checkpoint {path} is of another architecture than the model its config describes "
+                          f"(written by another version of model.py?): {'; '.join(differences) or 'unloadable weights'}")
 
 
 def checkpoint_candidates(folder: Path) -> list[Path]:
@@ -115,13 +214,35 @@ def checkpoint_candidates(folder: Path) -> list[Path]:
     return sorted((p for p in folder.iterdir() if CHECKPOINT_PATTERN.match(p.name)), key=_step_of, reverse=True)
 
 
+def checkpoint_files(folder: Path) -> list[Path]:
+    """Every checkpoint in `folder`, averages included, by name."""
+    folder = Path(folder)
+    return sorted(p for p in folder.iterdir() if ANY_CHECKPOINT.match(p.name)) if folder.is_dir() else []
+
+
+def named(paths: list[Path], shown: int = 4) -> str:
+    """'a.pt, b.pt and 3 more': file names for a one-line message."""
+    names = ", ".join(p.name for p in paths[:shown])
+    return names + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
+
+
 def load_latest(folder: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that loads and verifies, warning about each newer one that does not."""
+    """The newest checkpoint that loads and verifies, warning about each newer one that does not;
+    None when `folder` holds no checkpoint to resume. Raises CheckpointError, naming them, when it
+    holds some and none loads."""
+    failed: list[tuple[Path, CheckpointError]] = []
     for path in checkpoint_candidates(folder):
         try:
-            return path, load_checkpoint(path)
+            state = load_checkpoint(path)
         except CheckpointError as error:
-            print(f"warning: {error}; trying an older one", file=sys.stderr, flush=True)
+            failed.append((path, error))
+            continue
+        for _, error in failed:
+            print(f"warning: {error}; using an older one", file=sys.stderr, flush=True)
+        return path, state
+    if failed:
+        raise CheckpointError(f"no usable checkpoint in {folder}: {named([p for p, _ in failed])} "
+                              f"{'does' if len(failed) == 1 else 'do'} not load (the newest: {failed[0][1]})")
     return None
 
 
@@ -177,9 +298,9 @@ def save_average(folder: Path, count: int) -> Path:
     averaged["averaged_from"] = [p.name for p in paths]
     path = folder / f"ckpt_{state['global_step']:08d}_avg{count}.pt"
     try:
-        digest = atomic_write(path, lambda handle: torch.save(averaged, handle))
         manifest = read_manifest(folder)
-        previous = manifest.get("average")
+        digest = _write_checkpoint(path, averaged, manifest)
+        previous = manifest.get("average")  # the manifest's own record: never a file it does not list
         if previous and previous != path.name:
             manifest["checkpoints"].pop(previous, None)
         manifest["checkpoints"][path.name] = {"sha256": digest, "global_step": state["global_step"],
@@ -235,9 +356,9 @@ def load_for_inference(path: Path | None, folder: Path, device: torch.device, av
         tok_src = tokenizer_from_json(state["tokenizers"]["src"])
         tok_tgt = tokenizer_from_json(state["tokenizers"]["tgt"])
         model = build_model(config, tok_src.get_vocab_size(), tok_tgt.get_vocab_size())
-        model.load_state_dict(state["model"])
     except (ConfigError, TokenizerError, KeyError, TypeError, RuntimeError) as error:
         raise CheckpointError(f"checkpoint {path} is not usable: {str(error).splitlines()[0]}") from None
+    load_weights(model, state["model"], path)
     return model.to(device).eval(), tok_src, tok_tgt, config, Path(path)
 
 

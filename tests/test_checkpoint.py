@@ -1,5 +1,6 @@
-"""checkpoint.py: atomic writes, retention of the last K plus the best, verified loading that
-always lands on the CPU, and falling back past a damaged newest checkpoint."""
+"""checkpoint.py: atomic writes, retention of the last K plus the best (removing only what the
+manifest lists), verified loading that always lands on the CPU, and falling back past a damaged
+newest checkpoint."""
 from __future__ import annotations
 
 import hashlib
@@ -9,14 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint import (MANIFEST, CheckpointError, atomic_write, atomic_write_bytes, best_checkpoint,
-                        checkpoint_candidates, checkpoint_name, load_checkpoint, load_latest, save_checkpoint)
+from checkpoint import (DIGEST_KEY, MANIFEST, CheckpointError, atomic_write, atomic_write_bytes, best_checkpoint,
+                        checkpoint_candidates, checkpoint_name, content_digest, load_checkpoint, load_latest,
+                        save_average, save_checkpoint)
 
 
 def state(step: int) -> dict:
     generator = torch.Generator().manual_seed(step)
     return {"model": {"w": torch.randn(4, 3, generator=generator), "b": torch.arange(3)},
-            "config": {"step": step}, "epoch": step // 10, "global_step": step}
+            "config": {"step": step}, "tokenizers": {}, "epoch": step // 10, "global_step": step}
 
 
 def test_atomic_write_leaves_the_old_file_when_the_writer_fails(tmp_path: Path) -> None:
@@ -98,7 +100,9 @@ def test_load_latest_falls_back_to_an_older_checkpoint(tmp_path: Path, capsys: p
     warnings = capsys.readouterr().err.strip().splitlines()
     assert len(warnings) == 2 and checkpoint_name(30) in warnings[0] and checkpoint_name(20) in warnings[1]
     (tmp_path / checkpoint_name(10)).unlink()
-    assert load_latest(tmp_path) is None
+    with pytest.raises(CheckpointError, match=f"no usable checkpoint .*: {checkpoint_name(30)}, "
+                                              f"{checkpoint_name(20)} do not load"):
+        load_latest(tmp_path)  # not None: that would read as "nothing to resume", and training would start over
     assert load_latest(tmp_path / "never_created") is None
 
 
@@ -113,3 +117,48 @@ def test_unusable_files_give_checkpoint_errors(tmp_path: Path) -> None:
     garbage.write_bytes(b"\x00" * 64)
     with pytest.raises(CheckpointError, match="garbage.pt"):
         load_checkpoint(garbage)
+
+
+def test_rotation_removes_only_what_the_manifest_lists(tmp_path: Path) -> None:
+    """Files named like checkpoints that the user put in the folder are neither counted nor removed,
+    by the rotation of checkpoints nor by the replacement of the average."""
+    foreign = {checkpoint_name(1): b"the user's own checkpoint", "ckpt_00000002_avg2.pt": b"the user's average"}
+    for name, data in foreign.items():
+        (tmp_path / name).write_bytes(data)
+    for step in (3, 4, 5, 6):
+        save_checkpoint(tmp_path, state(step), step, keep=2)
+        if step >= 4:
+            save_average(tmp_path, 2)
+    assert {name: (tmp_path / name).read_bytes() for name in foreign} == foreign
+    assert sorted(p.name for p in tmp_path.glob("ckpt_*.pt")) == sorted(
+        [*foreign, checkpoint_name(5), checkpoint_name(6), "ckpt_00000006_avg2.pt"])
+
+
+def test_a_file_the_manifest_does_not_list_is_never_replaced(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, state(4), 4, keep=2)
+    theirs = tmp_path / checkpoint_name(5)
+    theirs.write_bytes(b"copied in by the user")
+    with pytest.raises(CheckpointError, match=f"will not replace .*{checkpoint_name(5)}: {MANIFEST} does not list it"):
+        save_checkpoint(tmp_path, state(5), 5, keep=2)
+    assert theirs.read_bytes() == b"copied in by the user"
+    save_checkpoint(tmp_path, state(4), 4, keep=2)  # its own checkpoint it may write again
+
+
+def test_the_content_digest_survives_a_round_trip_and_notices_one_changed_value(tmp_path: Path) -> None:
+    original = dict(state(7), optimizer={"state": {0: {"step": torch.tensor(7.0)}}, "param_groups": [
+        {"betas": (0.9, 0.98), "params": [0, 1]}]})
+    path = save_checkpoint(tmp_path, original, 7, keep=1)
+    loaded = torch.load(path, weights_only=True)
+    assert loaded[DIGEST_KEY] == content_digest(original) == content_digest(loaded)
+    assert content_digest(dict(loaded, epoch=1)) != loaded[DIGEST_KEY]
+    loaded["model"]["w"][0, 0] += 1e-6
+    assert content_digest(loaded) != loaded[DIGEST_KEY]
+
+
+def test_an_unlisted_checkpoint_from_before_the_digest_loads_with_a_warning(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture) -> None:
+    old = tmp_path / "shared_by_a_colleague.pt"
+    torch.save(state(2), old)  # what checkpoints were before they carried their digest
+    assert load_checkpoint(old)["global_step"] == 2
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert len(warning) == 1 and "loaded unverified" in warning[0] and old.name in warning[0]

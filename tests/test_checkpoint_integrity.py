@@ -1,12 +1,16 @@
-"""Checkpoints that lie: truncated, bit-flipped, written to a full disk, or crafted to run code."""
+"""Checkpoints that lie: truncated, bit-flipped (in their folder or in a copy anywhere), written to a
+full disk, crafted to run code, of another architecture; and the run that must not start over when
+its checkpoints are all unusable."""
 from __future__ import annotations
 
 import builtins
 import errno
 import io
 import pickle
+import struct
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -14,7 +18,9 @@ import torch
 
 import atomic_files
 import train
-from checkpoint import MANIFEST, CheckpointError, load_checkpoint, load_for_inference, load_latest
+import translate as translate_py
+from checkpoint import (DIGEST_KEY, MANIFEST, CheckpointError, content_digest, load_checkpoint, load_for_inference,
+                        load_latest, save_average, save_checkpoint)
 from synthetic_data import tiny_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +43,32 @@ def copy_experiment(source: Path, target: Path) -> Path:
     for path in source.iterdir():
         (target / path.name).write_bytes(path.read_bytes())
     return target
+
+
+def flip_a_bit_inside_tensor_data(path: Path) -> None:
+    """Flip one bit in the middle of the checkpoint's largest tensor: torch's zip reader checks no
+    CRC, so torch.load alone notices nothing."""
+    with zipfile.ZipFile(path) as archive:
+        record = max((info for info in archive.infolist() if "/data/" in info.filename), key=lambda i: i.file_size)
+    data = bytearray(path.read_bytes())
+    name_length, extra_length = struct.unpack_from("<HH", data, record.header_offset + 26)  # the local header's
+    data[record.header_offset + 30 + name_length + extra_length + record.file_size // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def train_main(trained: Path, model_folder: Path, *extra: str) -> int:
+    """train.py on the `trained` run's data and stores, its experiment in `model_folder`."""
+    config = torch.load(trained / "ckpt_00000012.pt", weights_only=True)["config"]
+    return train.main(["--datasource", config["datasource"], "--preset", "tiny", "--max_steps", "16",
+                       "--num_epochs", "100", "--model_folder", str(model_folder), "--runs_folder",
+                       str(model_folder.parent / "runs"), "--store_folder", config["store_folder"],
+                       "--val_max_sentences", "4", *extra])
+
+
+def translate_main(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, list[str]]:
+    """translate.py's main in this process: the exit code and the lines on stderr."""
+    code = translate_py.main(list(args))
+    return code, capsys.readouterr().err.strip().splitlines()
 
 
 def translate(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
@@ -148,8 +180,86 @@ def test_config_inside_checkpoint_is_validated(trained: Path, tmp_path: Path) ->
     for key, value, message in (("d_model", "64", "must be int"), ("surprise", 1, "unknown config key"),
                                 ("num_heads", 5, "not divisible")):
         bad = dict(state, config=dict(state["config"], **{key: value}))
+        bad[DIGEST_KEY] = content_digest(bad)  # a digest that vouches for the bad config: only validation stops it
         path = tmp_path / f"bad_{key}" / "ckpt_00000012.pt"
         path.parent.mkdir()
         torch.save(bad, path)
         with pytest.raises(CheckpointError, match=message):
             load_for_inference(path, path.parent, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "average"])
+def test_a_damaged_copy_outside_its_folder_is_refused(trained: Path, tmp_path: Path, kind: str,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    """Copied where no manifest lists it, as users share a model, a checkpoint still vouches for
+    itself: an intact copy loads, a copy with one flipped bit in its tensor data is refused."""
+    folder = copy_experiment(trained, tmp_path / "exp")
+    original = folder / "ckpt_00000012.pt" if kind == "checkpoint" else save_average(folder, 2)
+    intact, damaged = tmp_path / "shared" / "intact.pt", tmp_path / "shared" / "damaged.pt"
+    intact.parent.mkdir()
+    intact.write_bytes(original.read_bytes())
+    damaged.write_bytes(original.read_bytes())
+    flip_a_bit_inside_tensor_data(damaged)
+    # the premise: torch.load alone reads the damaged copy without a word, with other weights
+    read, altered = torch.load(intact, weights_only=True), torch.load(damaged, weights_only=True)
+    assert any(not torch.equal(read["model"][name], altered["model"][name]) for name in read["model"])
+
+    assert load_checkpoint(intact)["global_step"] == 12
+    with pytest.raises(CheckpointError, match="damaged.pt is corrupt"):
+        load_checkpoint(damaged)
+    capsys.readouterr()
+    assert translate_main(capsys, "--checkpoint", str(intact), "The cat.")[0] == 0
+    code, errors = translate_main(capsys, "--checkpoint", str(damaged), "The cat.")
+    assert code == 1 and len(errors) == 1 and "damaged.pt is corrupt" in errors[0], errors
+
+
+def folder_contents(folder: Path) -> dict[str, bytes]:
+    """Every file's bytes but the run lock's (train.lock is rewritten with the owner's pid at each start)."""
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "train.lock"}
+
+
+@pytest.mark.parametrize("left", ["a corrupt checkpoint", "an average"])
+def test_a_run_whose_checkpoints_are_unusable_stops_and_changes_nothing(trained: Path, tmp_path: Path, left: str,
+                                                                        capsys: pytest.CaptureFixture) -> None:
+    """Never start over unasked: a new run would retrain the tokenizers over those beside the
+    checkpoints, and overwrite checkpoints a long run had saved."""
+    folder = copy_experiment(trained, tmp_path / "weights" / trained.name)
+    if left == "an average":
+        save_average(folder, 2)
+    for path in folder.glob("ckpt_*.pt"):
+        if path.name != ("ckpt_00000012.pt" if left == "a corrupt checkpoint" else "ckpt_00000012_avg2.pt"):
+            path.unlink()
+    if left == "a corrupt checkpoint":
+        flip_a_bit_inside_tensor_data(folder / "ckpt_00000012.pt")
+    before = folder_contents(folder)
+    assert {"tokenizer_en.json", "tokenizer_it.json"} <= set(before)
+    capsys.readouterr()
+    assert train_main(trained, tmp_path / "weights") == 1
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("train.py: error: "), errors
+    assert "ckpt_00000012" in errors[0] and "to start over" in errors[0] and "--experiment_name" in errors[0]
+    assert folder_contents(folder) == before
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_average_given_to_preload_is_one_line(trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    averaged = save_average(copy_experiment(trained, tmp_path / "exp"), 2)
+    capsys.readouterr()
+    assert train_main(trained, tmp_path / "weights", "--preload", str(averaged)) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and "is an averaged checkpoint" in errors[0] and "--init_from" in errors[0], errors
+
+
+def test_another_architecture_is_one_line(trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Weights that do not fit the model their own config describes (as from another version of
+    model.py): translate.py and a resume with --preload say which weights differ."""
+    state = load_checkpoint(trained / "ckpt_00000012.pt")
+    renamed = {name.replace("encoder.", "encoder_v0.", 1): tensor for name, tensor in state["model"].items()}
+    other = save_checkpoint(tmp_path / "other", dict(state, model=renamed), 12, keep=1)
+    capsys.readouterr()
+    code, errors = translate_main(capsys, "--checkpoint", str(other), "The cat.")
+    assert code == 1 and len(errors) == 1 and "another architecture" in errors[0], errors
+    assert "missing weights" in errors[0] and "unexpected weights: " in errors[0] and "encoder_v0." in errors[0]
+    assert train_main(trained, tmp_path / "weights", "--preload", str(other)) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line or "Traceback" in line]
+    assert len(errors) == 1 and "another architecture" in errors[0], errors
