@@ -3,7 +3,8 @@
 The run reads top to bottom, one named phase after another:
 1. `train`: the ranks of a torchrun job, the device, the run lock, then a `Trainer`.
 2. `Trainer.start_or_resume`: which checkpoint to continue, the data and tokenizers, the model,
-   optimizer, schedule and counters.
+   optimizer, schedule and counters. A folder that holds checkpoints of which none can be resumed
+   stops the run with one line, every file left as it is: a run never starts over unasked.
 3. `Trainer.train_epoch`: forward and backward of each micro-batch (AMP, gradient accumulation);
    `Trainer.optimizer_step` after the last micro-batch of each step (clipping, skipping a non-finite
    step); then `Trainer.stop_decision` (max_steps, max_minutes, a signal, too many non-finite steps).
@@ -38,8 +39,8 @@ from tqdm import tqdm
 
 from atomic_files import atomic_write_bytes
 from attention_plot import attention_figure
-from checkpoint import (CheckpointError, RunLock, checkpoint_candidates, load_checkpoint, load_latest, save_average,
-                        save_checkpoint)
+from checkpoint import (CheckpointError, RunLock, checkpoint_files, load_checkpoint, load_latest, load_weights, named,
+                        save_average, save_checkpoint)
 from config import (IDENTITY_KEYS, MODEL_KEYS, ConfigError, build_parser, config_or_exit, explicit_keys, runs_dir,
                     validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
@@ -130,6 +131,12 @@ def take_model_from(config: dict[str, Any], explicit: set[str]) -> dict[str, Any
         return None
     path = Path(config["init_from"])
     state = load_checkpoint(path)
+    missing = [key for key in MODEL_KEYS if key not in state["config"]]
+    if "tokenizers" not in state:
+        missing.append("tokenizers")
+    if missing:
+        raise CheckpointError(f"--init_from {path} lacks {', '.join(missing)}: it was not written by this "
+                              f"version's train.py")
     source = {**config, **{key: state["config"][key] for key in MODEL_KEYS}}
     validate_config(source)
     for key in MODEL_KEYS:
@@ -143,12 +150,29 @@ def take_model_from(config: dict[str, Any], explicit: set[str]) -> dict[str, Any
     return state
 
 
-def check_resumable(checkpoint_config: dict[str, Any], config: dict[str, Any], path: Path) -> None:
-    """Refuse a checkpoint whose model, vocabulary or data split differs from the config."""
-    validate_config(checkpoint_config)
+# What `Trainer.restore` reads from a checkpoint (`Trainer.save` writes them).
+RESUME_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "global_step", "batches_done", "step_in_epoch",
+               "best_bleu", "stale_validations", "batch_settings", "config", "tokenizers")
+
+# How to start over when a folder's checkpoints cannot be resumed: train.py removes none of them itself.
+START_OVER = "they are left as they are; to start over, move them out of the folder or choose another --experiment_name"
+
+
+def check_resumable(state: dict[str, Any], config: dict[str, Any], path: Path) -> None:
+    """Refuse a checkpoint that cannot be resumed (an average has no optimizer state), or whose
+    model, vocabulary or data split differs from the config."""
+    if "optimizer" not in state:
+        what = "an averaged checkpoint" if "averaged_from" in state else "a checkpoint without optimizer state"
+        raise ConfigError(f"{path} is {what}, for translating, not for resuming: use it with translate.py or "
+                          f"evaluate.py --checkpoint, or fine-tune from it with --init_from and a new --experiment_name")
+    missing = [key for key in RESUME_KEYS if key not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} cannot be resumed: it lacks {', '.join(missing)} (written by another "
+                              f"version of train.py?)")
+    validate_config(state["config"])
     for key in IDENTITY_KEYS:
-        if checkpoint_config[key] != config[key]:
-            raise ConfigError(f"checkpoint {path} was trained with --{key} {checkpoint_config[key]!r} but this run "
+        if state["config"][key] != config[key]:
+            raise ConfigError(f"checkpoint {path} was trained with --{key} {state['config'][key]!r} but this run "
                               f"has {config[key]!r}; use the same options to resume, or a new --experiment_name")
 
 
@@ -305,7 +329,7 @@ class Trainer:
         if resume is not None:
             self.restore(resume, resume_path)
         elif self.initial is not None:
-            self.model.load_state_dict(self.initial["model"])
+            load_weights(self.model, self.initial["model"], Path(config["init_from"]))
         del resume, self.initial  # free the CPU copies of the weights
 
         self.raw_model = self.model
@@ -318,22 +342,30 @@ class Trainer:
             self.start_logging(steps_per_epoch)
 
     def checkpoint_to_resume(self) -> tuple[Path | None, dict[str, Any] | None]:
-        """The checkpoint `preload` names (latest: the newest good one, if any), checked against the config."""
+        """The checkpoint `preload` names (latest: the newest good one), checked against the config.
+        A new run starts only in a folder without checkpoints: one whose checkpoints are all
+        unusable stops the run, everything in it left as it is."""
         config = self.config
         path, state = None, None
         if config["preload"] == "latest":
-            found = load_latest(self.folder)
+            try:
+                found = load_latest(self.folder)
+            except CheckpointError as error:
+                raise CheckpointError(f"{error}; {START_OVER}") from None
             if found:
                 path, state = found
+            elif averages := checkpoint_files(self.folder):
+                raise CheckpointError(f"{self.folder} holds {named(averages)} but no checkpoint to resume (an average "
+                                      f"has no optimizer state); {START_OVER}")
         elif config["preload"] == "new":
-            if checkpoint_candidates(self.folder):
+            if checkpoint_files(self.folder):
                 raise ConfigError(f"{self.folder} already holds checkpoints; resume them with --preload latest, or "
                                   f"start a new run with another --experiment_name")
         else:
             path = Path(config["preload"])
             state = load_checkpoint(path)
         if state is not None:
-            check_resumable(state["config"], config, path)
+            check_resumable(state, config, path)
             log(f"resuming from {path} (epoch {state['epoch']}, step {state['global_step']})")
         return path, state
 
@@ -369,10 +401,7 @@ class Trainer:
         since then are applied, and a changed batch setting is never silent: world_size and
         accum_steps regroup the same batches, so training resumes at the very next batch; other
         changes make other batches, so it resumes at the start of the next epoch."""
-        try:
-            self.model.load_state_dict(state["model"])
-        except RuntimeError as error:
-            raise ConfigError(f"checkpoint {path} does not fit this model: {str(error).splitlines()[0]}") from None
+        load_weights(self.model, state["model"], path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
