@@ -5,7 +5,9 @@ arguments it translates standard input, one sentence per line, `--chunk_size` li
 chunk's translations are written and flushed as soon as they are done, so memory stays bounded on
 inputs of any length and a killed run leaves complete lines behind. A line that cannot be translated
 (empty, invalid UTF-8) gets an empty output line and a message naming it, the others are translated,
-and the exit code is 1.
+and the exit code is 1. When the reader of stdout goes away (`translate.py < big.txt | head -1`),
+it stops quietly with exit code 141, what a Unix tool killed by SIGPIPE reports (`yes | head -1`):
+not 0, since not everything was written, and no traceback.
 
 The model: the newest good checkpoint of the experiment that --datasource and the language pair
 name, or `--checkpoint PATH`, or the average of the N newest (`--average N`); or with
@@ -23,6 +25,7 @@ config stored with it, so only decoding options matter here:
 """
 from __future__ import annotations
 
+import os
 import sys
 from itertools import islice
 from pathlib import Path
@@ -69,6 +72,19 @@ def translate_chunk(translator: Translator, inputs: list[str | None], first_numb
     return "".join(line + "\n" for line in lines), len(inputs) - len(usable)
 
 
+# 128 + SIGPIPE: what a shell reports for a tool that wrote into a closed pipe.
+EXIT_CLOSED_PIPE = 141
+
+
+def stdout_closed() -> int:
+    """After a BrokenPipeError on stdout: send what is still buffered, and will be flushed at
+    exit, to /dev/null (the Python docs' recipe: no 'Exception ignored' message); the exit code."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_CLOSED_PIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser(__doc__.splitlines()[0])
     parser.add_argument("sentences", nargs="*", help="sentences to translate; none = read standard input")
@@ -105,13 +121,16 @@ def main(argv: list[str] | None = None) -> int:
     inputs = chunks(args.sentences, len(args.sentences)) if args.sentences else \
         chunks(numbered_stdin_lines(), args.chunk_size)
     first_number, bad, first_sentence = 1, 0, None
-    for chunk in inputs:
-        text, chunk_bad = translate_chunk(translator, chunk, first_number, options, args.n_best > 0)
-        # One write per chunk, flushed: what a killed run leaves behind is whole lines.
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        first_sentence = first_sentence or next((line.strip() for line in chunk if line and line.strip()), None)
-        first_number, bad = first_number + len(chunk), bad + chunk_bad
+    try:
+        for chunk in inputs:
+            text, chunk_bad = translate_chunk(translator, chunk, first_number, options, args.n_best > 0)
+            # One write per chunk, flushed: what a killed run leaves behind is whole lines.
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            first_sentence = first_sentence or next((line.strip() for line in chunk if line and line.strip()), None)
+            first_number, bad = first_number + len(chunk), bad + chunk_bad
+    except BrokenPipeError:
+        return stdout_closed()
     if args.plot_attention is not None and first_sentence is not None:
         from attention_plot import save_attention_plot  # matplotlib is only needed here
         try:

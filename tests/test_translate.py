@@ -1,8 +1,10 @@
 """translate.py: translations alone on stdout, one clear line for bad input, batch mode from
-stdin that survives bad lines, and --checkpoint PATH (here a checkpoint written on a GPU)."""
+stdin that survives bad lines, a quiet end when the reader of stdout goes away, and --checkpoint
+PATH (here a checkpoint written on a GPU)."""
 from __future__ import annotations
 
 import io
+import os
 import queue
 import subprocess
 import sys
@@ -174,3 +176,28 @@ def test_stdin_is_translated_and_flushed_chunk_by_chunk(trained_run, expected: d
     while not output.empty():
         lines.append(output.get())
     assert all(line.endswith(b"\n") for line in lines), "a killed run leaves whole lines"
+
+
+def test_a_closed_pipe_ends_quietly_with_141(trained_run, expected: dict[str, str]) -> None:
+    """`translate.py < input | head -1`: head exits after its line, and translate.py's next write
+    meets a closed pipe. It stops as a Unix tool killed by SIGPIPE would look to a shell (141),
+    without a traceback or an 'Exception ignored' message at exit. Input is given only once head
+    has gone, so the next write is sure to meet the closed pipe, however loaded the machine."""
+    read_end, write_end = os.pipe()
+    process = subprocess.Popen([sys.executable, "translate.py", *experiment(trained_run), "--chunk_size", "1"],
+                               cwd=ROOT, stdin=subprocess.PIPE, stdout=write_end, stderr=subprocess.PIPE)
+    head = subprocess.Popen(["head", "-1"], stdin=read_end, stdout=subprocess.PIPE)
+    os.close(read_end)
+    os.close(write_end)
+    try:
+        process.stdin.write(f"{FIRST}\n".encode())
+        process.stdin.flush()
+        first_line, _ = head.communicate(timeout=120)
+        _, stderr = process.communicate(f"{SECOND}\n".encode() * 5, timeout=120)
+    finally:
+        process.kill()
+        head.kill()
+    assert first_line.decode().splitlines() == [expected[FIRST]]
+    assert process.returncode == translate.EXIT_CLOSED_PIPE == 141
+    lines = stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("translate.py: using "), lines
