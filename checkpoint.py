@@ -149,8 +149,25 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
             raise CheckpointError(f"checkpoint {path} is corrupt (its sha256 does not match {MANIFEST})")
     except OSError as error:
         raise CheckpointError(f"cannot read checkpoint {path}: {error.strerror or error}") from None
+    state = _torch_load(path)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path} is not a checkpoint of this project")
+    carried = state.get(DIGEST_KEY)
+    if recorded is None and carried is not None and content_digest(state) != carried:
+        raise CheckpointError(f"checkpoint {path} is corrupt (its content does not match the {DIGEST_KEY} it "
+                              f"carries)")
+    if "model" not in state or "config" not in state:
+        raise CheckpointError(f"checkpoint {path} is not a checkpoint of this project")
+    if recorded is None and carried is None:
+        print(f"warning: checkpoint {path} carries no {DIGEST_KEY} (it was written by an older version) and no "
+              f"{MANIFEST} beside it lists it: loaded unverified", file=sys.stderr, flush=True)
+    return state
+
+
+def _torch_load(path: Path) -> Any:
+    """torch.load onto the CPU, refusing pickles that would run code; each failure a CheckpointError."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except PermissionError as error:
         raise CheckpointError(f"cannot read checkpoint {path}: {error.strerror}") from None
     except pickle.UnpicklingError as error:
@@ -162,25 +179,6 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, IndexError) as error:
         detail = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise CheckpointError(f"checkpoint {path} is corrupt or truncated ({detail})") from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"checkpoint {path} is not a checkpoint of this project")
-    if recorded is None:
-        _verify_content(path, state)
-    if "model" not in state or "config" not in state:
-        raise CheckpointError(f"checkpoint {path} is not a checkpoint of this project")
-    return state
-
-
-def _verify_content(path: Path, state: dict[str, Any]) -> None:
-    """Check the digest a checkpoint carries; one written before checkpoints carried it loads
-    unverified, with a warning."""
-    carried = state.get(DIGEST_KEY)
-    if carried is None:
-        print(f"warning: checkpoint {path} carries no {DIGEST_KEY} (it was written by an older version) and no "
-              f"{MANIFEST} beside it lists it: loaded unverified", file=sys.stderr, flush=True)
-    elif content_digest(state) != carried:
-        raise CheckpointError(f"checkpoint {path} is corrupt (its content does not match the {DIGEST_KEY} it "
-                              f"carries)")
 
 
 def load_weights(model: torch.nn.Module, weights: Any, path: Path) -> None:

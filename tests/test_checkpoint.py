@@ -106,13 +106,14 @@ def test_load_latest_falls_back_to_an_older_checkpoint(tmp_path: Path, capsys: p
     assert load_latest(tmp_path / "never_created") is None
 
 
-def test_unusable_files_give_checkpoint_errors(tmp_path: Path) -> None:
+def test_unusable_files_give_checkpoint_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "missing.pt")
     not_ours = tmp_path / "weights_only.pt"
     torch.save({"w": torch.ones(2)}, not_ours)
     with pytest.raises(CheckpointError, match="not a checkpoint of this project"):
         load_checkpoint(not_ours)
+    assert "warning" not in capsys.readouterr().err  # one line for the user: the error, not a warning before it
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"\x00" * 64)
     with pytest.raises(CheckpointError, match="garbage.pt"):

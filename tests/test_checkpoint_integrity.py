@@ -218,9 +218,10 @@ def folder_contents(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "train.lock"}
 
 
-@pytest.mark.parametrize("left", ["a corrupt checkpoint", "an average"])
+@pytest.mark.parametrize("left, why", [("a corrupt checkpoint", "ckpt_00000012.pt is corrupt"),
+                                       ("an average", "no checkpoint to resume (an average has no optimizer state)")])
 def test_a_run_whose_checkpoints_are_unusable_stops_and_changes_nothing(trained: Path, tmp_path: Path, left: str,
-                                                                        capsys: pytest.CaptureFixture) -> None:
+                                                                        why: str, capsys: pytest.CaptureFixture) -> None:
     """Never start over unasked: a new run would retrain the tokenizers over those beside the
     checkpoints, and overwrite checkpoints a long run had saved."""
     folder = copy_experiment(trained, tmp_path / "weights" / trained.name)
@@ -237,7 +238,7 @@ def test_a_run_whose_checkpoints_are_unusable_stops_and_changes_nothing(trained:
     assert train_main(trained, tmp_path / "weights") == 1
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 1 and errors[0].startswith("train.py: error: "), errors
-    assert "ckpt_00000012" in errors[0] and "to start over" in errors[0] and "--experiment_name" in errors[0]
+    assert why in errors[0] and "to start over" in errors[0] and "--experiment_name" in errors[0]
     assert folder_contents(folder) == before
     assert not (tmp_path / "runs").exists()
 
