@@ -200,8 +200,8 @@ def load_weights(model: torch.nn.Module, weights: Any, path: Path) -> None:
     differences = [f"{what}: {len(found)} (first: {found[0]})" for what, found in
                    (("missing weights", missing), ("unexpected weights", unexpected),
                     ("weights of another shape", reshaped)) if found]
-    raise CheckpointError(f"checkpoint {path} is of another architecture than the model its config describes "
-                          f"(written by another version of model.py?): {'; '.join(differences) or 'unloadable weights'}")
+    raise CheckpointError(f"checkpoint {path} is of another architecture than the model its config describes (written "
+                          f"by another version of model.py?): {'; '.join(differences) or 'unloadable weights'}")
 
 
 def checkpoint_candidates(folder: Path) -> list[Path]:

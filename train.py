@@ -164,7 +164,8 @@ def check_resumable(state: dict[str, Any], config: dict[str, Any], path: Path) -
     if "optimizer" not in state:
         what = "an averaged checkpoint" if "averaged_from" in state else "a checkpoint without optimizer state"
         raise ConfigError(f"{path} is {what}, for translating, not for resuming: use it with translate.py or "
-                          f"evaluate.py --checkpoint, or fine-tune from it with --init_from and a new --experiment_name")
+                          f"evaluate.py --checkpoint, or fine-tune from it with --init_from and a new "
+                          f"--experiment_name")
     missing = [key for key in RESUME_KEYS if key not in state]
     if missing:
         raise CheckpointError(f"checkpoint {path} cannot be resumed: it lacks {', '.join(missing)} (written by another "

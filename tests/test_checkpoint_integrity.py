@@ -221,7 +221,8 @@ def folder_contents(folder: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("left, why", [("a corrupt checkpoint", "ckpt_00000012.pt is corrupt"),
                                        ("an average", "no checkpoint to resume (an average has no optimizer state)")])
 def test_a_run_whose_checkpoints_are_unusable_stops_and_changes_nothing(trained: Path, tmp_path: Path, left: str,
-                                                                        why: str, capsys: pytest.CaptureFixture) -> None:
+                                                                        why: str,
+                                                                        capsys: pytest.CaptureFixture) -> None:
     """Never start over unasked: a new run would retrain the tokenizers over those beside the
     checkpoints, and overwrite checkpoints a long run had saved."""
     folder = copy_experiment(trained, tmp_path / "weights" / trained.name)
