@@ -8,6 +8,7 @@ Paths of run artefacts are derived here and nowhere else.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -102,6 +103,13 @@ def get_config() -> dict[str, Any]:
         "serve_max_beam_size": 8,  # largest beam_size a request may ask for
         "serve_batch_sentences": 64,  # sentences decoded together, gathered from concurrent requests
         "serve_batch_wait_ms": 10,  # how long a batch waits for more requests once its first has arrived
+        # overload: work (sentences x beam size) that may wait for the model; past it, 503 with Retry-After.
+        # 512: eight full greedy batches, or two of the largest requests at the largest beam
+        "serve_max_queued_work": 512,
+        "serve_request_timeout_s": 30.0,  # from a request's arrival to its answer; then 503 with Retry-After
+        "serve_body_timeout_s": 10.0,  # a request body that takes longer to arrive gets 408
+        # on SIGTERM or Ctrl-C, how long the requests held may take; below Kubernetes' default 30 s before SIGKILL
+        "serve_drain_grace_s": 20.0,
     }
 
 
@@ -296,11 +304,17 @@ def validate_config(config: dict[str, Any]) -> None:
     if not config["datasource"]:
         raise ConfigError("--datasource must name a Hub dataset or a local folder")
     for key in ("serve_max_sentences", "serve_max_chars", "serve_max_body_bytes", "serve_max_beam_size",
-                "serve_batch_sentences"):
+                "serve_batch_sentences", "serve_max_queued_work"):
         if config[key] < 1:
             raise ConfigError(f"--{key} must be at least 1, got {config[key]}")
     if config["serve_batch_wait_ms"] < 0:
         raise ConfigError(f"--serve_batch_wait_ms must not be negative, got {config['serve_batch_wait_ms']}")
+    if not 0 <= config["serve_drain_grace_s"] < math.inf:
+        raise ConfigError(f"--serve_drain_grace_s must be a number of seconds, 0 or more, "
+                          f"got {config['serve_drain_grace_s']}")
+    for key in ("serve_request_timeout_s", "serve_body_timeout_s"):
+        if not 0 < config[key] < math.inf:
+            raise ConfigError(f"--{key} must be a positive number of seconds, got {config[key]}")
 
 
 def experiment_name(config: dict[str, Any]) -> str:

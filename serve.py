@@ -1,46 +1,70 @@
 """Serve translations over HTTP: `python serve.py --datasource FOLDER_OR_HUB_ID --port 8000`.
 
 The model is found like translate.py finds it (the newest good checkpoint of the experiment, or
---checkpoint PATH, or --engine ctranslate2 --model_dir DIR) and loaded once. Endpoints:
+--checkpoint PATH, or --engine ctranslate2 --model_dir DIR) and loaded once, after the socket
+opens: the server is live at once, and ready when the model has loaded and translated a warm-up
+sentence. Endpoints:
 - POST /translate {"text": ["...", ...], "beam_size": K} -> {"translations": ["...", ...]};
   beam_size is optional (default: the config's).
 - POST /attention {"text": "..."} -> {"source_tokens", "output_tokens", "weights"}: the
   cross-attention of the sentence's greedy translation, weights[i][j] from output token i to source
   token j.
-- GET /health: the engine, the model and its checkpoint, the limits, and batching counters.
+- GET /health: the state, the engine, the model and its checkpoint, the limits and the queue.
+- GET /metrics: counters, gauges and histograms in the Prometheus text format.
+- GET /health/live and GET /health/ready, for orchestrators: 200 while the process serves, and 200
+  only while it is ready (503 while the model loads, while the server drains, and while a decoding
+  call has run longer than serve_request_timeout_s). They need no key and name no model.
 - GET /: a web page (static/) to translate a sentence and see its attention heatmap.
 
 Requests that arrive together are translated together (serve_batch_sentences, serve_batch_wait_ms);
 each request is limited by serve_max_sentences, serve_max_chars, serve_max_body_bytes and
 serve_max_beam_size. A refused request gets a 4xx status and {"error": "what is wrong"}.
 
-It listens on 127.0.0.1 unless --host says otherwise (--port 0: any free port; the line on stderr
-says which). On any other address it needs an API key, from the TRANSLATE_API_KEY environment
-variable or the first line of --api_key_file FILE, and then every API request must send
-`Authorization: Bearer KEY`; a key that is set is required on loopback too. Ctrl-C or SIGTERM
-stops it after the requests in progress are answered.
+Under overload it sheds load instead of stalling: requests wait in a queue bounded in work
+(sentences x beam size, serve_max_queued_work), and one that does not fit gets 503 with
+Retry-After at once; one not answered within serve_request_timeout_s of its arrival gets 503 with
+Retry-After, and its sentences are dropped if they have not reached the model; a body that takes
+longer than serve_body_timeout_s gets 408; a client that disconnects has its request dropped.
+
+It listens on 127.0.0.1 unless --host says otherwise (--port 0: any free port; the lines on stderr
+say which). On any other address it needs an API key, from the TRANSLATE_API_KEY environment
+variable or the first line of --api_key_file FILE, and then every request but the two probes must
+send `Authorization: Bearer KEY`; a key that is set is required on loopback too. Off loopback the
+key must travel over TLS (--ssl_certfile, --ssl_keyfile) unless --trusted_network says the network
+is private. SIGTERM or Ctrl-C drains the server: it stops being ready, refuses new requests with 503,
+answers those it holds within serve_drain_grace_s (503 for what is left then, or at a second
+signal), and exits 0.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import ipaddress
 import json
+import math
 import os
+import queue
 import signal
 import socket
 import sys
+import threading
 from collections import deque
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from types import FrameType
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from checkpoint import CheckpointError
 from config import ConfigError, build_parser, config_or_exit
@@ -48,109 +72,217 @@ from translator import DecodingOptions, Translator, TranslatorError, add_transla
 
 STATIC = Path(__file__).resolve().parent / "static"
 API_KEY_VARIABLE = "TRANSLATE_API_KEY"
+WARM_UP = "Hello."  # translated once after loading: the first call pays for lazy set-up, not a client
+API_ENDPOINTS = {"/translate": "translate", "/attention": "attention"}  # path -> the metrics' label
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+T = TypeVar("T")
 
 
 class ApiError(Exception):
-    """A refused request: the HTTP status and the one line the client is shown."""
+    """A refused request: the HTTP status, the one line the client is shown, and any headers."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.headers = status, message, headers
+
+
+def unavailable(message: str, retry_after: float) -> ApiError:
+    """A 503 that tells the client to send the request again after `retry_after` seconds, rounded up
+    to whole seconds (the header's form), at least 1."""
+    return ApiError(503, message, {"Retry-After": str(max(1, math.ceil(retry_after)))})
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer. Answered with 499 (nginx's code for it), which
+    nobody reads but the metrics count."""
+
+
+def now() -> float:
+    """The event loop's clock, which deadlines and asyncio's timeouts share."""
+    return asyncio.get_running_loop().time()
+
+
+class ModelThread(Executor):
+    """One daemon thread that makes every model call in turn (loading, warm-up, decoding, attention),
+    so that two calls never use the model at once. ThreadPoolExecutor's threads are joined at exit; a
+    daemon is not, so a decode still running when the drain ends cannot keep the process alive
+    (a call inside PyTorch or CTranslate2 cannot be interrupted)."""
+
+    def __init__(self) -> None:
+        self.calls: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self.work, name="model", daemon=True).start()
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future: Future[T] = Future()
+        self.calls.put((future, fn, args, kwargs))
+        return future
+
+    def work(self) -> None:
+        while True:
+            future, fn, args, kwargs = self.calls.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as error:  # handed to the caller, who decides
+                    future.set_exception(error)
 
 
 @dataclass(eq=False)
 class Job:
+    """One request waiting for the model: its sentences to translate with `options`, or (`call` set)
+    another model call on its one sentence, made alone (`what` names it in errors)."""
+
     sentences: list[str]
     options: DecodingOptions
+    deadline: float  # event-loop time after which nobody waits for the answer
     future: asyncio.Future
+    call: Callable[[str], Any] | None = None
+    what: str = "translation"
+
+    @property
+    def work(self) -> int:
+        """What the job costs the model: a beam search carries beam_size hypotheses per sentence,
+        sampling n_best samples."""
+        return len(self.sentences) * max(self.options.beam_size, self.options.n_best)
 
 
 class Batcher:
-    """Gathers the sentences of concurrent requests into one decoding call.
+    """Gathers the sentences of concurrent requests into one decoding call, from a bounded queue.
 
-    One worker task takes the oldest waiting request, then collects requests that arrive within
-    `wait_s` and decode with the same options, up to `max_sentences` sentences, and runs `decode`
-    on all of them in the model's thread (`executor`). The event loop goes on accepting requests
-    meanwhile: those that arrive during one decode make up the next batch. A request with other
-    options (another beam size) waits for a later batch. A failing decode fails its batch's
-    requests, not the worker."""
+    One worker task takes the oldest waiting job, then the jobs that wait or arrive within `wait_s`
+    and decode with the same options, up to `max_sentences` sentences, and runs `decode` on all of
+    them in the model's thread (`executor`). The event loop goes on accepting and refusing requests
+    meanwhile: those that arrive during one decode make up the next batch. A job with other options
+    (another beam size) waits for a later batch; one with a `call` is made alone. A failing decode
+    fails its batch's requests, not the worker.
+
+    The waiting jobs may hold at most `max_work` work (Job.work) between them; a job that would pass
+    it is refused with a 503 (an empty queue takes any job, so that no valid request is refused for
+    ever). A job that was withdrawn (its client left) or whose deadline has passed is dropped before
+    it reaches the model."""
 
     def __init__(self, decode: Callable[[list[str], DecodingOptions], list[str]], executor: Executor,
-                 max_sentences: int, wait_s: float) -> None:
+                 max_sentences: int, wait_s: float, max_work: int, registry: CollectorRegistry) -> None:
         self.decode, self.executor = decode, executor
-        self.max_sentences, self.wait_s = max_sentences, wait_s
-        self.queue: asyncio.Queue[Job] = asyncio.Queue()
-        self.held: deque[Job] = deque()  # taken off the queue for a batch they did not fit
-        self.calls = self.requests = self.sentences = self.largest = 0  # reported by GET /health
+        self.max_sentences, self.wait_s, self.max_work = max_sentences, wait_s, max_work
+        self.waiting: deque[Job] = deque()  # admitted, not yet taken into a batch
+        self.queued_work = 0  # the work of `waiting`
+        self.arrived = asyncio.Event()
+        self.batch: list[Job] = []  # taken off the queue: being gathered, or in the model
+        self.started: float | None = None  # when the batch went into the model
+        self.rate = 0.0  # work per second of recent decoding calls; 0 until one is measured
         self.worker: asyncio.Task | None = None
+        self.sentences = Counter("serve_sentences", "Sentences translated", registry=registry)
+        self.batch_sizes = Histogram("serve_batch_sentences", "Sentences per decoding call", buckets=BATCH_BUCKETS,
+                                     registry=registry)
+        Gauge("serve_queue_work", "Work waiting for the model (sentences x beam size)",
+              registry=registry).set_function(lambda: self.queued_work)
+        Gauge("serve_queue_requests", "Requests waiting for the model", registry=registry) \
+            .set_function(lambda: len(self.waiting))
 
-    async def translate(self, sentences: list[str], options: DecodingOptions) -> list[str]:
-        # Started by the first request rather than by a lifespan handler: at exit, asyncio cancels a
+    def submit(self, sentences: list[str], options: DecodingOptions, deadline: float,
+               call: Callable[[str], Any] | None = None, what: str = "translation") -> Job:
+        """Queue a job, or raise a 503 with Retry-After if the queue has no room for its work."""
+        job = Job(sentences, options, deadline, asyncio.get_running_loop().create_future(), call, what)
+        if self.waiting and self.queued_work + job.work > self.max_work:
+            raise unavailable(f"the server is busy: {self.queued_work} work queued, {job.work} more would pass "
+                              f"the limit of {self.max_work} (serve_max_queued_work; work is sentences x beam size)",
+                              self.retry_after())
+        # Started by the first job rather than by a lifespan handler: at exit, asyncio cancels a
         # plain task quietly, even when a second Ctrl-C skips the application's shutdown.
         if self.worker is None or self.worker.done():
             self.worker = asyncio.create_task(self.run())
-        job = Job(sentences, options, asyncio.get_running_loop().create_future())
-        self.queue.put_nowait(job)
-        return await job.future
+        self.waiting.append(job)
+        self.queued_work += job.work
+        self.arrived.set()
+        return job
+
+    def take(self, job: Job) -> None:
+        self.waiting.remove(job)
+        self.queued_work -= job.work
+
+    def withdraw(self, job: Job) -> None:
+        """Nobody waits for `job` any more: off the queue, and skipped by a batch it is already in."""
+        if job in self.waiting:
+            self.take(job)
+        job.future.cancel()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.batch)
+
+    def running_for(self) -> float:
+        """How long the batch in the model has been there; 0 when none is."""
+        return 0.0 if self.started is None else now() - self.started
+
+    def retry_after(self) -> float:
+        """Seconds until the work held now should have been decoded, at the recent rate."""
+        work = self.queued_work + sum(job.work for job in self.batch)
+        return work / self.rate if self.rate else 1.0
 
     async def run(self) -> None:
         while True:
-            await self.decode_batch(await self.gather())
+            await self.gather()
+            await self.decode_batch()
 
-    async def gather(self) -> list[Job]:
-        first = self.held.popleft() if self.held else await self.queue.get()
-        batch, size = [first], len(first.sentences)
-        for job in list(self.held):
-            if job.options == first.options and size + len(job.sentences) <= self.max_sentences:
-                self.held.remove(job)
-                batch.append(job)
-                size += len(job.sentences)
-        loop = asyncio.get_running_loop()
-        try:
-            # A timeout (not wait_for) cancels queue.get() without losing an item it was handed.
-            async with asyncio.timeout_at(loop.time() + self.wait_s):
-                while size < self.max_sentences:
-                    job = await self.queue.get()
-                    if job.options != first.options:
-                        self.held.append(job)
-                    elif size + len(job.sentences) > self.max_sentences:
-                        self.held.append(job)
-                        break
-                    else:
-                        batch.append(job)
-                        size += len(job.sentences)
-        except TimeoutError:
-            pass
-        return batch
+    async def gather(self) -> None:
+        while not self.waiting:
+            self.arrived.clear()
+            await self.arrived.wait()
+        first = self.waiting[0]
+        self.take(first)
+        self.batch = [first]
+        if first.call is not None:
+            return
+        size, closes = len(first.sentences), now() + self.wait_s
+        while size < self.max_sentences:
+            for job in list(self.waiting):
+                if job.call is None and job.options == first.options:
+                    if size + len(job.sentences) > self.max_sentences:
+                        return  # as full as it gets: that job leads the next batch
+                    self.take(job)
+                    self.batch.append(job)
+                    size += len(job.sentences)
+            self.arrived.clear()
+            try:
+                async with asyncio.timeout_at(closes):
+                    await self.arrived.wait()
+            except TimeoutError:
+                return
 
-    async def decode_batch(self, batch: list[Job]) -> None:
-        batch = [job for job in batch if not job.future.done()]  # a cancelled request needs no answer
+    async def decode_batch(self) -> None:
+        # A withdrawn job needs no answer, and one past its deadline has had its 503.
+        batch = self.batch = [job for job in self.batch if not job.future.done() and job.deadline > now()]
         if not batch:
             return
         sentences = [sentence for job in batch for sentence in job.sentences]
-        loop = asyncio.get_running_loop()
+        first, loop = batch[0], asyncio.get_running_loop()
+        self.started = now()
         try:
-            translations = await loop.run_in_executor(self.executor, self.decode, sentences, batch[0].options)
+            if first.call is not None:
+                results = [await loop.run_in_executor(self.executor, first.call, sentences[0])]
+            else:
+                results = await loop.run_in_executor(self.executor, self.decode, sentences, first.options)
         except Exception as error:  # whatever it was, the worker must go on
-            message = failure("translation", error)
+            message = failure(first.what, error)
             print(f"serve.py: error: {message}", file=sys.stderr, flush=True)
             for job in batch:
                 if not job.future.done():
                     job.future.set_exception(ApiError(500, message))
             return
-        self.calls += 1
-        self.requests += len(batch)
-        self.sentences += len(sentences)
-        self.largest = max(self.largest, len(sentences))
+        finally:
+            seconds, self.batch, self.started = now() - self.started, [], None
+        measured = sum(job.work for job in batch) / max(seconds, 1e-3)
+        self.rate = measured if not self.rate else 0.7 * self.rate + 0.3 * measured
+        if first.call is None:
+            self.sentences.inc(len(sentences))
+            self.batch_sizes.observe(len(sentences))
         start = 0
         for job in batch:
             if not job.future.done():
-                job.future.set_result(translations[start:start + len(job.sentences)])
+                job.future.set_result(results[start:start + len(job.sentences)] if first.call is None else results[0])
             start += len(job.sentences)
-
-    def stats(self) -> dict[str, int]:
-        return {"decoding_calls": self.calls, "requests": self.requests, "sentences": self.sentences,
-                "largest_batch": self.largest}
 
 
 def failure(what: str, error: Exception) -> str:
@@ -194,29 +326,231 @@ def check_sentence(text: Any, name: str, max_chars: int) -> str:
     return text.strip()
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    """The request body as JSON; 413 past `limit` bytes, whether or not Content-Length says so."""
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body; 413 past `limit` bytes, whether or not Content-Length says so."""
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise ApiError(413, f"the request body is {int(length)} bytes; the limit is {limit} (serve_max_body_bytes)")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"the request body is over the limit of {limit} bytes (serve_max_body_bytes)")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise ApiError(413, f"the request body is over the limit of {limit} bytes (serve_max_body_bytes)")
+    except ClientDisconnect:
+        raise ClientGone() from None
+    return bytes(body)
+
+
+def parse_json(body: bytes) -> Any:
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
         raise ApiError(400, f"the request body is not valid JSON: {str(error).splitlines()[0]}") from None
 
 
-def build_app(translator: Translator, config: dict[str, Any], api_key: str | None) -> FastAPI:
-    """The application around a loaded translator. All model calls run in one thread, so batches
-    and attention requests never use the model at the same time."""
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
-    defaults = DecodingOptions.from_config(config, batch_size=config["serve_batch_sentences"])
-    batcher = Batcher(translator.translate_best, executor, config["serve_batch_sentences"],
-                      config["serve_batch_wait_ms"] / 1000)
+async def disconnected(request: Request) -> None:
+    """Returns when the client of `request` (whose body has been read) disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class Service:
+    """Everything that outlives one request: the model (loaded and warmed up in the model's thread
+    while the server already answers), the batcher, the state that readiness reports, the metrics
+    and the drain."""
+
+    def __init__(self, config: dict[str, Any], load: Callable[[], Translator], url: str) -> None:
+        self.config, self.load, self.url = config, load, url
+        self.timeout = config["serve_request_timeout_s"]
+        self.translator: Translator | None = None  # set once loaded and warmed up
+        self.defaults = DecodingOptions.from_config(config, batch_size=config["serve_batch_sentences"])
+        self.registry = CollectorRegistry()  # this app's own: tests run several apps in one process
+        self.model_thread = ModelThread()
+        self.batcher = Batcher(lambda sentences, options: self.translator.translate_best(sentences, options),
+                               self.model_thread, config["serve_batch_sentences"], config["serve_batch_wait_ms"] / 1000,
+                               config["serve_max_queued_work"], self.registry)
+        self.requests = Counter("serve_requests", "API requests answered, by endpoint and status code (499: the "
+                                "client disconnected first)", ["endpoint", "code"], registry=self.registry)
+        self.latency = Histogram("serve_request_duration_seconds", "Time from a request's arrival to its answer",
+                                 ["endpoint"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        Gauge("serve_ready", "1 while GET /health/ready answers 200", registry=self.registry) \
+            .set_function(lambda: self.state() == "ready")
+        ProcessCollector(registry=self.registry)  # resident memory, CPU time, open files
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.tasks: set[asyncio.Task] = set()  # loading and draining: held so that they are not collected
+        self.drain_ends: float | None = None  # event-loop time; set by the first stop signal
+        self.grace_over = asyncio.Event()  # from then on, whatever still waits is answered 503
+        self.stop_server: Callable[[], None] = lambda: None  # set by the server that runs the app
+        self.exit_code = 0
+
+    def state(self) -> str:
+        """loading, ready, draining, or stuck: the batch in the model has run longer than a request
+        may wait, so that every request in it and behind it has had or will have a 503."""
+        if self.drain_ends is not None:
+            return "draining"
+        if self.translator is None:
+            return "loading"
+        return "stuck" if self.batcher.running_for() > self.timeout else "ready"
+
+    def start(self) -> None:
+        """When the event loop runs: load the model in its thread."""
+        self.loop = asyncio.get_running_loop()
+        print(f"serve.py: listening on {self.url} (loading the model)", file=sys.stderr, flush=True)
+        self.background(self.load_model())
+
+    def background(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def load_model(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            translator = await loop.run_in_executor(self.model_thread, self.load)
+        except (CheckpointError, TranslatorError, ConfigError) as error:
+            self.fail(str(error))
+            return
+        except Exception as error:  # a model that cannot load ends the server with one line, whatever the cause
+            self.fail(failure("loading the model", error))
+            return
+        started = now()
+        try:
+            await loop.run_in_executor(self.model_thread, translator.translate_best, [WARM_UP], self.defaults)
+        except Exception as error:
+            self.fail(failure("the warm-up translation", error))
+            return
+        self.batcher.rate = self.defaults.beam_size / max(now() - started, 1e-3)  # until batches are measured
+        self.translator = translator
+        if self.drain_ends is None:
+            print(f"serve.py: serving {translator.source} ({translator.engine}) on {self.url}", file=sys.stderr,
+                  flush=True)
+
+    def fail(self, message: str) -> None:
+        print(f"serve.py: error: {message}", file=sys.stderr, flush=True)
+        self.exit_code = 1
+        self.stop_server()
+
+    def check_open(self) -> None:
+        """Refuse at once a request that the server cannot take now."""
+        state = self.state()
+        if state == "loading":
+            raise unavailable("the model is still loading", 1)
+        if state == "draining":
+            raise unavailable("the server is shutting down", self.drain_ends - now())
+        if state == "stuck":
+            raise unavailable(f"the model has been decoding one batch for {self.batcher.running_for():.0f} s, longer "
+                              f"than a request may wait (serve_request_timeout_s {self.timeout:g})", self.timeout)
+
+    async def outcome(self, work: Awaitable[T], timeout: float, request: Request | None = None) -> T:
+        """`work`'s result. TimeoutError after `timeout` seconds, ClientGone if the client of `request`
+        disconnects first, a 503 if the drain's grace period ends first; `work` is cancelled then."""
+        task = asyncio.ensure_future(work)
+        watchers = [asyncio.ensure_future(self.grace_over.wait())]
+        if request is not None:
+            watchers.append(asyncio.ensure_future(disconnected(request)))
+        try:
+            await asyncio.wait([task, *watchers], timeout=max(timeout, 0), return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            if watchers[0].done():
+                raise unavailable("the server is shutting down", 1)
+            if watchers[-1].done():
+                raise ClientGone()
+            raise TimeoutError()
+        finally:
+            for waiting in (task, *watchers):
+                waiting.cancel()
+
+    async def read_json(self, request: Request) -> Any:
+        """The request body as JSON: 408 if it takes longer than serve_body_timeout_s to arrive."""
+        limit, timeout = self.config["serve_max_body_bytes"], self.config["serve_body_timeout_s"]
+        try:
+            body = await self.outcome(read_body(request, limit), timeout)
+        except TimeoutError:
+            # The rest of the body may still come: the connection cannot carry another request.
+            raise ApiError(408, f"the request body did not arrive within {timeout:g} s (serve_body_timeout_s)",
+                           {"Connection": "close"}) from None
+        return parse_json(body)
+
+    async def run(self, request: Request, arrived: float, sentences: list[str], options: DecodingOptions,
+                  call: Callable[[str], Any] | None = None, what: str = "translation") -> Any:
+        """Queue a job and wait for its answer until the deadline, the client's departure or the end of
+        the drain; the job is withdrawn in the last three cases."""
+        self.check_open()
+        job = self.batcher.submit(sentences, options, arrived + self.timeout, call, what)
+        try:
+            return await self.outcome(job.future, job.deadline - now(), request)
+        except TimeoutError:
+            raise unavailable(f"not answered within {self.timeout:g} s (serve_request_timeout_s)",
+                              self.batcher.retry_after()) from None
+        finally:
+            self.batcher.withdraw(job)
+
+    async def translate(self, request: Request, arrived: float, sentences: list[str],
+                        options: DecodingOptions) -> list[str]:
+        return await self.run(request, arrived, sentences, options)
+
+    async def attention(self, request: Request, arrived: float, sentence: str) -> Any:
+        self.check_open()
+        return await self.run(request, arrived, [sentence], DecodingOptions(beam_size=1),
+                              self.translator.cross_attention, "attention")
+
+    def drain(self) -> None:
+        """A stop signal, on the event loop. The first starts the drain; another ends its grace period."""
+        if self.drain_ends is not None:
+            self.grace_over.set()
+            return
+        grace = self.config["serve_drain_grace_s"]
+        self.drain_ends = now() + grace
+        print(f"serve.py: stopping: answering the requests it holds within {grace:g} s (serve_drain_grace_s; "
+              f"a second signal ends it now)", file=sys.stderr, flush=True)
+        self.background(self.finish_drain())
+
+    async def finish_drain(self) -> None:
+        while self.batcher.busy and not self.grace_over.is_set() and now() < self.drain_ends:
+            await asyncio.sleep(0.05)
+        self.grace_over.set()  # whatever still waits (a batch in the model, a slow body) is answered 503
+        self.stop_server()
+
+    def describe(self) -> dict[str, Any]:
+        """GET /health: the state, the model, the limits and the queue."""
+        translator = self.translator
+        return {"status": self.state(), "checkpoint": str(translator.path), **translator.describe(),
+                "source": translator.source, "beam_size": self.defaults.beam_size,
+                "limits": {key: value for key, value in self.config.items() if key.startswith("serve_")},
+                "queue": {"work": self.batcher.queued_work, "requests": len(self.batcher.waiting)}}
+
+
+class Recorder:
+    """ASGI middleware: counts the API requests by endpoint and status code, and times them."""
+
+    def __init__(self, app: ASGIApp, service: Service) -> None:
+        self.app, self.service = app, service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = API_ENDPOINTS.get(scope["path"]) if scope["type"] == "http" else None
+        if endpoint is None:
+            await self.app(scope, receive, send)
+            return
+        arrived, status = now(), 500  # what the client sees if no answer is sent
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            self.service.requests.labels(endpoint, str(status)).inc()
+            self.service.latency.labels(endpoint).observe(now() - arrived)
+
+
+def build_app(service: Service, api_key: str | None) -> FastAPI:
+    """The application around the service."""
+    config = service.config
     max_chars = config["serve_max_chars"]
 
     async def require_key(request: Request) -> None:
@@ -224,15 +558,25 @@ def build_app(translator: Translator, config: dict[str, Any], api_key: str | Non
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
-            raise ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'")
+            raise ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
+                           {"WWW-Authenticate": "Bearer"})
 
-    app = FastAPI(title="translation server", docs_url=None, redoc_url=None, openapi_url=None)
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        yield
+
+    app = FastAPI(title="translation server", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.add_middleware(Recorder, service=service)
     api = [Depends(require_key)]
 
     @app.exception_handler(ApiError)
     async def refused(request: Request, error: ApiError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
-        return JSONResponse({"error": error.message}, error.status, headers=headers)
+        return JSONResponse({"error": error.message}, error.status, headers=error.headers)
+
+    @app.exception_handler(ClientGone)
+    async def gone(request: Request, error: ClientGone) -> JSONResponse:
+        return JSONResponse({"error": "the client disconnected"}, 499)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
@@ -241,7 +585,8 @@ def build_app(translator: Translator, config: dict[str, Any], api_key: str | Non
 
     @app.post("/translate", dependencies=api)
     async def translate(request: Request) -> dict[str, list[str]]:
-        payload = check_fields(await read_json(request, config["serve_max_body_bytes"]), "text", ["beam_size"])
+        arrived = now()
+        payload = check_fields(await service.read_json(request), "text", ["beam_size"])
         text = payload["text"]
         if not isinstance(text, list):
             raise ApiError(400, f"'text' must be a list of strings, got {json_type(text)}")
@@ -251,7 +596,7 @@ def build_app(translator: Translator, config: dict[str, Any], api_key: str | Non
             raise ApiError(400, f"'text' has {len(text)} sentences; the limit is {config['serve_max_sentences']} "
                                 f"(serve_max_sentences)")
         sentences = [check_sentence(s, f"sentence {i} of 'text'", max_chars) for i, s in enumerate(text, start=1)]
-        options = defaults
+        options = service.defaults
         if "beam_size" in payload:
             beam_size = payload["beam_size"]
             if type(beam_size) is not int:
@@ -260,28 +605,36 @@ def build_app(translator: Translator, config: dict[str, Any], api_key: str | Non
                 raise ApiError(400, f"'beam_size' must be from 1 to {config['serve_max_beam_size']} "
                                     f"(serve_max_beam_size), got {beam_size}")
             try:
-                options = defaults.replace(beam_size=beam_size)
+                options = options.replace(beam_size=beam_size)
             except TranslatorError as error:
                 raise ApiError(400, f"'beam_size' {beam_size}: {error}") from None
-        return {"translations": await batcher.translate(sentences, options)}
+        return {"translations": await service.translate(request, arrived, sentences, options)}
 
     @app.post("/attention", dependencies=api)
     async def attention(request: Request) -> dict[str, Any]:
-        payload = check_fields(await read_json(request, config["serve_max_body_bytes"]), "text")
-        sentence = check_sentence(payload["text"], "'text'", max_chars)
-        try:
-            found = await asyncio.get_running_loop().run_in_executor(executor, translator.cross_attention, sentence)
-        except Exception as error:  # answered as a server error, never a traceback
-            raise ApiError(500, failure("attention", error)) from None
+        arrived = now()
+        payload = check_fields(await service.read_json(request), "text")
+        found = await service.attention(request, arrived, check_sentence(payload["text"], "'text'", max_chars))
         return {"source_tokens": found.source_tokens, "output_tokens": found.output_tokens, "weights": found.weights}
 
     @app.get("/health", dependencies=api)
     async def health() -> dict[str, Any]:
-        limits = {key: config[key] for key in ("serve_max_sentences", "serve_max_chars", "serve_max_body_bytes",
-                                               "serve_max_beam_size", "serve_batch_sentences", "serve_batch_wait_ms")}
-        return {"status": "ok", "checkpoint": str(translator.path), **translator.describe(),
-                "source": translator.source, "beam_size": defaults.beam_size, "limits": limits,
-                "batching": batcher.stats()}
+        if service.translator is None:
+            raise unavailable("the model is still loading", 1)
+        return service.describe()
+
+    @app.get("/health/live")
+    async def live() -> dict[str, str]:
+        return {"status": "live"}
+
+    @app.get("/health/ready")
+    async def ready() -> JSONResponse:
+        state = service.state()
+        return JSONResponse({"status": state}, 200 if state == "ready" else 503)
+
+    @app.get("/metrics", dependencies=api)
+    async def metrics() -> Response:
+        return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
@@ -289,6 +642,24 @@ def build_app(translator: Translator, config: dict[str, Any], api_key: str | Non
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with SIGTERM and SIGINT handed to the service's drain, which stops the server when it
+    is done. (uvicorn's own handling stops at once, and cancels what is still running after
+    timeout_graceful_shutdown.)"""
+
+    def __init__(self, config: uvicorn.Config, service: Service) -> None:
+        super().__init__(config)
+        self.service = service
+        service.stop_server = lambda: setattr(self, "should_exit", True)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        loop = self.service.loop
+        if loop is None or loop.is_closed():  # not serving yet, or no longer: nothing to drain
+            self.should_exit = True
+        else:
+            loop.call_soon_threadsafe(self.service.drain)
 
 
 def is_loopback(host: str) -> bool:
@@ -314,12 +685,17 @@ def read_api_key(path: Path | None) -> str | None:
     return lines[0].strip()
 
 
-class Stopped(Exception):
-    """Ctrl-C or SIGTERM before the server runs."""
-
-
-def stop_before_serving(signum: int, frame: Any) -> None:
-    raise Stopped(signal.Signals(signum).name)
+def transport_problem(host: str, api_key: str | None, tls: bool, trusted_network: bool) -> str | None:
+    """Why the server must not start with these options, or None."""
+    if is_loopback(host):
+        return None
+    if api_key is None:
+        return (f"--host {host} is not a loopback address: it needs an API key ({API_KEY_VARIABLE} or "
+                f"--api_key_file FILE)")
+    if not tls and not trusted_network:
+        return (f"--host {host} is not a loopback address: the API key would cross the network in clear text; give "
+                f"--ssl_certfile and --ssl_keyfile, or --trusted_network if the network is private")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -331,52 +707,57 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api_key_file", type=Path, default=None,
                         help=f"file whose first line is the API key (default: the {API_KEY_VARIABLE} environment "
                              f"variable); clients send 'Authorization: Bearer KEY'")
+    parser.add_argument("--ssl_certfile", type=Path, default=None, help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--ssl_keyfile", type=Path, default=None, help="the certificate's private key (PEM)")
+    parser.add_argument("--trusted_network", action="store_true",
+                        help="allow an API key over plain HTTP off loopback: every network between the clients and "
+                             "this server is private")
     args = parser.parse_args(argv)
     config = config_or_exit(args, parser)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be from 0 to 65535, got {args.port}")
+    if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
+        parser.error("--ssl_certfile and --ssl_keyfile go together")
     try:
         api_key = read_api_key(args.api_key_file)
     except ConfigError as error:
         parser.error(str(error))
-    if api_key is None and not is_loopback(args.host):
-        parser.error(f"--host {args.host} is not a loopback address: it needs an API key ({API_KEY_VARIABLE} or "
-                     f"--api_key_file FILE)")
+    tls = args.ssl_certfile is not None
+    problem = transport_problem(args.host, api_key, tls, args.trusted_network)
+    if problem:
+        parser.error(problem)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, stop_before_serving)
     try:
-        translator = load_translator(args, config)
         family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
         listener = socket.create_server((args.host, args.port), family=family)
-    except ConfigError as error:
-        parser.error(str(error))
-    except (CheckpointError, TranslatorError) as error:
-        print(f"serve.py: error: {error}", file=sys.stderr)
-        return 1
     except OSError as error:
         print(f"serve.py: error: cannot listen on {args.host} port {args.port}: {error.strerror or error}",
               file=sys.stderr)
         return 1
-    except Stopped as stop:
-        print(f"serve.py: stopped by {stop} before serving", file=sys.stderr)
-        return 0
-
-    server = uvicorn.Server(uvicorn.Config(build_app(translator, config, api_key), lifespan="off",
-                                           log_level="warning", access_log=False, timeout_graceful_shutdown=10))
-    # uvicorn handles SIGINT and SIGTERM while it serves, then sends the signal again to the handler
-    # it found. That handler only asks it to stop: the default ones would end with a
-    # KeyboardInterrupt traceback or a death by SIGTERM after a clean shutdown.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: setattr(server, "should_exit", True))
-    port = listener.getsockname()[1]
     host = f"[{args.host}]" if ":" in args.host else args.host
-    # The socket already listens: a client that connects from now on is answered once the loop runs.
-    print(f"serve.py: serving {translator.source} ({translator.engine}) on http://{host}:{port}/",
-          file=sys.stderr, flush=True)
+    url = f"{'https' if tls else 'http'}://{host}:{listener.getsockname()[1]}/"
+    service = Service(config, lambda: load_translator(args, config), url)
+    # uvicorn answers a connection past limit_concurrency with a plain-text 503: the limit sits above
+    # all that the queue and a batch can hold (each request is at least one unit of work), with room
+    # for connections that are being refused, probed or kept alive, so that overload meets the
+    # queue's JSON 503 with Retry-After first.
+    limit = config["serve_max_queued_work"] + config["serve_batch_sentences"] + 1024
+    server = DrainingServer(uvicorn.Config(build_app(service, api_key), lifespan="on", log_level="warning",
+                                           access_log=False, timeout_graceful_shutdown=5, limit_concurrency=limit,
+                                           ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile), service)
+    try:
+        server.config.load()  # reads the certificate and key now, to refuse them in one line
+    except OSError as error:  # ssl.SSLError is one
+        parser.error(f"--ssl_certfile {args.ssl_certfile} and --ssl_keyfile {args.ssl_keyfile}: cannot use them: "
+                     f"{error}")
+    # uvicorn installs the same handler while it serves; before (a signal during start-up) it stops
+    # the server as soon as it starts, and after it keeps a late signal from ending in a traceback.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, server.handle_exit)
     server.run(sockets=[listener])
-    print("serve.py: stopped", file=sys.stderr)
-    return 0
+    if service.exit_code == 0:
+        print("serve.py: stopped", file=sys.stderr)
+    return service.exit_code
 
 
 if __name__ == "__main__":

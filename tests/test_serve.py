@@ -2,7 +2,8 @@
 error naming the problem; concurrent requests are decoded together, beam sizes apart; a failing
 decode leaves the batching worker running; an API key off loopback; a float32 export served by
 the CTranslate2 engine translates as the PyTorch engine does; clean exits on SIGINT and SIGTERM;
-one line and a non-zero exit for a server that cannot start."""
+one line and a non-zero exit for a server that cannot start. Overload, deadlines, drain, probes,
+metrics and TLS: tests/test_serve_load.py."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +11,7 @@ import http.client
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -20,6 +22,8 @@ from typing import Any
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 import export
 from config import get_config
@@ -36,11 +40,13 @@ KEY = "test-key-0123456789"
 AUTHORIZED = {"Authorization": f"Bearer {KEY}"}
 
 
-def call(port: int, method: str, path: str, body: Any = None, headers: dict[str, str] | None = AUTHORIZED,
-         raw: bytes | None = None, chunked: bool = False) -> tuple[int, dict[str, Any]]:
-    """(status, JSON answer) of one request with the key (unless `headers` says otherwise); `body`
-    is sent as JSON, `raw` as it is."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+def exchange(port: int, method: str, path: str, body: Any = None, headers: dict[str, str] | None = AUTHORIZED,
+             raw: bytes | None = None, chunked: bool = False,
+             tls: ssl.SSLContext | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """(status, headers, body) of one request with the key (unless `headers` says otherwise), over
+    HTTPS if `tls` is given; `body` is sent as JSON, `raw` as it is."""
+    connection = http.client.HTTPSConnection("127.0.0.1", port, timeout=60, context=tls) if tls else \
+        http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     data = raw if raw is not None else None if body is None else json.dumps(body).encode()
     if chunked:
         connection.request(method, path, iter([data[i:i + 500] for i in range(0, len(data), 500)]), headers or {},
@@ -48,9 +54,30 @@ def call(port: int, method: str, path: str, body: Any = None, headers: dict[str,
     else:
         connection.request(method, path, data, headers or {})
     response = connection.getresponse()
-    answer = json.loads(response.read())
+    answer = response.read()
     connection.close()
-    return response.status, answer
+    return response.status, response.headers, answer
+
+
+def call(port: int, method: str, path: str, body: Any = None, headers: dict[str, str] | None = AUTHORIZED,
+         raw: bytes | None = None, chunked: bool = False, tls: ssl.SSLContext | None = None) -> tuple[int, Any]:
+    """(status, JSON answer) of one request, as exchange() sends it."""
+    status, _, answer = exchange(port, method, path, body, headers, raw, chunked, tls)
+    return status, json.loads(answer)
+
+
+def metrics(port: int, headers: dict[str, str] | None = AUTHORIZED,
+            tls: ssl.SSLContext | None = None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """GET /metrics, parsed by prometheus_client: {(sample name, sorted labels): value}."""
+    status, _, answer = exchange(port, "GET", "/metrics", headers=headers, tls=tls)
+    assert status == 200, answer
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(answer.decode()) for sample in family.samples}
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    """One sample of GET /metrics (0 if it has not been counted yet)."""
+    return metrics(port).get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def no_traceback(server: ServerProcess) -> bool:
@@ -70,13 +97,13 @@ def translator(checkpoint: Path) -> TorchTranslator:
 @pytest.fixture(scope="module")
 def server(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
     """One server for the API tests, bound to 0.0.0.0 and so needing the key, which comes from
-    --api_key_file (it wins over the environment); reached here through 127.0.0.1. Requests that
-    arrive within 200 ms of each other are batched."""
+    --api_key_file (it wins over the environment), over plain HTTP (--trusted_network); reached
+    here through 127.0.0.1. Requests that arrive within 200 ms of each other are batched."""
     key_file = tmp_path_factory.mktemp("key") / "key"
     key_file.write_text(KEY + "\n")
-    with ServerProcess(["--checkpoint", str(checkpoint), "--api_key_file", str(key_file), "--serve_batch_wait_ms",
-                        "200", *LIMITS], host="0.0.0.0", env=dict(os.environ, TRANSLATE_API_KEY="environment-key")) \
-            as process:
+    with ServerProcess(["--checkpoint", str(checkpoint), "--api_key_file", str(key_file), "--trusted_network",
+                        "--serve_batch_wait_ms", "200", *LIMITS], host="0.0.0.0",
+                       env=dict(os.environ, TRANSLATE_API_KEY="environment-key")) as process:
         yield process
 
 
@@ -97,7 +124,7 @@ def test_translate(server: ServerProcess, translator: TorchTranslator) -> None:
 
 def test_health_names_the_model(server: ServerProcess, checkpoint: Path) -> None:
     answer = health(server.port)
-    assert answer["status"] == "ok" and answer["engine"] == "pytorch"
+    assert answer["status"] == "ready" and answer["engine"] == "pytorch"
     assert answer["checkpoint"] == answer["model"] == answer["source"] == str(checkpoint)
     assert answer["seq_len"] == 64 and answer["beam_size"] == 1
     assert answer["limits"]["serve_max_sentences"] == 4 and answer["limits"]["serve_batch_wait_ms"] == 200
@@ -162,6 +189,14 @@ def test_unknown_path_and_method(server: ServerProcess) -> None:
     assert call(server.port, "GET", "/nowhere") == (404, {"error": "GET /nowhere: Not Found"})
 
 
+def batching(port: int) -> dict[str, float]:
+    """The batching counters of GET /metrics."""
+    samples = metrics(port)
+    return {"answered": samples[("serve_requests_total", (("code", "200"), ("endpoint", "translate")))],
+            "sentences": samples[("serve_sentences_total", ())],
+            "decoding_calls": samples[("serve_batch_sentences_count", ())]}
+
+
 def burst(port: int, bodies: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
     """Send all `bodies` to POST /translate at once, one thread each."""
     answers: list[Any] = [None] * len(bodies)
@@ -180,26 +215,26 @@ def burst(port: int, bodies: list[dict[str, Any]]) -> list[tuple[int, dict[str, 
 
 
 def test_concurrent_requests_are_decoded_together(server: ServerProcess, translator: TorchTranslator) -> None:
-    before = health(server.port)["batching"]
+    before = batching(server.port)
     requests = [[SENTENCES[i], SENTENCES[(i + 3) % 8]] for i in range(8)]
     answers = burst(server.port, [{"text": sentences} for sentences in requests])
     expected = dict(zip(SENTENCES, translator.translate_best(SENTENCES, DecodingOptions())))
     assert answers == [(200, {"translations": [expected[s] for s in sentences]}) for sentences in requests]
-    after = health(server.port)["batching"]
-    assert after["requests"] - before["requests"] == 8 and after["sentences"] - before["sentences"] == 16
-    # One decoding call for the burst; two if the machine was too busy to deliver all within 200 ms.
+    after = batching(server.port)
+    assert after["answered"] - before["answered"] == 8 and after["sentences"] - before["sentences"] == 16
+    # One decoding call for the burst; two if the machine was too busy to deliver all within 200 ms
+    # (then one of them held at least 8 sentences).
     assert after["decoding_calls"] - before["decoding_calls"] <= 2
-    assert after["largest_batch"] >= 8
 
 
 def test_beam_sizes_decode_apart(server: ServerProcess, translator: TorchTranslator) -> None:
-    before = health(server.port)["batching"]
+    before = batching(server.port)
     bodies = [{"text": [SENTENCES[i]], "beam_size": 1 + i % 2} for i in range(6)]
     answers = burst(server.port, bodies)
     for body, answer in zip(bodies, answers):
         options = DecodingOptions(beam_size=body["beam_size"])
         assert answer == (200, {"translations": translator.translate_best(body["text"], options)})
-    calls = health(server.port)["batching"]["decoding_calls"] - before["decoding_calls"]
+    calls = batching(server.port)["decoding_calls"] - before["decoding_calls"]
     assert 2 <= calls <= 3
 
 
@@ -216,12 +251,14 @@ def test_a_failing_decode_does_not_stop_the_worker() -> None:
 
     async def scenario() -> None:
         with ThreadPoolExecutor(1) as executor:
-            batcher = Batcher(decode, executor, max_sentences=8, wait_s=0.0)
+            batcher = Batcher(decode, executor, max_sentences=8, wait_s=0.0, max_work=8, registry=CollectorRegistry())
+            deadline = asyncio.get_running_loop().time() + 60
             with pytest.raises(ApiError) as failed:  # and not a request that waits for ever
-                await asyncio.wait_for(batcher.translate(["one"], DecodingOptions()), 10)
+                await asyncio.wait_for(batcher.submit(["one"], DecodingOptions(), deadline).future, 10)
             assert failed.value.status == 500
             assert failed.value.message == "translation failed: RuntimeError: out of memory"
-            translated = await asyncio.wait_for(batcher.translate(["two", "three"], DecodingOptions()), 10)
+            translated = await asyncio.wait_for(batcher.submit(["two", "three"], DecodingOptions(), deadline).future,
+                                                10)
             assert translated == ["TWO", "THREE"]
             assert not batcher.worker.done()
             batcher.worker.cancel()
@@ -283,15 +320,24 @@ def test_ctranslate2_engine_and_sigterm(checkpoint: Path, translator: TorchTrans
 
 
 def test_a_server_that_cannot_start_says_why_in_one_line(checkpoint: Path, tmp_path: Path) -> None:
-    """Off loopback with no key; a damaged checkpoint; a model directory that export.py did not
-    write. The three start at once."""
+    """Off loopback with no key; off loopback with a key over plain HTTP; a certificate that cannot be
+    read; a damaged checkpoint; a model directory that export.py did not write. The last two are
+    found once the socket listens (the line that says so comes first). All start at once."""
     damaged = tmp_path / "damaged.pt"
     damaged.write_bytes(checkpoint.read_bytes()[:5000])
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY)
     env = {name: value for name, value in os.environ.items() if name != "TRANSLATE_API_KEY"}
-    cases = [(["--checkpoint", str(checkpoint), "--host", "0.0.0.0"], 2,
+    model = ["--checkpoint", str(checkpoint)]
+    cases = [([*model, "--host", "0.0.0.0"], 2,
               "--host 0.0.0.0 is not a loopback address: it needs an API key (TRANSLATE_API_KEY"),
-             (["--checkpoint", str(damaged)], 1, f"serve.py: error: checkpoint {damaged}"),
-             (["--engine", "ctranslate2", "--model_dir", str(tmp_path)], 1,
+             ([*model, "--host", "0.0.0.0", "--api_key_file", str(key_file)], 2,
+              "--host 0.0.0.0 is not a loopback address: the API key would cross the network in clear text; give "
+              "--ssl_certfile and --ssl_keyfile, or --trusted_network"),
+             ([*model, "--ssl_certfile", str(tmp_path / "none.pem"), "--ssl_keyfile", str(key_file), "--port", "0"], 2,
+              f"--ssl_certfile {tmp_path / 'none.pem'} and --ssl_keyfile {key_file}: cannot use them: "),
+             (["--checkpoint", str(damaged), "--port", "0"], 1, f"serve.py: error: checkpoint {damaged}"),
+             (["--engine", "ctranslate2", "--model_dir", str(tmp_path), "--port", "0"], 1,
               f"serve.py: error: {tmp_path} is not a model directory written by export.py")]
     processes = [subprocess.Popen([sys.executable, "serve.py", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for args, _, _ in cases]
@@ -299,8 +345,10 @@ def test_a_server_that_cannot_start_says_why_in_one_line(checkpoint: Path, tmp_p
         for process, (args, code, message) in zip(processes, cases):
             out, err = process.communicate(timeout=60)
             assert process.returncode == code and out == "", args
-            [line] = err.splitlines()
+            *listening, line = err.splitlines()
             assert message in line
+            assert all(earlier.startswith("serve.py: listening on http://127.0.0.1:") for earlier in listening)
+            assert len(listening) == (code == 1)
     finally:
         for process in processes:
             process.kill()
@@ -309,6 +357,8 @@ def test_a_server_that_cannot_start_says_why_in_one_line(checkpoint: Path, tmp_p
 
 def test_serving_keys_are_validated() -> None:
     from config import ConfigError, validate_config
-    for key, value in (("serve_max_sentences", 0), ("serve_max_body_bytes", -1), ("serve_batch_wait_ms", -5)):
+    for key, value in (("serve_max_sentences", 0), ("serve_max_body_bytes", -1), ("serve_batch_wait_ms", -5),
+                       ("serve_max_queued_work", 0), ("serve_request_timeout_s", 0.0),
+                       ("serve_body_timeout_s", float("inf")), ("serve_drain_grace_s", float("nan"))):
         with pytest.raises(ConfigError, match=f"--{key}"):
             validate_config(dict(get_config(), **{key: value}))
