@@ -748,6 +748,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.config.load()  # reads the certificate and key now, to refuse them in one line
     except OSError as error:  # ssl.SSLError is one
+        listener.close()
         parser.error(f"--ssl_certfile {args.ssl_certfile} and --ssl_keyfile {args.ssl_keyfile}: cannot use them: "
                      f"{error}")
     # uvicorn installs the same handler while it serves; before (a signal during start-up) it stops

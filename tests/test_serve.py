@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 import export
+import serve
 from config import get_config
 from loadtest import ROOT, ServerProcess
 from serve import ApiError, Batcher
@@ -320,22 +321,14 @@ def test_ctranslate2_engine_and_sigterm(checkpoint: Path, translator: TorchTrans
 
 
 def test_a_server_that_cannot_start_says_why_in_one_line(checkpoint: Path, tmp_path: Path) -> None:
-    """Off loopback with no key; off loopback with a key over plain HTTP; a certificate that cannot be
-    read; a damaged checkpoint; a model directory that export.py did not write. The last two are
-    found once the socket listens (the line that says so comes first). All start at once."""
+    """Off loopback with no key; a damaged checkpoint; a model directory that export.py did not
+    write. The last two are found once the socket listens (the line that says so comes first). The
+    three start at once."""
     damaged = tmp_path / "damaged.pt"
     damaged.write_bytes(checkpoint.read_bytes()[:5000])
-    key_file = tmp_path / "key"
-    key_file.write_text(KEY)
     env = {name: value for name, value in os.environ.items() if name != "TRANSLATE_API_KEY"}
-    model = ["--checkpoint", str(checkpoint)]
-    cases = [([*model, "--host", "0.0.0.0"], 2,
+    cases = [(["--checkpoint", str(checkpoint), "--host", "0.0.0.0"], 2,
               "--host 0.0.0.0 is not a loopback address: it needs an API key (TRANSLATE_API_KEY"),
-             ([*model, "--host", "0.0.0.0", "--api_key_file", str(key_file)], 2,
-              "--host 0.0.0.0 is not a loopback address: the API key would cross the network in clear text; give "
-              "--ssl_certfile and --ssl_keyfile, or --trusted_network"),
-             ([*model, "--ssl_certfile", str(tmp_path / "none.pem"), "--ssl_keyfile", str(key_file), "--port", "0"], 2,
-              f"--ssl_certfile {tmp_path / 'none.pem'} and --ssl_keyfile {key_file}: cannot use them: "),
              (["--checkpoint", str(damaged), "--port", "0"], 1, f"serve.py: error: checkpoint {damaged}"),
              (["--engine", "ctranslate2", "--model_dir", str(tmp_path), "--port", "0"], 1,
               f"serve.py: error: {tmp_path} is not a model directory written by export.py")]
@@ -353,6 +346,25 @@ def test_a_server_that_cannot_start_says_why_in_one_line(checkpoint: Path, tmp_p
         for process in processes:
             process.kill()
             process.wait()
+
+
+def test_a_key_off_loopback_needs_tls_or_a_trusted_network(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Refused in one line before the model is loaded (in-process: the same main() as the command;
+    with the guard gone, the missing checkpoint ends the server instead)."""
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY)
+    missing = tmp_path / "none.pem"
+    cases = [(["--host", "0.0.0.0", "--api_key_file", str(key_file)],
+              "--host 0.0.0.0 is not a loopback address: the API key would cross the network in clear text; give "
+              "--ssl_certfile and --ssl_keyfile, or --trusted_network if the network is private"),
+             (["--ssl_certfile", str(missing), "--ssl_keyfile", str(key_file)],
+              f"--ssl_certfile {missing} and --ssl_keyfile {key_file}: cannot use them: "),
+             (["--ssl_certfile", str(missing)], "--ssl_certfile and --ssl_keyfile go together")]
+    for args, message in cases:
+        with pytest.raises(SystemExit) as stopped:
+            serve.main(["--checkpoint", str(tmp_path / "missing.pt"), "--port", "0", *args])
+        [line] = capsys.readouterr().err.splitlines()
+        assert stopped.value.code == 2 and message in line, args
 
 
 def test_serving_keys_are_validated() -> None:
