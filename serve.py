@@ -217,7 +217,8 @@ class Batcher:
         return 0.0 if self.started is None else now() - self.started
 
     def retry_after(self) -> float:
-        """Seconds until the work held now should have been decoded, at the recent rate."""
+        """Seconds until the work held now should have been decoded, at the recent rate (1 until a
+        batch has been measured)."""
         work = self.queued_work + sum(job.work for job in self.batch)
         return work / self.rate if self.rate else 1.0
 
@@ -414,13 +415,12 @@ class Service:
         except Exception as error:  # a model that cannot load ends the server with one line, whatever the cause
             self.fail(failure("loading the model", error))
             return
-        started = now()
+        # Not timed for Retry-After: a first call pays for lazy set-up, and one sentence is no batch.
         try:
             await loop.run_in_executor(self.model_thread, translator.translate_best, [WARM_UP], self.defaults)
         except Exception as error:
             self.fail(failure("the warm-up translation", error))
             return
-        self.batcher.rate = self.defaults.beam_size / max(now() - started, 1e-3)  # until batches are measured
         self.translator = translator
         if self.drain_ends is None:
             print(f"serve.py: serving {translator.source} ({translator.engine}) on {self.url}", file=sys.stderr,
