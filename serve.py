@@ -492,7 +492,7 @@ class Service:
         return await self.run(request, arrived, sentences, options)
 
     async def attention(self, request: Request, arrived: float, sentence: str) -> Any:
-        self.check_open()
+        self.check_open()  # before the translator is read: there is none while the model loads
         return await self.run(request, arrived, [sentence], DecodingOptions(beam_size=1),
                               self.translator.cross_attention, "attention")
 
