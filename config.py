@@ -62,7 +62,7 @@ def get_config() -> dict[str, Any]:
         "max_steps": 0,  # optimizer steps; 0 = no limit
         "max_minutes": 0.0,  # wall-clock budget including validation; 0 = no limit
         "seed": 42,
-        "amp": "auto",  # auto (bf16/fp16 on CUDA, off elsewhere) | off | bf16 | fp16
+        "amp": "auto",  # auto (bf16 on CUDA from compute capability 8.0, else fp16; off elsewhere) | off | bf16 | fp16
         "compile": False,
         "num_workers": -1,  # DataLoader workers; -1 = 2 on CUDA, 0 elsewhere
         "device": "auto",  # auto | cpu | cuda | mps
@@ -156,7 +156,8 @@ HELP = {
                  "experiment (fresh optimizer, schedule and step count; any datasource); the same command again "
                  "resumes the fine-tuned run",
     "device": "auto: CUDA, else MPS, else CPU; naming a device that is not there is an error",
-    "amp": "mixed precision: auto is bf16 (fp16 with a GradScaler where bf16 is missing) on CUDA, off elsewhere",
+    "amp": "mixed precision: auto is bf16 on CUDA GPUs of compute capability 8.0 and up (A100, H100), fp16 with a "
+           "GradScaler on older ones (V100, T4), off on CPU and MPS; fp16 and bf16 run on any device",
 }
 
 CHOICES = {

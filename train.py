@@ -7,7 +7,8 @@ The run reads top to bottom, one named phase after another:
    stops the run with one line, every file left as it is: a run never starts over unasked.
 3. `Trainer.train_epoch`: forward and backward of each micro-batch (AMP, gradient accumulation);
    `Trainer.optimizer_step` after the last micro-batch of each step (clipping, skipping a non-finite
-   step); then `Trainer.stop_decision` (max_steps, max_minutes, a signal, too many non-finite steps).
+   step, an fp16 overflow included); then `Trainer.stop_decision` (max_steps, max_minutes, a signal,
+   too many non-finite steps in a row). precision.py decides autocast, the loss scaler and TF32.
 4. `Trainer.end_of_epoch`: validation, early stopping and a checkpoint, at each epoch's end and
    when training stops.
 Checkpoints are also written every `save_every_steps`, and on SIGINT/SIGTERM.
@@ -48,6 +49,7 @@ from dataset import BatchPlan, BilingualDataset, DataError, MicroBatches, log, p
 from device import pick_device
 from loss import loss_sum
 from model import Transformer, build_model
+from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
 from scoring import corpus_scores
 from store import TextStore, TokenStore, text_store, token_store
 from tokenizer import (PAD_ID, TokenizerError, load_tokenizers, save_tokenizers, tokenizer_from_json,
@@ -56,16 +58,6 @@ from translator import DecodingOptions, TorchTranslator
 
 
 # ---------------------------------------------------------------------------- the parts of a run
-
-def amp_dtype(config: dict[str, Any], device: torch.device) -> torch.dtype | None:
-    """bf16 where the hardware has it, else fp16 (with a GradScaler); off on CPU unless asked."""
-    choice = config["amp"]
-    if choice == "auto":
-        if device.type != "cuda":
-            return None
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[choice]
-
 
 def build_optimizer(model: torch.nn.Module, config: dict[str, Any]) -> torch.optim.Optimizer:
     """AdamW; weight decay on weight matrices only, never on biases, LayerNorms or embeddings."""
@@ -287,6 +279,7 @@ class Trainer:
         self.epoch = self.batches_done = self.step_in_epoch = self.global_step = 0
         self.best_bleu, self.stale_validations = -1.0, 0
         self.nonfinite_run, self.last_validation_seconds = 0, 0.0
+        self.log_skipped = 0  # steps skipped since the last logged step
         self.writer = None
 
     # ------------------------------------------------------------------ 1. start or resume
@@ -326,7 +319,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
                                                            lambda step: lr_factor(step, config, self.total_steps))
         self.autocast_dtype = amp_dtype(config, self.device)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.autocast_dtype == torch.float16)
+        self.tf32 = allow_tf32(self.device)
+        self.scaler = grad_scaler(self.device, self.autocast_dtype)
         if resume is not None:
             self.restore(resume, resume_path)
         elif self.initial is not None:
@@ -405,7 +399,8 @@ class Trainer:
         load_weights(self.model, state["model"], path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
+        if note := load_scaler_state(self.scaler, state["scaler"]):
+            log(note)
         self.epoch, self.global_step = state["epoch"], state["global_step"]
         self.batches_done, self.step_in_epoch = state["batches_done"], state["step_in_epoch"]
         self.best_bleu, self.stale_validations = state["best_bleu"], state["stale_validations"]
@@ -453,7 +448,8 @@ class Trainer:
         log(f"{len(self.train_ds)} training pairs, {steps_per_epoch} steps per epoch, {waste:.1%} padding, "
             f"{sum(p.numel() for p in self.raw_model.parameters()):,} parameters, device {self.device}"
             + (f", {ranks.world_size} ranks" if ranks.distributed else "")
-            + (f", autocast {str(self.autocast_dtype).replace('torch.', '')}" if self.autocast_dtype else ""))
+            + (f", autocast {str(self.autocast_dtype).replace('torch.', '')}" if self.autocast_dtype else "")
+            + (", TF32 matrix products" if self.tf32 else ""))
         if self.device.type == "cpu":
             minutes = cpu_epoch_estimate(config, batches, self.train_ds, self.tok_tgt.get_vocab_size()) / 60
             hint = ("; --preset cpu trains a small model in minutes" if minutes > 10 else "")
@@ -496,8 +492,7 @@ class Trainer:
         loader = DataLoader(MicroBatches(self.train_ds, self.plan.micro_batches(self.epoch, self.batches_done)),
                             batch_size=None, shuffle=False, num_workers=workers, pin_memory=device.type == "cuda",
                             generator=torch.Generator().manual_seed(config["seed"] + self.epoch))
-        autocast = torch.autocast(device.type, dtype=self.autocast_dtype) if self.autocast_dtype \
-            else contextlib.nullcontext()
+        autocast = autocast_context(device, self.autocast_dtype)
         epoch_started = time.monotonic()
         progress = tqdm(total=epoch_steps, initial=self.step_in_epoch, desc=f"epoch {self.epoch}",
                         disable=not ranks.is_main, file=sys.stderr, dynamic_ncols=True)
@@ -543,30 +538,32 @@ class Trainer:
 
     def optimizer_step(self, step_loss: torch.Tensor, graceful: GracefulStop) -> tuple[bool, bool]:
         """Clip, then apply the step, or skip it (weights, optimizer and schedule untouched) when its
-        loss or gradient is not finite on any rank; log every `log_every` steps. Returns whether any
-        rank has seen a stop signal, and whether rank 0's clock says the time is up: every rank
-        learns both here, in the one exchange of the step, so all ranks decide alike."""
+        loss or gradient is not finite on any rank, an fp16 overflow included; log every `log_every`
+        steps. Returns whether any rank has seen a stop signal, and whether rank 0's clock says the
+        time is up: every rank learns both here, in the one exchange of the step, so all ranks
+        decide alike."""
         config = self.config
         self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), config["clip_grad"] or float("inf"))
-        # One sync per step: whether the step is usable decides whether to apply it.
-        # (With fp16 the scaler itself skips steps whose gradients overflowed.)
-        finite = torch.isfinite(step_loss)
-        if not self.scaler.is_enabled():
-            finite &= torch.isfinite(grad_norm)
+        # The one device->host read of a step: whether the step is usable decides whether to apply
+        # it. A non-finite gradient norm is exactly the fp16 scaler's overflow (its found_inf), so the
+        # step is applied with optimizer.step(): scaler.step() would read found_inf back a second time.
+        finite = torch.isfinite(step_loss) & torch.isfinite(grad_norm)
         out_of_time = self.ranks.is_main and bool(config["max_minutes"]) and \
             time.monotonic() - self.started + self.last_validation_seconds >= 60 * config["max_minutes"]
         nonfinite, signal_seen, out_of_time = self.on_any_rank(not bool(finite), graceful.requested, out_of_time)
         if not nonfinite:
-            self.scaler.step(self.optimizer)
+            self.optimizer.step()
             self.scheduler.step()
             self.nonfinite_run = 0
             self.log_loss += step_loss
         else:
             self.nonfinite_run += 1
+            self.log_skipped += 1
             log(f"step {self.global_step + 1}: non-finite loss or gradient, step skipped "
-                f"({self.nonfinite_run} in a row)")
-        self.scaler.update()
+                f"({self.nonfinite_run} in a row)" + ("; the fp16 loss scale is halved" if self.scaler.is_enabled()
+                                                       else ""))
+        self.scaler.update()  # on the device: halves the scale after an overflow
         self.optimizer.zero_grad(set_to_none=True)
         self.global_step += 1
         self.step_in_epoch += 1
@@ -579,7 +576,11 @@ class Trainer:
             self.writer.add_scalar("train/loss", mean_loss, self.global_step)
             self.writer.add_scalar("train/lr", lr, self.global_step)
             self.writer.add_scalar("train/tokens_per_second", tokens_per_second, self.global_step)
+            self.writer.add_scalar("train/skipped_steps", self.log_skipped, self.global_step)
+            if self.scaler.is_enabled():
+                self.writer.add_scalar("train/loss_scale", self.scaler.get_scale(), self.global_step)
             self.log_loss, self.log_tokens, self.log_started = torch.zeros((), device=self.device), 0, time.monotonic()
+            self.log_skipped = 0
         return signal_seen, out_of_time
 
     def on_any_rank(self, *flags: bool) -> list[bool]:

@@ -1,11 +1,15 @@
 """device.py: one rule for every program. auto picks CUDA, then MPS, then the CPU; a device that is
-not there is one line and exit 2 in train.py, translate.py, evaluate.py, export-free programs alike."""
+not there is one line and exit 2 in train.py, translate.py, evaluate.py, export-free programs alike;
+an NVIDIA GPU that torch cannot use is named, with the likely cause, in one line."""
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 
 import bench
+import device
 import evaluate
 import train
 import translate
@@ -40,3 +44,53 @@ def test_every_program_refuses_a_missing_device_in_one_line(program, argv: list[
         code = stop.code
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and f"--device {device}" in lines[0], lines
+
+
+# ---------------------------------------------------------------------------- a GPU torch cannot use
+
+DRIVER = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
+
+
+@pytest.fixture
+def nvidia_driver(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine as one with an NVIDIA driver: the file its kernel module writes."""
+    version = tmp_path / "nvidia-version"
+    version.write_text(DRIVER)
+    monkeypatch.setattr(device, "NVIDIA_DRIVER_VERSION", version)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    device.warn_unusable_gpu.cache_clear()  # said once per process
+    yield
+    device.warn_unusable_gpu.cache_clear()
+
+
+@pytest.mark.parametrize("cuda_version, cause", [
+    (None, "torch .* is a CPU-only build"),
+    ("13.0", "driver 535.104.05 is likely too old for CUDA 13.0, which this torch was built for"),
+])
+def test_auto_names_an_nvidia_gpu_that_torch_cannot_use(nvidia_driver, cuda_version: str | None, cause: str,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setattr(torch.version, "cuda", cuda_version)
+    assert pick_device("auto") == pick_device("auto") == torch.device("cpu")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and re.fullmatch(f"warning: this machine has an NVIDIA GPU, but .*{cause}.*; running "
+                                            f"on the CPU", lines[0]), lines
+    with pytest.raises(ConfigError, match=f"^--device cuda: CUDA is not available: .*{cause}"):
+        pick_device("cuda")
+
+
+def test_every_program_names_the_unused_gpu(nvidia_driver, tmp_path, capsys: pytest.CaptureFixture) -> None:
+    assert translate.main(["Hello.", "--model_folder", str(tmp_path / "none")]) != 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("warning: this machine has an NVIDIA GPU") and len(lines) == 2, lines
+
+
+def test_no_word_without_an_nvidia_driver(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setattr(device, "NVIDIA_DRIVER_VERSION", tmp_path / "absent")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi either
+    device.warn_unusable_gpu.cache_clear()
+    assert pick_device("auto") == torch.device("cpu")
+    assert capsys.readouterr().err == ""
+    with pytest.raises(ConfigError, match=r"^--device cuda: CUDA is not available \(use --device cpu or auto\)$"):
+        pick_device("cuda")

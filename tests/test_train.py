@@ -29,8 +29,8 @@ from scoring import corpus_scores
 from tokenizer import PAD_ID, tokenizer_from_json
 from translator import DecodingOptions, TorchTranslator
 
-SCALARS = {"train/loss", "train/lr", "train/tokens_per_second", "val/loss", "val/bleu", "val/chrf", "val/cer",
-           "val/wer"}
+SCALARS = {"train/loss", "train/lr", "train/tokens_per_second", "train/skipped_steps", "val/loss", "val/bleu",
+           "val/chrf", "val/cer", "val/wer"}
 
 
 def steps_per_epoch(stderr: str) -> int:
