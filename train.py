@@ -545,13 +545,14 @@ class Trainer:
         config = self.config
         self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), config["clip_grad"] or float("inf"))
-        # The one device->host read of a step: whether the step is usable decides whether to apply
-        # it. A non-finite gradient norm is exactly the fp16 scaler's overflow (its found_inf), so the
-        # step is applied with optimizer.step(): scaler.step() would read found_inf back a second time.
-        finite = torch.isfinite(step_loss) & torch.isfinite(grad_norm)
+        # The one device->host read of a step (in on_any_rank): whether the step is usable decides
+        # whether to apply it. A non-finite gradient norm is exactly the fp16 scaler's overflow (its
+        # found_inf), so the step is applied with optimizer.step(): scaler.step() would read found_inf
+        # back a second time.
+        nonfinite = ~(torch.isfinite(step_loss) & torch.isfinite(grad_norm))
         out_of_time = self.ranks.is_main and bool(config["max_minutes"]) and \
             time.monotonic() - self.started + self.last_validation_seconds >= 60 * config["max_minutes"]
-        nonfinite, signal_seen, out_of_time = self.on_any_rank(not bool(finite), graceful.requested, out_of_time)
+        nonfinite, signal_seen, out_of_time = self.on_any_rank(nonfinite, graceful.requested, out_of_time)
         if not nonfinite:
             self.optimizer.step()
             self.scheduler.step()
@@ -583,11 +584,12 @@ class Trainer:
             self.log_skipped = 0
         return signal_seen, out_of_time
 
-    def on_any_rank(self, *flags: bool) -> list[bool]:
-        """Each flag OR-ed over all ranks, in one all-reduce; a single process's own flags."""
+    def on_any_rank(self, *flags: bool | torch.Tensor) -> list[bool]:
+        """Each flag (a bool, or a one-element tensor on the device) OR-ed over all ranks in one
+        all-reduce, and read back to the host once; a single process's own flags."""
         if not self.ranks.distributed:
-            return list(flags)
-        shared = torch.tensor([int(flag) for flag in flags], device=self.device)
+            return [bool(flag) for flag in flags]
+        shared = torch.stack([torch.as_tensor(flag, device=self.device).reshape(()) for flag in flags]).int()
         dist.all_reduce(shared, op=dist.ReduceOp.MAX)
         return [bool(value) for value in shared.tolist()]
 

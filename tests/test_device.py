@@ -63,14 +63,17 @@ def nvidia_driver(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     device.warn_unusable_gpu.cache_clear()
 
 
-@pytest.mark.parametrize("cuda_version, cause", [
-    (None, "torch .* is a CPU-only build"),
-    ("13.0", "driver 535.104.05 is likely too old for CUDA 13.0, which this torch was built for"),
+@pytest.mark.parametrize("cuda_version, visible, cause", [
+    (None, None, "torch .* is a CPU-only build"),
+    ("13.0", None, "driver 535.104.05 is likely too old for CUDA 13.0, which this torch was built for"),
+    ("13.0", "", "torch .* sees none: CUDA_VISIBLE_DEVICES='' may hide it"),
 ])
-def test_auto_names_an_nvidia_gpu_that_torch_cannot_use(nvidia_driver, cuda_version: str | None, cause: str,
-                                                        monkeypatch: pytest.MonkeyPatch,
+def test_auto_names_an_nvidia_gpu_that_torch_cannot_use(nvidia_driver, cuda_version: str | None, visible: str | None,
+                                                        cause: str, monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture) -> None:
     monkeypatch.setattr(torch.version, "cuda", cuda_version)
+    if visible is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     assert pick_device("auto") == pick_device("auto") == torch.device("cpu")
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and re.fullmatch(f"warning: this machine has an NVIDIA GPU, but .*{cause}.*; running "
