@@ -9,25 +9,28 @@ the lines of --text_file. Requests go to that loopback port only.
 
 --mode closed (default): --requests POST /translate requests from --clients concurrent clients,
 each sending its next request when the last is answered; clients stop at --time_limit seconds and
-what is left is reported as unsent. A table per engine (answered, errors, unsent, p50 and p99
-latency, sentences per second); exit 1 if any request failed or went unsent.
+what is left is reported as unsent. A refusal (503 with a JSON error and a valid Retry-After, as the
+open loop classifies answers) is counted apart and is no failure: its client waits as Retry-After
+says (0.1 to 1 s) and goes on with its next request. A table per engine (answered, refused, errors,
+unsent, p50 and p99 latency, sentences per second); exit 1 if any request failed or went unsent.
 
---mode open: the server's capacity is measured first by a closed-loop run of --capacity_seconds
-with --clients clients (requests answered 200 per second), then requests are sent for --duration
+--mode open: the server's capacity is measured first by a closed-loop run of --capacity_seconds with
+--clients clients (requests answered 200 per second; a refused client leaves the run rather than
+pause and come back; its refusals and failures are reported), then requests are sent for --duration
 seconds at --rate_factor times that rate (or at --rate requests/s), at seeded Poisson (or evenly
-spaced, --arrivals uniform) times, each on its own connection from a pool of threads, whether or
-not earlier ones were answered: a request that finds --max_in_flight requests in flight is
-counted unsent, never delayed. Refused requests are not retried. Every answer is classified: 200
-with one translation per sentence; 503 with a JSON error and a valid Retry-After (a refusal);
-and the failures: any other 503, 504, a 200 with a wrong body, any other status, a connection
-error, no answer within --request_timeout_s. Latency runs from the time a request was due, so a
-late generator cannot hide a slow server. On two cores or more the generator runs on the first
-core and the server on the others (--no_pin: both wherever the kernel puts them). The server's
-resident memory (VmRSS) is read after the warm-up, before and after the load and every
---rss_interval_s seconds in between; after the load, one more request must be answered 200
-within the deadline. It exits 1 if any answer was a failure or any request unsent, if the p99
-latency of answered requests is above --deadline_s (default: the server's
-serve_request_timeout_s), or if the memory grew by more than --max_rss_growth_mb.
+spaced, --arrivals uniform) times, each on its own connection from a pool of threads, whether or not
+earlier ones were answered: a request that finds --max_in_flight requests in flight is counted
+unsent, never delayed. Refused requests are not retried. Every answer is classified: 200 with one
+translation per sentence; 503 with a JSON error and a valid Retry-After (a refusal); and the
+failures: any other 503, 504, a 200 with a wrong body, any other status, a connection error, no
+answer within --request_timeout_s. Latency runs from the time a request was due, so a late generator
+cannot hide a slow server. On two cores or more the generator runs on the first core and the server
+on the others (--no_pin: both wherever the kernel puts them). The server's resident memory (VmRSS)
+is read after the warm-up, before and after the load and every --rss_interval_s seconds in between;
+after the load, one more request must be answered 200 within the deadline. It exits 1 if any answer
+was a failure or any request unsent, if the p99 latency of answered requests is above --deadline_s
+(default: the server's serve_request_timeout_s), or if the memory grew by more than
+--max_rss_growth_mb.
 
 --mode soak: the open-loop load for --soak_minutes, reporting also the memory slope (MB per
 minute, least squares over the samples after the first minute), bounded by
@@ -64,7 +67,7 @@ from evaluate import load_eval_pairs
 from translator import ENGINES
 
 ROOT = Path(__file__).resolve().parent
-SERVING = re.compile(r"^serve\.py: serving .* on http://\[?([^\]]+?)\]?:(\d+)/$")
+SERVING = re.compile(r"^serve\.py: serving .* on https?://\[?([^\]]+?)\]?:(\d+)/$")
 DEADLINE_KEY = "serve_request_timeout_s"  # the server's own deadline, when its config has one
 DEFAULT_DEADLINE_S = 10.0
 DEFAULT_RATE_FACTOR = 2.0
@@ -288,9 +291,11 @@ def warm_up(port: int, sentences: list[str], timeout: float) -> str | None:
 
 @dataclass
 class Load:
-    """What the clients saw: one latency per answered request, a message per failed one."""
+    """What the clients saw: one latency per answered request, the refusals (503 with Retry-After,
+    by `classify`), a message per failed request."""
 
     latencies: list[float] = field(default_factory=list)
+    refused: int = 0
     errors: list[str] = field(default_factory=list)
     sentences: int = 0
     sent: int = 0
@@ -299,10 +304,11 @@ class Load:
 
 
 def client(port: int, requests: list[list[str]], total: int, next_index: list[int], load: Load,
-           deadline: float, timeout: float | None) -> None:
+           deadline: float, timeout: float | None, leave_on_refusal: bool = False) -> None:
     """One client: a kept-alive connection sending the next unsent request (of `total`, taken from
     `requests` in turn) until none is left or time is up; an answer is awaited `timeout` seconds,
-    or (None) until time is up."""
+    or (None) until time is up. A refused request is not sent again: the client waits as its
+    Retry-After says, or with `leave_on_refusal` stops."""
     connection = http.client.HTTPConnection("127.0.0.1", port)
     while True:
         with load.lock:
@@ -325,24 +331,28 @@ def client(port: int, requests: list[list[str]], total: int, next_index: list[in
             if kind == OK:
                 load.latencies.append(latency)
                 load.sentences += len(sentences)
+            elif kind == REFUSED:
+                load.refused += 1
             else:
                 load.errors.append(error)
         if kind == REFUSED:
+            if leave_on_refusal:
+                break
             # As a polite client does; refusals sent back to back would take the server's CPU
-            # from decoding and make the measured capacity too low.
+            # from decoding.
             time.sleep(min(retry_pause(retry_after), max(0.0, deadline - time.monotonic())))
     connection.close()
 
 
 def run_load(port: int, requests: list[list[str]], clients: int, time_limit: float, total: int | None = None,
-             timeout: float | None = None) -> Load:
+             timeout: float | None = None, leave_on_refusal: bool = False) -> Load:
     """`total` requests (default: each of `requests` once) from `clients` closed-loop clients, sent
     for `time_limit` seconds; each answer awaited `timeout` seconds (None: until the time limit)."""
     load = Load()
     next_index = [0]
     deadline = time.monotonic() + time_limit
     threads = [threading.Thread(target=client, args=(port, requests, total or len(requests), next_index, load,
-                                                     deadline, timeout)) for _ in range(clients)]
+                                                     deadline, timeout, leave_on_refusal)) for _ in range(clients)]
     start = time.monotonic()
     for thread in threads:
         thread.start()
@@ -361,7 +371,7 @@ def percentile(values: list[float], p: float) -> float:
 def report(engine: str, asked: int, load: Load) -> dict[str, Any]:
     answered = len(load.latencies)
     return {
-        "engine": engine, "requests": asked, "answered": answered, "errors": len(load.errors),
+        "engine": engine, "requests": asked, "answered": answered, "refused": load.refused, "errors": len(load.errors),
         "unsent": asked - load.sent, "sentences": load.sentences, "seconds": round(load.seconds, 3),
         "p50_ms": round(1000 * percentile(load.latencies, 50), 1) if answered else None,
         "p99_ms": round(1000 * percentile(load.latencies, 99), 1) if answered else None,
@@ -370,8 +380,8 @@ def report(engine: str, asked: int, load: Load) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    columns = [("engine", "engine"), ("requests", "requests"), ("answered", "answered"), ("errors", "errors"),
-               ("unsent", "unsent"), ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"),
+    columns = [("engine", "engine"), ("requests", "requests"), ("answered", "answered"), ("refused", "refused"),
+               ("errors", "errors"), ("unsent", "unsent"), ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"),
                ("sentences_per_second", "sentences/s"), ("seconds", "seconds")]
     cells = [[title for _, title in columns]] + [["-" if row[key] is None else str(row[key]) for key, _ in columns]
                                                  for row in rows]
@@ -383,9 +393,14 @@ def table(rows: list[dict[str, Any]]) -> str:
 def measure_capacity(port: int, requests: list[list[str]], clients: int, seconds: float,
                      timeout: float) -> dict[str, Any]:
     """Requests and sentences answered 200 per second by closed-loop clients sending for `seconds`
-    at saturation (the answers to the last requests are awaited and counted)."""
-    load = run_load(port, requests, clients, seconds, total=sys.maxsize, timeout=timeout)
-    return {"clients": clients, "seconds": round(load.seconds, 3), "refused_or_failed": len(load.errors),
+    at saturation (the answers to the last requests are awaited and counted). A refused client
+    leaves the run rather than pause and come back: the server refused it because its queue was
+    full of the other clients' work, and those clients, each sending again as soon as it is
+    answered, keep it saturated without this one; refusals coming back would only take its CPU
+    from decoding, and a client away in a pause is load the measurement cannot count on."""
+    load = run_load(port, requests, clients, seconds, total=sys.maxsize, timeout=timeout, leave_on_refusal=True)
+    return {"clients": clients, "seconds": round(load.seconds, 3), "refused": load.refused,
+            "failed": len(load.errors),
             "requests_per_second": len(load.latencies) / load.seconds,
             "sentences_per_second": load.sentences / load.seconds}
 
@@ -529,7 +544,7 @@ def drive_open_loop(port: int, pid: int, requests: list[list[str]], args: argpar
             capacity = measure_capacity(port, requests, args.clients, args.capacity_seconds, timeout)
             print(f"loadtest.py: capacity: {capacity['requests_per_second']:.2f} requests/s "
                   f"({capacity['sentences_per_second']:.1f} sentences/s) from {args.clients} closed-loop clients "
-                  f"in {capacity['seconds']:.1f} s", file=sys.stderr)
+                  f"in {capacity['seconds']:.1f} s ({capacity['refused']} refused and left)", file=sys.stderr)
             if not capacity["requests_per_second"]:
                 raise RuntimeError("no request was answered 200 while measuring the capacity")
         rate = args.rate or rate_factor * capacity["requests_per_second"]
@@ -612,7 +627,7 @@ def summary(row: dict[str, Any]) -> str:
     else:
         rate = (f"{row['rate_factor']:g} x capacity {capacity['requests_per_second']:.2f} requests/s "
                 f"({capacity['sentences_per_second']:.1f} sentences/s, {capacity['clients']} closed-loop clients, "
-                f"{capacity['seconds']:g} s) = {row['rate']:g} requests/s")
+                f"{capacity['refused']} refused and left, {capacity['seconds']:g} s) = {row['rate']:g} requests/s")
     counts, answered, refused, rss = row["counts"], row["answered"], row["refused"], row["rss_mb"]
     pinning = row["pinning"]
     lines = [

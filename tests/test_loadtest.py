@@ -19,28 +19,37 @@ import loadtest
 
 
 def test_report_adds_up(trained_run, capsys: pytest.CaptureFixture) -> None:
+    """With a queue that holds one request, the server refuses some while others wait (how many
+    depends on timing): refusals are counted apart and are no failure."""
     code = loadtest.main(["--datasource", str(trained_run.datasource), "--model_folder", str(trained_run.model_folder),
                           "--clients", "4", "--requests", "12", "--sentences_per_request", "3", "--time_limit", "60",
-                          "--json"])
+                          "--serve_max_queued_work", "3", "--json"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     [row] = json.loads(captured.out)
     assert row["engine"] == "pytorch" and row["requests"] == 12
-    assert row["answered"] == 12 and row["errors"] == 0 and row["unsent"] == 0
-    assert row["sentences"] == 12 * 3
+    assert row["answered"] + row["refused"] == 12 and row["errors"] == 0 and row["unsent"] == 0
+    assert row["sentences"] == row["answered"] * 3
     assert 0 < row["p50_ms"] <= row["p99_ms"] <= 1000 * row["seconds"]
     assert row["sentences_per_second"] == pytest.approx(row["sentences"] / row["seconds"], rel=0.01)
     assert "serving" in captured.err and "Traceback" not in captured.err
 
 
 def test_table_lists_each_engine() -> None:
-    row = {"engine": "pytorch", "requests": 3, "answered": 3, "errors": 0, "unsent": 0, "p50_ms": 1.5,
+    row = {"engine": "pytorch", "requests": 3, "answered": 2, "refused": 1, "errors": 0, "unsent": 0, "p50_ms": 1.5,
            "p99_ms": 2.0, "sentences_per_second": 10.0, "seconds": 0.9}
     lines = loadtest.table([row, dict(row, engine="ctranslate2", p50_ms=None)]).splitlines()
-    assert lines[0].split() == ["engine", "requests", "answered", "errors", "unsent", "p50", "ms", "p99", "ms",
-                                "sentences/s", "seconds"]
-    assert lines[1].split() == ["pytorch", "3", "3", "0", "0", "1.5", "2.0", "10.0", "0.9"]
-    assert lines[2].split()[0] == "ctranslate2" and lines[2].split()[5] == "-"
+    assert lines[0].split() == ["engine", "requests", "answered", "refused", "errors", "unsent", "p50", "ms", "p99",
+                                "ms", "sentences/s", "seconds"]
+    assert lines[1].split() == ["pytorch", "3", "2", "1", "0", "0", "1.5", "2.0", "10.0", "0.9"]
+    assert lines[2].split()[0] == "ctranslate2" and lines[2].split()[6] == "-"
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_the_serving_banner_is_recognised(scheme: str) -> None:
+    for host, url in (("127.0.0.1", f"{scheme}://127.0.0.1:8443/"), ("::1", f"{scheme}://[::1]:8443/")):
+        match = loadtest.SERVING.match(f"serve.py: serving weights/ckpt_00000060.pt (pytorch) on {url}")
+        assert match is not None and match.groups() == (host, "8443")
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -86,6 +95,7 @@ STAND_IN_ANSWERS: dict[str, tuple[int, dict[str, str], Any]] = {  # sentence -> 
     "short": (200, {}, {"translations": []}),
     "busy": (503, {"Retry-After": "1"}, {"error": "busy"}),
     "busy until": (503, {"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}, {"error": "busy"}),
+    "busy now": (503, {"Retry-After": "0"}, {"error": "busy"}),
     "busy, no header": (503, {}, {"error": "busy"}),
     "busy, soon": (503, {"Retry-After": "soon"}, {"error": "busy"}),
     "late": (504, {}, {"error": "too late"}),
@@ -104,16 +114,19 @@ class StandIn(BaseHTTPRequestHandler):
         if sentence in ("drop", "stall"):
             self.close_connection = True
             return
-        status, headers, body = STAND_IN_ANSWERS[sentence]
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        for name, value in {**headers, "Content-Type": "application/json", "Content-Length": str(len(data))}.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
+        answer(self, *STAND_IN_ANSWERS[sentence])
 
     def log_message(self, *args: Any) -> None:
         pass
+
+
+def answer(handler: BaseHTTPRequestHandler, status: int, headers: dict[str, str], body: Any) -> None:
+    data = json.dumps(body).encode()
+    handler.send_response(status)
+    for name, value in {**headers, "Content-Type": "application/json", "Content-Length": str(len(data))}.items():
+        handler.send_header(name, value)
+    handler.end_headers()
+    handler.wfile.write(data)
 
 
 @pytest.fixture()
@@ -148,11 +161,11 @@ def drive_stand_in(sentences: list[str], tmp_path: Path, capsys: pytest.CaptureF
 
 def test_every_answer_is_classified(stand_in: None, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     code, row, err = drive_stand_in([*STAND_IN_ANSWERS, "drop", "stall"], tmp_path, capsys)
-    assert row["counts"] == {"ok": 2, "refused": 4, "bad_refusal": 4, "gateway_timeout": 2, "bad_answer": 2,
+    assert row["counts"] == {"ok": 2, "refused": 6, "bad_refusal": 4, "gateway_timeout": 2, "bad_answer": 2,
                              "other_status": 2, "connection_error": 2, "timeout": 2}
-    assert row["statuses"] == {"200": 4, "500": 2, "503": 8, "504": 2}
-    assert row["scheduled"] == row["sent"] == 20 and row["unsent"] == 0
-    assert row["answered"]["count"] == 2 and row["refused"]["count"] == 4
+    assert row["statuses"] == {"200": 4, "500": 2, "503": 10, "504": 2}
+    assert row["scheduled"] == row["sent"] == 22 and row["unsent"] == 0
+    assert row["answered"]["count"] == 2 and row["refused"]["count"] == 6
     assert row["pinning"]["note"] == "off (--no_pin)"
     assert row["problems"] == ["14 answers were neither 200 nor 503 with Retry-After: 4 503 without a valid "
                                "Retry-After or JSON error, 2 504, 2 200 with a wrong body, 2 other status, "
@@ -162,6 +175,60 @@ def test_every_answer_is_classified(stand_in: None, tmp_path: Path, capsys: pyte
     code, row, err = drive_stand_in(["ok", "busy", "busy until"], tmp_path, capsys)
     assert row["counts"]["ok"] == 2 and row["counts"]["refused"] == 4 and row["problems"] == []
     assert code == 0, err
+
+
+def test_closed_loop_counts_refusals_apart(stand_in: None, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Closed loop: a 503 with Retry-After (by the open loop's rule) is a refusal, counted apart,
+    and the run passes; any other failure still fails it."""
+    text_file = tmp_path / "sentences.txt"
+    for sentences, refused, errors, exit_code in ((["ok", "busy now"], 3, 0, 0),
+                                                  (["ok", "busy now", "crash"], 2, 2, 1)):
+        text_file.write_text("\n".join(sentences) + "\n")
+        code = loadtest.main(["--text_file", str(text_file), "--sentences_per_request", "1", "--requests", "6",
+                              "--clients", "2", "--json"])
+        captured = capsys.readouterr()
+        [row] = json.loads(captured.out)
+        assert (row["answered"], row["refused"], row["errors"], row["unsent"]) == (6 - refused - errors, refused,
+                                                                                   errors, 0)
+        assert code == exit_code, captured.err
+        assert ("failed request: HTTP 500" in captured.err) == bool(errors) and "503" not in captured.err
+
+
+class OneAtATime(BaseHTTPRequestHandler):
+    """A server that decodes one request at a time (50 ms) while one more may wait: a request that
+    finds both places taken is refused with Retry-After, as serve.py refuses past its queue bound."""
+
+    places = threading.BoundedSemaphore(2)
+    model = threading.Lock()
+
+    def do_POST(self) -> None:
+        sentences = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["text"]
+        if not self.places.acquire(blocking=False):
+            return answer(self, 503, {"Retry-After": "0"}, {"error": "busy"})
+        try:
+            with self.model:
+                time.sleep(0.05)
+        finally:
+            self.places.release()
+        answer(self, 200, {}, {"translations": sentences})
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_refused_client_leaves_the_capacity_run() -> None:
+    """A refusal means the other clients fill the queue, and they keep the server saturated: the
+    refused client leaves the capacity run instead of coming back for more refusals, so each
+    client is refused at most once and the two that fit stay to the end."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), OneAtATime)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        capacity = loadtest.measure_capacity(server.server_port, [["a", "b"]], clients=5, seconds=0.6, timeout=10)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert capacity["failed"] == 0 and capacity["refused"] <= 5 - 2
+    assert capacity["requests_per_second"] * capacity["seconds"] >= 2  # the two that fit were answered
 
 
 def test_rss_slope_skips_the_warm_up() -> None:
