@@ -11,6 +11,10 @@
   itself replaced atomically and only after the checkpoint's rename); a listed checkpoint is checked
   against it before unpickling (then its digest, which the same bytes always satisfy, is not
   recomputed). Rotation removes only listed checkpoints: a file the user put in the folder stays.
+- Recovered: a run that dies between a checkpoint's rename and the manifest's update leaves it
+  unlisted, and a file it does not list is never replaced. Before a run resumes, `adopt_unlisted`
+  lists such a newest checkpoint when it verifies and is the run's own, and `check_unlisted_above`
+  refuses any other above the resume step, so that no run stops only when it reaches that step.
 - Safe: loaded with `torch.load(weights_only=True)`, which refuses pickles that would run code;
   the config stored inside is plain data and is validated before use.
 - `latest` falls back to the newest good checkpoint, warning about each bad one; when none loads,
@@ -28,14 +32,14 @@ import re
 import sys
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from atomic_files import atomic_write, atomic_write_bytes, sha256_of
 from config import ConfigError, get_config, validate_config
 from model import build_model
-from tokenizer import TokenizerError, tokenizer_from_json
+from tokenizer import TokenizerError, tokenizer_from_json, tokenizer_paths
 
 MANIFEST = "checkpoints.json"
 CHECKPOINT_PATTERN = re.compile(r"^ckpt_(\d{8,})\.pt$")  # what a run resumes from
@@ -111,11 +115,7 @@ def save_checkpoint(folder: Path, state: dict[str, Any], global_step: int, keep:
         folder.mkdir(parents=True, exist_ok=True)
         manifest = read_manifest(folder)
         digest = _write_checkpoint(path, state, manifest)
-        manifest["checkpoints"][path.name] = {"sha256": digest, "global_step": global_step,
-                                              "epoch": state.get("epoch"), "bleu": bleu}
-        manifest["latest"] = path.name
-        if bleu is not None and (manifest.get("best_bleu") is None or bleu > manifest["best_bleu"]):
-            manifest["best"], manifest["best_bleu"] = path.name, bleu
+        _record(manifest, path, digest, global_step, state.get("epoch"), bleu)
         listed = sorted((folder / name for name in manifest["checkpoints"] if CHECKPOINT_PATTERN.match(name)),
                         key=_step_of)
         stale = [p for p in listed[:-keep] if p.name != manifest.get("best")] if keep else []
@@ -128,6 +128,77 @@ def save_checkpoint(folder: Path, state: dict[str, Any], global_step: int, keep:
     for old in stale:
         old.unlink(missing_ok=True)
     return path
+
+
+def _record(manifest: dict[str, Any], path: Path, digest: str, global_step: int, epoch: Any,
+            bleu: float | None) -> None:
+    """List `path` in `manifest` as the latest checkpoint, and as the best if its BLEU is."""
+    manifest["checkpoints"][path.name] = {"sha256": digest, "global_step": global_step, "epoch": epoch, "bleu": bleu}
+    manifest["latest"] = path.name
+    if bleu is not None and (manifest.get("best_bleu") is None or bleu > manifest["best_bleu"]):
+        manifest["best"], manifest["best_bleu"] = path.name, bleu
+
+
+def _unlisted(folder: Path, above: int = -1) -> list[Path]:
+    """The checkpoints to resume from in `folder` above step `above` that its manifest does not
+    list, newest first."""
+    listed = read_manifest(folder)["checkpoints"]
+    return [p for p in checkpoint_candidates(folder) if p.name not in listed and _step_of(p) > above]
+
+
+def adopt_unlisted(folder: Path, config: dict[str, Any],
+                   check: Callable[[dict[str, Any], Path], None]) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint of `folder`, with its state, when the manifest does not list it: a run
+    that died between its rename and the manifest's update leaves it, its newest progress. It is
+    listed as the latest if it carries its content digest (verified by `load_checkpoint`), `check`
+    (raising CheckpointError or ConfigError) takes it, and it holds the experiment's tokenizers (the
+    files beside it, written when the run of `config` started); else CheckpointError naming it.
+    None when the newest checkpoint is listed, or there is none."""
+    newest = checkpoint_candidates(folder)[:1]
+    if not newest or newest != _unlisted(folder)[:1]:
+        return None
+    path = newest[0]
+    try:
+        state = load_checkpoint(path)
+        if DIGEST_KEY not in state:
+            raise CheckpointError(f"checkpoint {path} carries no {DIGEST_KEY}, so nothing vouches for its content")
+        check(state, path)
+        files, held = tokenizer_paths(folder, config), state["tokenizers"]
+        if not isinstance(held, dict) or [_read_text(file) for file in files] != [held.get("src"), held.get("tgt")]:
+            raise CheckpointError(f"checkpoint {path} does not hold the tokenizers of {folder} "
+                                  f"({', '.join(sorted({file.name for file in files}))}), so it is not this run's")
+        manifest = read_manifest(folder)
+        _record(manifest, path, sha256_of(path), state["global_step"], state.get("epoch"),
+                state.get("metrics", {}).get("bleu"))
+        atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode("utf-8"))
+    except (CheckpointError, ConfigError) as error:
+        raise CheckpointError(f"{error}; it is the newest checkpoint in {folder} and {MANIFEST} does not list it, so "
+                              f"a run resumed from an older one would stop on reaching its step rather than replace "
+                              f"it: move it out of the folder and resume") from None
+    except OSError as error:
+        raise CheckpointError(f"could not list {path} in {MANIFEST}: {error.strerror or error}") from None
+    print(f"warning: {path} was written but not recorded in {MANIFEST} (its run stopped in between); it verifies "
+          f"and is this run's: listed, and resumed", file=sys.stderr, flush=True)
+    return path, state
+
+
+def _read_text(path: Path) -> str | None:
+    """The text of `path`, or None if it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def check_unlisted_above(folder: Path, step: int) -> None:
+    """Refuse to resume at `step` while `folder` holds a checkpoint above it that the manifest does
+    not list: `save_checkpoint` would stop the run on reaching that step rather than replace a file
+    that is not its own. CheckpointError naming them."""
+    if unlisted := _unlisted(folder, above=step):
+        raise CheckpointError(f"{named(unlisted)} in {folder}: above step {step}, where this run resumes, and not "
+                              f"listed in {MANIFEST}, so the run would stop on reaching that step rather than replace "
+                              f"a file that is not its own; move {'it' if len(unlisted) == 1 else 'them'} out of the "
+                              f"folder and resume")
 
 
 def _step_of(path: Path) -> int:

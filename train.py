@@ -4,7 +4,10 @@ The run reads top to bottom, one named phase after another:
 1. `train`: the ranks of a torchrun job, the device, the run lock, then a `Trainer`.
 2. `Trainer.start_or_resume`: which checkpoint to continue, the data and tokenizers, the model,
    optimizer, schedule and counters. A folder that holds checkpoints of which none can be resumed
-   stops the run with one line, every file left as it is: a run never starts over unasked.
+   stops the run with one line, every file left as it is: a run never starts over unasked. So
+   does a checkpoint above the resume step that checkpoints.json does not list, unless it is the
+   newest, verifies, and is this run's (its writer died before recording it): then it is listed
+   and resumed.
 3. `Trainer.train_epoch`: forward and backward of each micro-batch (AMP, gradient accumulation);
    `Trainer.optimizer_step` after the last micro-batch of each step (clipping, skipping a non-finite
    step, an fp16 overflow included); then `Trainer.stop_decision` (max_steps, max_minutes, a signal,
@@ -40,8 +43,8 @@ from tqdm import tqdm
 
 from atomic_files import atomic_write_bytes
 from attention_plot import attention_figure
-from checkpoint import (CheckpointError, RunLock, checkpoint_files, load_checkpoint, load_latest, load_weights, named,
-                        save_average, save_checkpoint)
+from checkpoint import (CheckpointError, RunLock, adopt_unlisted, check_unlisted_above, checkpoint_files,
+                        load_checkpoint, load_latest, load_weights, named, save_average, save_checkpoint)
 from config import (IDENTITY_KEYS, MODEL_KEYS, ConfigError, build_parser, config_or_exit, explicit_keys, runs_dir,
                     validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
@@ -337,14 +340,18 @@ class Trainer:
             self.start_logging(steps_per_epoch)
 
     def checkpoint_to_resume(self) -> tuple[Path | None, dict[str, Any] | None]:
-        """The checkpoint `preload` names (latest: the newest good one), checked against the config.
-        A new run starts only in a folder without checkpoints: one whose checkpoints are all
-        unusable stops the run, everything in it left as it is."""
+        """The checkpoint `preload` names (latest: the newest good one, first listed if the run died
+        before recording it: `adopt_unlisted`), checked against the config. A new run starts only in
+        a folder without checkpoints: one whose checkpoints are all unusable stops the run,
+        everything in it left as it is; so does an unlisted checkpoint above the resume step, which
+        the run could not replace on reaching it."""
         config = self.config
         path, state = None, None
         if config["preload"] == "latest":
+            found = adopt_unlisted(self.folder, config,
+                                   lambda unlisted, where: check_resumable(unlisted, config, where))
             try:
-                found = load_latest(self.folder)
+                found = found or load_latest(self.folder)
             except CheckpointError as error:
                 raise CheckpointError(f"{error}; {START_OVER}") from None
             if found:
@@ -361,6 +368,7 @@ class Trainer:
             state = load_checkpoint(path)
         if state is not None:
             check_resumable(state, config, path)
+            check_unlisted_above(self.folder, state["global_step"])
             log(f"resuming from {path} (epoch {state['epoch']}, step {state['global_step']})")
         return path, state
 

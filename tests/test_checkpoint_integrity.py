@@ -1,11 +1,13 @@
 """Checkpoints that lie: truncated, bit-flipped (in their folder or in a copy anywhere), written to a
-full disk, crafted to run code, of another architecture; and the run that must not start over when
-its checkpoints are all unusable."""
+full disk, crafted to run code, of another architecture; the run that must not start over when
+its checkpoints are all unusable; and the checkpoint a run died before recording (adopted when it is
+the run's own, else the run stops before it trains)."""
 from __future__ import annotations
 
 import builtins
 import errno
 import io
+import json
 import pickle
 import struct
 import subprocess
@@ -265,3 +267,71 @@ def test_another_architecture_is_one_line(trained: Path, tmp_path: Path, capsys:
     assert train_main(trained, tmp_path / "weights", "--preload", str(other)) == 1
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line or "Traceback" in line]
     assert len(errors) == 1 and "another architecture" in errors[0], errors
+
+
+def unrecord_newest(folder: Path) -> str:
+    """Take ckpt_00000012.pt out of checkpoints.json, as a run that died between its rename and the
+    manifest's update leaves it; the bytes of the manifest."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    del manifest["checkpoints"]["ckpt_00000012.pt"]
+    manifest["latest"] = max(manifest["checkpoints"])
+    if manifest["best"] == "ckpt_00000012.pt":
+        manifest["best"] = manifest["best_bleu"] = None
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return (folder / MANIFEST).read_text()
+
+
+def test_a_checkpoint_whose_run_died_before_recording_it_is_adopted(trained: Path, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    """The same command again finds ckpt_00000012.pt unlisted: it verifies by its digest and holds
+    this run's tokenizers, so it is listed (rotation counts it, a later run may replace it) and
+    resumed."""
+    folder = copy_experiment(trained, tmp_path / "weights" / trained.name)
+    unrecord_newest(folder)
+    capsys.readouterr()
+    assert train_main(trained, tmp_path / "weights", "--max_steps", "12") == 0
+    err = capsys.readouterr().err
+    assert "ckpt_00000012.pt was written but not recorded" in err and "resuming from" in err and "step 12)" in err
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert manifest["latest"] == "ckpt_00000012.pt" and "ckpt_00000012.pt" in manifest["checkpoints"]
+    assert load_checkpoint(folder / "ckpt_00000012.pt")["global_step"] == 12
+
+
+def resign(state: dict) -> dict:
+    return {**state, DIGEST_KEY: content_digest(state)}
+
+
+@pytest.mark.parametrize("case", ["damaged", "another run's", "above an older --preload"])
+def test_an_unlisted_checkpoint_above_the_resume_step_stops_the_run_at_once(trained: Path, tmp_path: Path, case: str,
+                                                                            capsys: pytest.CaptureFixture) -> None:
+    """An unlisted ckpt_00000012.pt that cannot be taken as the run's newest (damaged; with other
+    tokenizers, though its digest and config fit; or above the checkpoint --preload names) stops the
+    run before it trains, in one line that names it, every file left as it was: else the run, saving
+    every 4 steps, would train up to step 12 and only then stop."""
+    folder = copy_experiment(trained, tmp_path / "weights" / trained.name)
+    unrecord_newest(folder)
+    newest, extra = folder / "ckpt_00000012.pt", ["--save_every_steps", "4"]
+    if case == "damaged":
+        flip_a_bit_inside_tensor_data(newest)
+    elif case == "another run's":
+        state = torch.load(newest, weights_only=True)
+        torch.save(resign(dict(state, tokenizers={"src": state["tokenizers"]["tgt"],
+                                                  "tgt": state["tokenizers"]["src"]})), newest)
+    else:
+        extra += ["--preload", str(folder / "ckpt_00000008.pt")]
+    before = folder_contents(folder)
+    capsys.readouterr()
+    assert train_main(trained, tmp_path / "weights", *extra) == 1
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("train.py: error: "), errors
+    assert "ckpt_00000012.pt" in errors[0] and "move it out of the folder and resume" in errors[0]
+    assert {"damaged": "is corrupt", "another run's": "not this run's",
+            "above an older --preload": "above step 8, where this run resumes"}[case] in errors[0]
+    assert folder_contents(folder) == before
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_checkpoint_holds_what_resuming_needs(trained: Path) -> None:
+    """What Trainer.save writes is what check_resumable asks of a checkpoint: RESUME_KEYS, with the
+    metrics and the digest."""
+    assert set(load_checkpoint(trained / "ckpt_00000012.pt")) == {*train.RESUME_KEYS, "metrics", DIGEST_KEY}
