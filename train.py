@@ -145,7 +145,8 @@ def take_model_from(config: dict[str, Any], explicit: set[str]) -> dict[str, Any
     return state
 
 
-# What `Trainer.restore` reads from a checkpoint (`Trainer.save` writes them).
+# What a checkpoint holds for resuming: `Trainer.save` writes these keys (`Trainer.resume_value`) and
+# the metrics, `Trainer.restore` reads them back, and a checkpoint that lacks one cannot be resumed.
 RESUME_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "global_step", "batches_done", "step_in_epoch",
                "best_bleu", "stale_validations", "batch_settings", "config", "tokenizers")
 
@@ -646,18 +647,21 @@ class Trainer:
     def save(self, metrics: dict[str, float] | None = None) -> None:
         if not self.ranks.is_main:
             return
-        state = {
-            "model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-            "epoch": self.epoch, "batches_done": self.batches_done, "step_in_epoch": self.step_in_epoch,
-            "global_step": self.global_step, "batch_settings": self.batch_settings(),
-            "config": self.config, "tokenizers": {"src": self.tok_src.to_str(), "tgt": self.tok_tgt.to_str()},
-            "best_bleu": self.best_bleu, "stale_validations": self.stale_validations,
-            "metrics": metrics or {},
-        }
+        state = {key: self.resume_value(key) for key in RESUME_KEYS} | {"metrics": metrics or {}}
         path = save_checkpoint(self.folder, state, self.global_step, self.config["keep_checkpoints"],
                                metrics["bleu"] if metrics else None)
         log(f"saved {path}")
+
+    def resume_value(self, key: str) -> Any:
+        """What a checkpoint holds under `key`, one of RESUME_KEYS: the state of the model, optimizer,
+        scheduler or scaler, the batch settings, the tokenizers, or the attribute of that name."""
+        if key in ("model", "optimizer", "scheduler", "scaler"):
+            return (self.raw_model if key == "model" else getattr(self, key)).state_dict()
+        if key == "batch_settings":
+            return self.batch_settings()
+        if key == "tokenizers":
+            return {"src": self.tok_src.to_str(), "tgt": self.tok_tgt.to_str()}
+        return getattr(self, key)
 
     def finish(self, stop: str | None) -> int:
         if self.writer is not None:
