@@ -234,7 +234,8 @@ def pick_batches(batches: Sequence[np.ndarray], dataset: BilingualDataset,
 
 class TorchTransformer(nn.Module):
     """torch.nn.Transformer of the same sizes with the project's sinusoidal embeddings and a plain
-    nn.Linear projection; takes the project's masks (True = attend) and converts them."""
+    nn.Linear projection; takes the project's src_mask (True = attend, None = no padding) and finds
+    the target's padding from its ids."""
 
     def __init__(self, src_vocab: int, tgt_vocab: int, config: dict[str, Any]) -> None:
         super().__init__()
@@ -251,11 +252,10 @@ class TorchTransformer(nn.Module):
                                               batch_first=True, norm_first=config["norm_first"])
         self.proj = nn.Linear(d_model, tgt_vocab)
 
-    def forward(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor,
-                tgt_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
         length = tgt.size(1)
-        source_padding = ~src_mask[:, 0, 0, :]  # nn.Transformer: True = do not attend
-        target_padding = ~tgt_mask[:, 0, -1, :]  # the last query row sees every real target position
+        source_padding = None if src_mask is None else ~src_mask[:, 0, 0, :]  # nn.Transformer: True = do not attend
+        target_padding = tgt == PAD_ID
         future = torch.ones(length, length, dtype=torch.bool, device=tgt.device).triu(1)
         x = self.dropout(self.src_embed(src) * self.scale + self.pe[:src.size(1)])
         y = self.dropout(self.tgt_embed(tgt) * self.scale + self.pe[:length])
@@ -414,7 +414,7 @@ def project_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict
     """One optimizer step the way train.py takes it (one micro-batch, no DDP)."""
     autocast = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
     with autocast:
-        logits = model(batch["encoder_input"], batch["decoder_input"], batch["src_mask"], batch["tgt_mask"])
+        logits = model(batch["encoder_input"], batch["decoder_input"], batch.get("src_mask"))
     summed = loss_sum(logits, batch["label"], config["label_smoothing"])
     del logits
     (summed / batch["num_tokens"]).backward()
@@ -554,7 +554,8 @@ def decoding_rows(dataset: BilingualDataset, tok_src: Any, tok_tgt: Any, setting
     rng = np.random.default_rng(seed)
     batch = settings["decode_batch"]
     sources = dataset.collate(rng.choice(len(dataset), batch, replace=False))
-    src, src_mask = sources["encoder_input"].to(device), sources["src_mask"].to(device)
+    src = sources["encoder_input"].to(device)
+    src_mask = (src != PAD_ID)[:, None, None, :]
     rows: list[dict[str, Any]] = []
     with PeakMemory(device) as peak:
         for use_cache in (True, False):

@@ -32,7 +32,6 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
-from model import causal_mask
 from tokenizer import EOS_ID, PAD_ID, SOS_ID
 
 Pair = tuple[str, str]
@@ -281,7 +280,10 @@ class BilingualDataset(Dataset):
         return self.src_ids[start[0]:end[0]], self.tgt_ids[start[1]:end[1]]
 
     def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        """Pad to the longest sentence of the batch; masks are True where attention is allowed."""
+        """Pad to the longest sentence of the batch, padding on the right. A `src_mask` (B, 1, 1, S),
+        True on real positions, only when some source is padded; no target mask: the decoder is
+        causal when given none, which is all training needs (model.py's docstring). So attention
+        takes the fused kernels that accept no mask tensor wherever a batch allows it."""
         src_len = int(self.src_lens[indices].max())
         tgt_len = int(self.tgt_lens[indices].max())
         encoder_input = torch.full((len(indices), src_len), PAD_ID, dtype=torch.long)
@@ -293,13 +295,10 @@ class BilingualDataset(Dataset):
                 SOS_ID, src, EOS_ID
             decoder_input[row, 0], decoder_input[row, 1:len(tgt) + 1] = SOS_ID, tgt
             label[row, :len(tgt)], label[row, len(tgt)] = tgt, EOS_ID
-        return {
-            "encoder_input": encoder_input,
-            "decoder_input": decoder_input,
-            "label": label,
-            "src_mask": (encoder_input != PAD_ID)[:, None, None, :],  # (B, 1, 1, S)
-            "tgt_mask": (decoder_input != PAD_ID)[:, None, None, :] & causal_mask(tgt_len)[None],  # (B, 1, T, T)
-        }
+        batch = {"encoder_input": encoder_input, "decoder_input": decoder_input, "label": label}
+        if bool((self.src_lens[indices] < src_len).any()):
+            batch["src_mask"] = (encoder_input != PAD_ID)[:, None, None, :]
+        return batch
 
 
 def fits(src_tokens: int, tgt_tokens: int, seq_len: int) -> bool:

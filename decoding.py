@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from model import Transformer, causal_mask
+from model import Transformer
 from tokenizer import EOS_ID, SOS_ID
 
 Hypotheses = list[tuple[list[int], float]]  # (tokens without [SOS]/[EOS], score), best first
@@ -114,7 +114,7 @@ def greedy_decode(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor,
         if cache is not None:
             hidden = model.decode(memory, src_mask, ys[:, -1:], None, cache)
         else:
-            hidden = model.decode(memory, src_mask, ys, causal_mask(ys.size(1), ys.device).unsqueeze(0))
+            hidden = model.decode(memory, src_mask, ys)  # no tgt_mask: causal
         logits = block_repeats(model.project(hidden[:, -1]).float(), ys[:, 1:], no_repeat_ngram_size)
         next_token = logits.argmax(dim=-1)
         log_prob += logits.gather(1, next_token[:, None]).squeeze(1) - logits.logsumexp(dim=-1)

@@ -1,8 +1,16 @@
 """The encoder-decoder Transformer of "Attention Is All You Need", one small block per idea.
 
 API kept from the tutorials: `build_transformer(...)`, `model.encode(src, src_mask)`,
-`model.decode(encoder_output, src_mask, tgt, tgt_mask)`, `model.project(x)` returning logits.
-Masks are boolean or 0/1 with True/1 = may attend: src_mask (B, 1, 1, S), tgt_mask (B, 1, T, T).
+`model.decode(encoder_output, src_mask, tgt, tgt_mask)`, `model.project(x)` returning logits,
+`model(src, tgt, src_mask, tgt_mask)`. Masks are boolean or 0/1 with True/1 = may attend, or None:
+- src_mask (B, 1, 1, S) hides source padding from encoder self-attention and cross-attention.
+  None means the batch has no padding: both attend unmasked.
+- tgt_mask (B, 1, T, T) is applied exactly as given (nothing is added to it). None means causal:
+  each target position sees itself and every earlier one. Over a whole sequence that is
+  `is_causal=True` with no mask tensor; in a cached step (`cache=KVCache`) the one new position
+  sees itself and every cached one, with no mask. Causal alone is all training needs: padding is on
+  the right, so a real position never sees it, and the loss ignores padded positions.
+  dataset.py's batches hold no tgt_mask, and a src_mask only when the batch has padding.
 
 The blocks map one to one to the paper: InputEmbeddings (3.4), PositionalEncoding (3.5),
 MultiHeadAttention (3.2.2), FeedForwardBlock (3.3), ResidualConnection (5.4, with pre-norm as an
@@ -11,7 +19,11 @@ option), EncoderBlock and DecoderBlock (3.1), ProjectionLayer (the pre-softmax l
 Attention runs through `scaled_dot_product_attention`. In inference, and in training where a fused
 kernel applies (CUDA), the B x h x Lq x Lk attention weights exist only inside the call. Training
 with attention dropout on CPU takes SDPA's math path, which keeps those weights for backward: one
-such tensor per attention layer, the largest activation at long lengths.
+such tensor per attention layer, the largest activation at long lengths. The mask-free forms
+above are what CUDA's fastest kernel needs: FlashAttention takes no mask tensor (is_causal only), so
+causal self-attention and unpadded batches run on it. A padded batch's src_mask stays the broadcast
+(B, 1, 1, S) boolean, which the memory-efficient and cuDNN kernels take under any autocast dtype
+(SDPA turns it into an additive B x S mask per call; no (B, h, Lq, Lk) copy is made).
 
 `decode(..., cache=KVCache)` decodes incrementally: self-attention keys/values are appended per
 step and cross-attention keys/values are computed once per sentence.
@@ -94,11 +106,13 @@ class MultiHeadAttention(nn.Module):
         key, value = self.project_split(x, self.w_k, self.w_v)
         return key, value
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """softmax(Q K^T / sqrt(d_k)) V of split heads (B, h, L, d_k), heads merged and projected by w_o."""
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                  is_causal: bool = False) -> torch.Tensor:
+        """softmax(Q K^T / sqrt(d_k)) V of split heads (B, h, L, d_k), heads merged and projected by w_o;
+        `is_causal` (with no mask) lets query i see keys 0..i only."""
         if mask is not None and mask.dtype != torch.bool:
             mask = mask.bool()
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                              dropout_p=self.dropout_p if self.training else 0.0)
         out = out.transpose(1, 2).reshape(out.size(0), -1, self.h * self.d_k)
         return self.w_o(out)
@@ -110,10 +124,11 @@ class MultiHeadAttention(nn.Module):
         return self.attention(self.split_heads(self.w_q(x)), key, value, mask)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                mask: torch.Tensor | None) -> torch.Tensor:
-        """The paper's MultiHead(Q, K, V) on unprojected inputs (B, L, d_model)."""
+                mask: torch.Tensor | None, is_causal: bool = False) -> torch.Tensor:
+        """The paper's MultiHead(Q, K, V) on unprojected inputs (B, L, d_model); `is_causal` only for
+        self-attention."""
         if q is k and k is v:  # self-attention: Q, K and V in one matrix product
-            return self.attention(*self.project_split(q, self.w_q, self.w_k, self.w_v), mask)
+            return self.attention(*self.project_split(q, self.w_q, self.w_k, self.w_v), mask, is_causal)
         if k is v:  # cross-attention: K and V in one
             return self.attend(q, *self.keys_values(k), mask)
         return self.attend(q, self.split_heads(self.w_k(k)), self.split_heads(self.w_v(v)), mask)
@@ -201,7 +216,8 @@ class DecoderBlock(nn.Module):
     def forward(self, x: torch.Tensor, encoder_output: torch.Tensor, src_mask: torch.Tensor | None,
                 tgt_mask: torch.Tensor | None, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         if cache is None:
-            x = self.residual[0](x, lambda y: self.self_attention(y, y, y, tgt_mask))
+            causal = tgt_mask is None  # see the module docstring: None means causal, without a mask tensor
+            x = self.residual[0](x, lambda y: self.self_attention(y, y, y, tgt_mask, causal))
             x = self.residual[1](x, lambda y: self.cross_attention(y, encoder_output, encoder_output, src_mask))
             return self.residual[2](x, self.feed_forward)
 
@@ -213,6 +229,8 @@ class DecoderBlock(nn.Module):
             if past is not None:
                 k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
             cache.self_kv[layer] = (k, v)
+            # No mask when tgt_mask is None: the one new position may see every cached one.
+            # (is_causal would be wrong here: SDPA aligns it to the top left, query 0 to key 0.)
             return self.self_attention.attend(y, k, v, tgt_mask)
 
         def cached_cross_attention(y: torch.Tensor) -> torch.Tensor:
@@ -279,15 +297,15 @@ class Transformer(nn.Module):
         self.tgt_pos = tgt_pos
         self.projection_layer = projection_layer
 
-    def encode(self, src: torch.Tensor, src_mask: torch.Tensor | None) -> torch.Tensor:
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.encoder(self.src_pos(self.src_embed(src)), src_mask)
 
     def decode(self, encoder_output: torch.Tensor, src_mask: torch.Tensor | None, tgt: torch.Tensor,
-               tgt_mask: torch.Tensor | None, cache: KVCache | None = None) -> torch.Tensor:
-        """Decoder states for `tgt`. With a cache, `tgt` is the one newest position of each
-        hypothesis (B * n, 1), n consecutive rows per sentence of `encoder_output` (B, S, d_model)
-        and `src_mask` (B, 1, 1, S), and `tgt_mask` may be None: that position sees itself and
-        every cached one."""
+               tgt_mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+        """Decoder states for `tgt`; `tgt_mask` None is causal (module docstring). With a cache,
+        `tgt` is the one newest position of each hypothesis (B * n, 1), n consecutive rows per
+        sentence of `encoder_output` (B, S, d_model) and `src_mask` (B, 1, 1, S), and with
+        `tgt_mask` None that position sees itself and every cached one."""
         offset = 0 if cache is None else cache.length
         x = self.decoder(self.tgt_pos(self.tgt_embed(tgt), offset), encoder_output, src_mask, tgt_mask, cache)
         if cache is not None:
@@ -300,9 +318,10 @@ class Transformer(nn.Module):
     def new_cache(self) -> KVCache:
         return KVCache(len(self.decoder.layers))
 
-    def forward(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor | None,
-                tgt_mask: torch.Tensor | None) -> torch.Tensor:
-        """Teacher-forced logits (B, T, V); DDP and torch.compile wrap this method."""
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor | None = None,
+                tgt_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Teacher-forced logits (B, T, V); masks as in the module docstring (None, None: no padding
+        in the source, causal target). DDP and torch.compile wrap this method."""
         return self.project(self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask))
 
 

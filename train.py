@@ -218,7 +218,7 @@ def run_validation(model: Transformer, val_ds: BilingualDataset, val_pairs: list
     plan = BatchPlan(val_ds, config["batch_tokens"], config["seed"])
     for indices in plan.epoch_batches(0):
         batch = {k: v.to(device) for k, v in val_ds.collate(indices).items()}
-        logits = model(batch["encoder_input"], batch["decoder_input"], batch["src_mask"], batch["tgt_mask"])
+        logits = model(batch["encoder_input"], batch["decoder_input"], batch.get("src_mask"))
         total += loss_sum(logits, batch["label"], 0.0)
         tokens += int((batch["label"] != PAD_ID).sum())
     metrics = {"loss": float(total) / max(1, tokens)}
@@ -519,8 +519,7 @@ class Trainer:
             sync = self.model.no_sync() if ranks.distributed and not last_micro else contextlib.nullcontext()
             with sync:
                 with autocast:
-                    logits = self.model(batch["encoder_input"], batch["decoder_input"], batch["src_mask"],
-                                        batch["tgt_mask"])
+                    logits = self.model(batch["encoder_input"], batch["decoder_input"], batch.get("src_mask"))
                 summed = loss_sum(logits, batch["label"], config["label_smoothing"])
                 del logits  # backward needs only the gradient the loss stored: free the logits
                 # Normalised by the whole global step's target tokens; DDP averages over ranks.

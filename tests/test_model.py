@@ -1,17 +1,30 @@
 """model.py: shapes, padding invariance, causality, tied weights, a golden attention check
-against PyTorch's own implementation, and a tiny model that actually learns."""
+against PyTorch's own implementation, the mask-free attention forms (equal to the tutorial masks
+on real positions, and what a real training run passes to scaled_dot_product_attention), and a
+tiny model that actually learns."""
 from __future__ import annotations
 
+import contextlib
+import io
 import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.testing import assert_close
 
+import train
+from dataset import BilingualDataset
+from loss import loss_sum
+from synthetic_data import tiny_corpus
 from translator import DecodingOptions
-from model import (InputEmbeddings, MultiHeadAttention, PositionalEncoding, Transformer, build_model,
-                   build_transformer, causal_mask)
+from model import (DecoderBlock, EncoderBlock, InputEmbeddings, MultiHeadAttention, PositionalEncoding, Transformer,
+                   build_model, build_transformer, causal_mask)
 from config import parse_config
 from tokenizer import PAD_ID
 
@@ -179,3 +192,139 @@ def test_the_model_learns_a_toy_translation(toy_translator) -> None:
     outputs = toy.translator().translate_best([s for s, _ in unseen], DecodingOptions())
     exact = sum(out == ref for out, (_, ref) in zip(outputs, unseen)) / len(unseen)
     assert exact >= 0.95, f"only {exact:.0%} of unseen sentences translated exactly"
+
+
+# ---------------------------------------------------------------------------- mask-free attention
+
+def dataset_of(pairs: list[tuple[list[int], list[int]]]) -> BilingualDataset:
+    """A BilingualDataset of (source ids, target ids) pairs, as the store would hold them."""
+    offsets = np.zeros((2, len(pairs) + 1), dtype=np.int64)
+    offsets[0, 1:] = np.cumsum([len(src) for src, _ in pairs])
+    offsets[1, 1:] = np.cumsum([len(tgt) for _, tgt in pairs])
+    flat = [np.array([i for pair in pairs for i in pair[side]], dtype=np.int64) for side in (0, 1)]
+    return BilingualDataset(flat[0], flat[1], offsets)
+
+
+TRAINING_PAIRS = [([5, 6, 7, 8, 9], [10, 11, 12, 13]), ([8, 9], [14]), ([10, 11, 12], [15, 16, 17, 18, 19, 20]),
+                  ([12, 13, 14, 15, 16], [21, 22])]
+
+
+@pytest.mark.parametrize("rows, padded_source", [([0, 1, 2], True), ([0, 3], False)])
+def test_training_batches_equal_the_tutorial_masks_on_real_positions(rows: list[int], padded_source: bool) -> None:
+    """collate's batches carry no target mask (causal, no mask tensor) and no source mask when no
+    source is padded; on every real position the model computes what the tutorial masks give."""
+    model = small_model()
+    batch = dataset_of(TRAINING_PAIRS).collate(rows)
+    src, tgt = batch["encoder_input"], batch["decoder_input"]
+    assert "tgt_mask" not in batch and ("src_mask" in batch) == padded_source
+    src_mask = (src != PAD_ID)[:, None, None, :]
+    real_src, real_tgt = src != PAD_ID, tgt != PAD_ID
+    assert_close(model.encode(src, batch.get("src_mask"))[real_src], model.encode(src, src_mask)[real_src],
+                 atol=1e-5, rtol=1e-5)
+    assert_close(model(src, tgt, batch.get("src_mask"))[real_tgt],
+                 model(src, tgt, src_mask, target_mask(tgt))[real_tgt], atol=1e-5, rtol=1e-5)
+
+
+def test_an_explicit_target_mask_is_applied_exactly_as_given() -> None:
+    """The tutorial API's tgt_mask replaces the causal default; nothing is added to it."""
+    model = small_model()
+    src, src_mask = padded([[2, 5, 6, 7, 3]])
+    tgt = torch.tensor([[2, 9, 10, 11, 12, 13]])
+    changed = tgt.clone()
+    changed[0, 2] = 20
+    hide_2 = causal_mask(6)[None].clone()
+    hide_2[..., 3:, 2] = False  # later positions may not see position 2
+    for mask in (hide_2, hide_2.int()):  # boolean, or 0/1 as the tutorials build it
+        before, after = model(src, tgt, src_mask, mask), model(src, changed, src_mask, mask)
+        assert_close(after[:, [0, 1, 3, 4, 5]], before[:, [0, 1, 3, 4, 5]])
+        assert not torch.allclose(after[:, 2], before[:, 2])
+    causal_before, causal_after = model(src, tgt, src_mask), model(src, changed, src_mask)
+    assert not torch.allclose(causal_after[:, 3:], causal_before[:, 3:])  # by default they do see it
+    everything = torch.ones(1, 1, 6, 6, dtype=torch.bool)  # not causal: the first position sees the change
+    assert not torch.allclose(model(src, changed, src_mask, everything)[:, 0], model(src, tgt, src_mask, everything)[:, 0])
+
+
+@dataclass
+class AttentionCall:
+    """One call of scaled_dot_product_attention, and which attention of which block made it."""
+
+    role: str  # "encoder", "decoder self" or "cross"
+    cached: bool  # an incremental decoding step (model.KVCache)
+    training: bool
+    mask: torch.Tensor | None
+    is_causal: bool
+    plot: bool  # attention_plot.py's rerun, which passes its own causal mask through the tutorial API
+
+
+def called_from(frame, module: str) -> bool:
+    while frame is not None:
+        if frame.f_globals.get("__name__") == module:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def attention_role(frame) -> tuple[str, bool]:
+    """The role of the MultiHeadAttention whose call stack holds `frame`, and whether its decoder
+    block runs a cached step."""
+    attention = role = None
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if attention is None and isinstance(owner, MultiHeadAttention):
+            attention = owner
+        elif role is None and isinstance(owner, EncoderBlock):
+            return "encoder", False
+        elif role is None and isinstance(owner, DecoderBlock):
+            role = "decoder self" if owner.self_attention is attention else "cross"
+        if frame.f_code is DecoderBlock.forward.__code__:
+            return role, frame.f_locals["cache"] is not None
+        frame = frame.f_back
+    raise AssertionError("scaled_dot_product_attention called from outside the model's blocks")
+
+
+@pytest.fixture
+def attention_calls(monkeypatch: pytest.MonkeyPatch) -> list[AttentionCall]:
+    """Every call of F.scaled_dot_product_attention, recorded, then made for real."""
+    calls: list[AttentionCall] = []
+    real = F.scaled_dot_product_attention
+
+    def recorder(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        caller = sys._getframe(1)
+        calls.append(AttentionCall(*attention_role(caller), torch.is_grad_enabled(), attn_mask, is_causal,
+                                   called_from(caller, "attention_plot")))
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recorder)
+    return calls
+
+
+def test_a_training_run_passes_masks_only_where_padding_needs_them(tmp_path: Path,
+                                                                  attention_calls: list[AttentionCall]) -> None:
+    """train.py for one step, its validation loss and decoding: decoder self-attention over whole
+    sequences is causal with no mask tensor, a cached step passes none, and encoder and
+    cross-attention pass a mask only where it hides padding."""
+    data = tiny_corpus(tmp_path / "data", train=60, validation=4, test=4)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert train.main(["--datasource", str(data), "--preset", "tiny", "--max_steps", "1", "--num_epochs", "1",
+                           "--model_folder", str(tmp_path / "w"), "--runs_folder", str(tmp_path / "r"),
+                           "--store_folder", str(tmp_path / "s")]) == 0
+    plotted = [c for c in attention_calls if c.plot and c.role == "decoder self" and not c.cached]
+    assert plotted and all(c.mask is not None and not c.is_causal for c in plotted)  # explicit masks are kept
+    calls = [c for c in attention_calls if not c.plot]
+    whole = [c for c in calls if c.role == "decoder self" and not c.cached]
+    assert any(c.training for c in whole) and any(not c.training for c in whole)  # training and validation loss
+    assert all(c.mask is None and c.is_causal for c in whole)
+    cached = [c for c in calls if c.cached and c.role == "decoder self"]
+    assert cached and all(c.mask is None and not c.is_causal for c in cached)
+    for call in calls:
+        if call.role != "decoder self":
+            assert not call.is_causal and (call.mask is None or not bool(call.mask.all())), call
+
+    # an unpadded training batch: no call carries a mask
+    attention_calls.clear()
+    model = small_model().train()
+    batch = dataset_of(TRAINING_PAIRS).collate([0, 3])
+    logits = model(batch["encoder_input"], batch["decoder_input"], batch.get("src_mask"))
+    loss_sum(logits, batch["label"], 0.1).backward()
+    assert {c.role for c in attention_calls} == {"encoder", "decoder self", "cross"}
+    assert all(c.mask is None for c in attention_calls)
