@@ -241,7 +241,8 @@ def test_an_explicit_target_mask_is_applied_exactly_as_given() -> None:
     causal_before, causal_after = model(src, tgt, src_mask), model(src, changed, src_mask)
     assert not torch.allclose(causal_after[:, 3:], causal_before[:, 3:])  # by default they do see it
     everything = torch.ones(1, 1, 6, 6, dtype=torch.bool)  # not causal: the first position sees the change
-    assert not torch.allclose(model(src, changed, src_mask, everything)[:, 0], model(src, tgt, src_mask, everything)[:, 0])
+    first = [model(src, target, src_mask, everything)[:, 0] for target in (tgt, changed)]
+    assert not torch.allclose(*first)
 
 
 @dataclass
@@ -250,7 +251,7 @@ class AttentionCall:
 
     role: str  # "encoder", "decoder self" or "cross"
     cached: bool  # an incremental decoding step (model.KVCache)
-    training: bool
+    training: bool  # gradients on: a training step, not validation or decoding
     mask: torch.Tensor | None
     is_causal: bool
     plot: bool  # attention_plot.py's rerun, which passes its own causal mask through the tutorial API
