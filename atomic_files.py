@@ -3,6 +3,10 @@
 `atomic_write(path, write)` writes through a temporary file beside `path`, fsyncs it, renames it over
 `path` and fsyncs the folder, so a crash or a full disk leaves either the old file or the new one,
 never a mixture. It returns the sha256 of what was written, which callers record and check on load.
+
+`lock_file(path, busy)` is the one exclusive lock of the project (the run lock of an experiment
+folder, the build lock of a data store): an flock on a small file that holds its owner's pid for
+messages; the kernel drops it when its owner dies, so a stale lock file never blocks.
 """
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import hashlib
 import io
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TextIO
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -78,3 +82,30 @@ def sha256_of(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def lock_file(path: Path, busy: Callable[[str], None]) -> TextIO:
+    """Take an exclusive flock on `path` (created if need be) and write this process's pid into it.
+    When another process holds it, `busy(its pid, or "unknown")` is called first: it raises to give
+    up, or returns to wait for the lock. Returns the open file; closing it releases the lock. Not
+    POSIX (no fcntl): the file, unlocked, so that the caller runs unlocked rather than not at all."""
+    handle = open(path, "a+")
+    try:
+        import fcntl
+    except ImportError:
+        return handle
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            busy(handle.read().strip() or "unknown")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+    except BaseException:
+        handle.close()
+        raise
+    return handle

@@ -19,14 +19,13 @@
   the config stored inside is plain data and is validated before use.
 - `latest` falls back to the newest good checkpoint, warning about each bad one; when none loads,
   it says so in one line naming them, and never pretends the folder is empty.
-- `RunLock` keeps two training processes out of one experiment folder; the kernel drops the lock
-  when its owner dies, so a stale lock file never blocks.
+- `RunLock` keeps two training processes out of one experiment folder (atomic_files.lock_file: the
+  kernel drops the lock when its owner dies, so a stale lock file never blocks).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pickle
 import re
 import sys
@@ -36,7 +35,7 @@ from typing import Any, Callable
 
 import torch
 
-from atomic_files import atomic_write, atomic_write_bytes, sha256_of
+from atomic_files import atomic_write, atomic_write_bytes, lock_file, sha256_of
 from config import ConfigError, get_config, validate_config
 from model import build_model
 from tokenizer import TokenizerError, tokenizer_from_json, tokenizer_paths
@@ -439,25 +438,15 @@ class RunLock:
         self.handle = None
 
     def acquire(self) -> None:
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: run unlocked rather than not at all
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.seek(0)
-            owner = handle.read().strip() or "unknown"
-            handle.close()
+        def refuse(owner: str) -> None:
             raise CheckpointError(f"{self.path.parent} is in use by another training run (pid {owner}); "
-                                  f"wait for it or choose another --experiment_name") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
-        self.handle = handle
+                                  f"wait for it or choose another --experiment_name")
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.handle = lock_file(self.path, refuse)
+        except OSError as error:
+            raise CheckpointError(f"cannot lock {self.path}: {error.strerror or error}") from None
 
     def release(self) -> None:
         if self.handle is not None:

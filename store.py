@@ -22,8 +22,8 @@ folder `.NAME.tmp<pid>` with a `meta.json` recording each file's size and sha256
 into place last.
 
 Only the builder deletes. `Store.open_or_build` (rank 0, through `text_store` and `token_store`) is
-the one path that builds, and it builds under a lock per store (`.NAME.lock`, flock, dropped by the
-kernel when its owner dies): a second process building the same store waits, then opens the first
+the one path that builds, and it builds under a lock per store (`.NAME.lock`, atomic_files.lock_file:
+flock, dropped by the kernel when its owner dies): a second process building the same store waits, then opens the first
 one's result. Holding that lock proves that no live process is building the store, so the builder
 then removes the `.NAME.tmp*` leftovers of a build that died, and replaces a folder whose files are
 missing or do not match (one-line message); it never touches another store's files. `Store.open`,
@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 from tokenizers import Tokenizer
 
-from atomic_files import atomic_write_bytes, sha256_of
+from atomic_files import atomic_write_bytes, lock_file, sha256_of
 from dataset import SPLITS, BilingualDataset, DataError, Pair, carve, fits, log, open_source, read_pairs, text_hash
 from tokenizer import tokenizer_hash
 
@@ -162,24 +162,11 @@ def checked_meta(folder: Path, verify: bool) -> dict[str, Any]:
 @contextmanager
 def build_lock(folder: Path) -> Iterator[None]:
     """Hold the build lock of the store at `folder` (`.NAME.lock` beside it), waiting for a process
-    that holds it, with one line saying so. Not POSIX: no lock, as checkpoint.RunLock does."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(folder.with_name(f".{folder.name}.lock"), "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.seek(0)
-            log(f"waiting for process {handle.read().strip() or '(unknown)'}, which is building the data store "
-                f"{folder}")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
+    that holds it, with one line saying so."""
+    def wait(owner: str) -> None:
+        log(f"waiting for process {owner}, which is building the data store {folder}")
+
+    with lock_file(folder.with_name(f".{folder.name}.lock"), wait):
         yield  # closing the file releases the lock
 
 

@@ -48,3 +48,12 @@ def test_stale_lock_of_a_dead_process_does_not_block(tmp_path: Path) -> None:
     again = RunLock(folder)
     again.acquire()
     again.release()
+
+
+def test_a_folder_that_cannot_be_locked_is_one_line(tmp_path: Path) -> None:
+    """--model_folder under a plain file: a CheckpointError (one line from train.py), not a traceback."""
+    (tmp_path / "afile").write_text("mine\n")
+    with pytest.raises(CheckpointError, match=f"cannot lock {tmp_path / 'afile' / 'exp' / 'train.lock'}: Not a "
+                                              f"directory"):
+        RunLock(tmp_path / "afile" / "exp").acquire()
+    assert (tmp_path / "afile").read_text() == "mine\n"
