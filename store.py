@@ -23,13 +23,16 @@ into place last.
 
 Only the builder deletes. `Store.open_or_build` (rank 0, through `text_store` and `token_store`) is
 the one path that builds, and it builds under a lock per store (`.NAME.lock`, atomic_files.lock_file:
-flock, dropped by the kernel when its owner dies): a second process building the same store waits, then opens the first
-one's result. Holding that lock proves that no live process is building the store, so the builder
-then removes the `.NAME.tmp*` leftovers of a build that died, and replaces a folder whose files are
-missing or do not match (one-line message); it never touches another store's files. `Store.open`,
-for the ranks that only read, never deletes: a missing or damaged store is a DataError there. A full
-disk (ENOSPC, EFBIG, EDQUOT) during a build is a one-line DataError naming the store; its temporary
-folder is removed and the stores already built are left as they are.
+flock, dropped by the kernel when its owner dies): a second process building the same store waits,
+then opens the first one's result. Holding that lock proves that no live process is building the
+store, so the builder then removes the `.NAME.tmp*` leftovers of a build that died, and replaces a
+damaged folder (one-line message): one with a file missing, a size or sha256 that differs from
+meta.json, or a meta.json that is not a store's. Any other error while reading a store (EIO,
+EACCES, ...) is not damage: a one-line DataError, and nothing is deleted. The builder never touches
+another store's files. `Store.open`, for the ranks that only read, never deletes: a missing or
+damaged store is a DataError there. Any OSError of a build (creating store_folder or the lock file
+included) is a one-line DataError naming the store; its temporary folder is removed and the stores
+already built are left as they are, which a full disk's message (ENOSPC, EFBIG, EDQUOT) says.
 """
 from __future__ import annotations
 
@@ -145,18 +148,34 @@ class StoreDamage(ValueError):
 
 def checked_meta(folder: Path, verify: bool) -> dict[str, Any]:
     """The meta.json of the store at `folder`, every file's size checked against it, and its sha256
-    too when `verify`. Raises StoreDamage."""
+    too when `verify`. Raises StoreDamage for what shows the store damaged: a missing file, a
+    meta.json that is not a store's, a size or sha256 that differs. Any other OSError (EIO, EACCES,
+    EMFILE, ...) says nothing about the store, which must then be left as it is: a DataError."""
     try:
-        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-        for name, recorded in meta["files"].items():
-            path = folder / name
-            if path.stat().st_size != recorded["bytes"]:
-                raise StoreDamage(f"{name} has {path.stat().st_size} bytes, not {recorded['bytes']}")
-            if verify and sha256_of(path) != recorded["sha256"]:
+        try:
+            meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+            recorded = {name: (int(entry["bytes"]), str(entry["sha256"])) for name, entry in meta["files"].items()}
+        except KeyError as error:
+            raise StoreDamage(f"meta.json lacks {error}") from None
+        except (ValueError, TypeError, AttributeError) as error:  # not JSON, or not a store's
+            raise StoreDamage(f"meta.json is not a data store's: {str(error).splitlines()[0]}") from None
+        for name, (size, digest) in recorded.items():
+            actual = (folder / name).stat().st_size
+            if actual != size:
+                raise StoreDamage(f"{name} has {actual} bytes, not {size}")
+            if verify and sha256_of(folder / name) != digest:
                 raise StoreDamage(f"{name} does not match its sha256")
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise StoreDamage(str(error).splitlines()[0]) from None
+    except FileNotFoundError as error:
+        raise StoreDamage(f"{Path(error.filename).name} is missing") from None
+    except OSError as error:
+        raise DataError(f"cannot read the data store {folder}: {os_reason(error)}") from None
     return meta
+
+
+def os_reason(error: OSError) -> str:
+    """An OSError in words, with the path it names: "Not a directory: /data/file/stores"."""
+    reason = error.strerror or str(error)
+    return f"{reason}: {error.filename}" if error.filename else reason
 
 
 @contextmanager
@@ -171,15 +190,16 @@ def build_lock(folder: Path) -> Iterator[None]:
 
 
 @contextmanager
-def disk_full_as_data_error(folder: Path) -> Iterator[None]:
-    """A write refused for want of room becomes one line naming the store being built."""
+def write_errors_as_data_error(folder: Path) -> Iterator[None]:
+    """A write refused while building the store at `folder` (a full disk, a read-only folder, a
+    store_folder under a plain file, ...) becomes one line naming the store."""
     try:
         yield
     except OSError as error:
-        if error.errno not in DISK_FULL:
-            raise
-        raise DataError(f"cannot write the data store {folder}: {error.strerror}; nothing of it was kept, and the "
-                        f"stores already in {folder.parent} are intact") from None
+        message = f"cannot write the data store {folder}: {os_reason(error)}"
+        if error.errno in DISK_FULL:
+            message += f"; nothing of it was kept, and the stores already in {folder.parent} are intact"
+        raise DataError(message) from None
 
 
 class Store:
@@ -213,17 +233,26 @@ class Store:
                 return cls(folder, checked_meta(folder, verify=True))
             except StoreDamage:
                 pass  # checked again under the lock: another process may be replacing it
-        with disk_full_as_data_error(folder):
+        with write_errors_as_data_error(folder):
             folder.parent.mkdir(parents=True, exist_ok=True)
             with build_lock(folder):
                 if folder.is_dir():  # built by the process this one waited for, or damaged
                     try:
                         return cls(folder, checked_meta(folder, verify=True))
                     except StoreDamage as damage:
-                        log(f"data store {folder} is damaged ({damage}); rebuilding it")
-                        shutil.rmtree(folder)
+                        cls._remove_damaged(folder, damage)
                 log(building)
                 return cls(folder, cls._build(folder, key, fill))
+
+    @staticmethod
+    def _remove_damaged(folder: Path, damage: StoreDamage) -> None:
+        """Under the build lock: remove the damaged store at `folder`, saying why, before rebuilding it."""
+        try:
+            shutil.rmtree(folder)
+        except OSError as error:
+            raise DataError(f"data store {folder} is damaged ({damage}) and cannot be removed: "
+                            f"{os_reason(error)}") from None
+        log(f"data store {folder} is damaged ({damage}); rebuilding it")
 
     @staticmethod
     def _build(folder: Path, key: dict[str, Any], fill: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:

@@ -5,9 +5,11 @@ is rebuilt with one line; another tokenizer, setting or datasource never gets a 
 in other processes (forked, so that they start in milliseconds): two builds of one store at once
 both succeed with one store, a live builder's temporary folder survives every other build and a
 dead one's is removed, a reader never deletes, and a full disk (RLIMIT_FSIZE) is one line that
-leaves no store behind and the other stores as they were."""
+leaves no store behind and the other stores as they were. A store that cannot be read (EIO) is one
+line and is never deleted; a store_folder or lock file that cannot be written is one line."""
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import resource
@@ -23,6 +25,7 @@ import pytest
 
 import dataset
 import store
+import train
 from config import get_config
 from store import TextStore, text_store, token_store
 from synthetic_data import synthetic_pairs, write_hub_dataset
@@ -395,3 +398,68 @@ def test_a_full_disk_during_a_build_is_one_line_and_keeps_the_other_stores(fork,
     assert f"cannot write the data store {stores}{os.sep}" in message and good.folder.name not in message
     assert {p.name: p.read_bytes() for p in good.folder.iterdir()} == before
     assert TextStore.open(good.folder).pairs("validation") == good.pairs("validation")
+
+
+# ---------------------------------------------------------------------------- errors that are not damage
+
+def test_a_store_that_cannot_be_read_is_one_line_and_never_deleted(train_only: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    """EIO (or EACCES, EMFILE...) while checking a store says nothing about the store: neither the
+    builder nor a reader replaces it for that. A store truly damaged whose removal fails is one line."""
+    config = config_for(train_only, tmp_path)
+    built = text_store(config)
+    files = {p.name: p.read_bytes() for p in built.folder.iterdir()}
+
+    def failing_read(path: Path) -> str:
+        raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store, "sha256_of", failing_read)
+        for opening in (lambda: text_store(config), lambda: TextStore.open(built.folder)):
+            with pytest.raises(dataset.DataError, match=f"cannot read the data store {built.folder}: Input/output "
+                                                        f"error: {built.folder}{os.sep}"):
+                opening()
+    assert {p.name: p.read_bytes() for p in built.folder.iterdir()} == files
+    assert "damaged" not in capsys.readouterr().err
+
+    (built.folder / "raw-train.src.bin").write_bytes(b"damaged")
+
+    def refused(path: Path, *args, **kwargs) -> None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    monkeypatch.setattr(store.shutil, "rmtree", refused)
+    with pytest.raises(dataset.DataError) as error:
+        text_store(config)
+    assert str(error.value) == (f"data store {built.folder} is damaged (raw-train.src.bin has 7 bytes, not "
+                                f"{len(files['raw-train.src.bin'])}) and cannot be removed: Permission denied: "
+                                f"{built.folder}")
+
+
+def test_a_store_folder_that_cannot_be_written_is_one_line(train_only: Path, tmp_path: Path, capsys) -> None:
+    """Not only a full disk: a store_folder under a plain file, a lock file that is a folder, a
+    read-only folder are each one line from train.py, and nothing is written or removed."""
+    plain = tmp_path / "afile"
+    plain.write_text("mine\n")
+    code = train.main(["--datasource", str(train_only), "--preset", "tiny", "--store_folder", str(plain / "stores"),
+                       "--model_folder", str(tmp_path / "weights"), "--runs_folder", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err[-1].startswith(f"train.py: error: cannot write the data store {plain}{os.sep}stores")
+    assert "Traceback" not in "\n".join(err) and err[-1].endswith(f"Not a directory: {plain / 'stores'}")
+    assert plain.read_text() == "mine\n"
+
+    config = config_for(train_only, tmp_path)
+    folder = text_store(config).folder
+    shutil.rmtree(folder)
+    lock = folder.with_name(f".{folder.name}.lock")
+    lock.unlink()
+    lock.mkdir()
+    with pytest.raises(dataset.DataError, match=f"cannot write the data store {folder}: Is a directory: {lock}$"):
+        text_store(config)
+    if os.geteuid() == 0:
+        return  # root writes into a read-only folder
+    shutil.rmtree(Path(config["store_folder"]))
+    Path(config["store_folder"]).mkdir(mode=0o555)
+    with pytest.raises(dataset.DataError, match=f"cannot write the data store {folder}: Permission denied"):
+        text_store(config)
+    assert not any(Path(config["store_folder"]).iterdir())
