@@ -20,13 +20,16 @@ not know) is refused in one line naming it. The model's tokenizers and its train
 written beside CTranslate2's files (translator.py reads them). `--quantization` takes CTranslate2's
 names: int8, int16, float32, bfloat16.
 
-`--output DIR` is never a folder export.py did not write. Each export holds a marker, `export.json`;
-DIR may be new, an empty folder, or, with `--overwrite` (ct2-transformers-converter's `--force`), an
-earlier export; anything else (a folder without the marker, a file, a symbolic link) is refused in
-one line with nothing touched, and so is an earlier export without `--overwrite`. The model is
-written into a folder of export.py's own beside DIR (tempfile.mkdtemp) and renamed into place
-whole; an earlier export is first renamed aside, so it stays usable until the new one is complete,
-and removed only then. A failed export removes only that folder of its own.
+`--output DIR` is never a folder export.py did not write. Each export holds a marker, `export.json`,
+listing the files it wrote; DIR may be new, an empty folder, or, with `--overwrite`
+(ct2-transformers-converter's `--force`), an earlier export that holds only the files its marker
+lists. Anything else is refused in one line with nothing touched: a folder without the marker, a
+file, a symbolic link, an earlier export without `--overwrite`, one holding files the user put in it
+(named, to be moved out first), or one whose marker lists no files. The model is written into a
+folder of export.py's own beside DIR (tempfile.mkdtemp) and renamed into place whole; an earlier
+export is checked again, renamed aside, so it stays usable until the new one is complete, and
+removed only then. A failed or interrupted (Ctrl-C: one line, exit 130) export removes only that
+folder of its own and leaves an earlier export as it was.
 """
 from __future__ import annotations
 
@@ -49,9 +52,10 @@ from translator import CT2_PROJECT_CONFIG, CT2_SOURCE_TOKENIZER, CT2_TARGET_TOKE
 
 QUANTIZATIONS = ("int8", "int16", "float32", "bfloat16")
 LAYER_NORM_EPSILON = 1e-5  # nn.LayerNorm's default, which model.py uses
-MARKER = "export.json"  # in every export: what --overwrite may replace
-MARKER_CONTENT = {"written_by": "export.py", "note": "a model directory written by export.py, which may replace it "
-                                                     "when given --overwrite"}
+MARKER = "export.json"  # in every export: what --overwrite may replace, and which files are its own
+MARKER_NOTE = ("a model directory written by export.py, which may replace it when given --overwrite if it holds no "
+               "file but those listed here")
+SHOWN_EXTRAS = 3  # entries named in the message refusing to replace an export that holds others
 
 
 class ExportError(RuntimeError):
@@ -146,13 +150,27 @@ class TransformerConverter:
         return spec
 
 
-def is_export(folder: Path) -> bool:
-    """Whether `folder` (not a symbolic link) holds the marker of an export."""
+def export_marker(folder: Path) -> dict[str, Any] | None:
+    """The marker of the export at `folder`; None when `folder` is not one (or is a symbolic link)."""
     try:
         marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return not folder.is_symlink() and isinstance(marker, dict) and marker.get("written_by") == "export.py"
+        return None
+    if folder.is_symlink() or not isinstance(marker, dict) or marker.get("written_by") != "export.py":
+        return None
+    return marker
+
+
+def entries(folder: Path) -> set[str]:
+    """Every file, folder and link under `folder`, as paths relative to it (links not followed)."""
+    found = set()
+
+    def unreadable(error: OSError) -> None:  # os.walk would skip what it cannot list
+        raise error
+
+    for root, folders, files in os.walk(folder, onerror=unreadable):
+        found.update((Path(root) / name).relative_to(folder).as_posix() for name in folders + files)
+    return found
 
 
 def is_empty_folder(path: Path) -> bool:
@@ -163,16 +181,38 @@ def is_empty_folder(path: Path) -> bool:
 
 
 def check_output(output: Path, overwrite: bool) -> None:
-    """Refuse an --output that is not new, an empty folder or (with `overwrite`) an earlier export."""
+    """Refuse an --output that is not new, an empty folder or (with `overwrite`) an earlier export
+    that holds nothing but its own files."""
+    if output.is_symlink():
+        raise ExportError(f"--output {output} is a symbolic link, which export.py refuses as --output; nothing was "
+                          f"changed: name a new or empty folder")
     if not os.path.lexists(output) or is_empty_folder(output):
         return
-    if is_export(output):
-        if not overwrite:
-            raise ExportError(f"{output} holds an earlier export; pass --overwrite to replace it")
-        return
-    what = "a symbolic link" if output.is_symlink() else "a folder" if output.is_dir() else "a file"
-    raise ExportError(f"--output {output} is {what} that export.py did not write (no {MARKER}); nothing was changed: "
-                      f"name a new or empty folder")
+    marker = export_marker(output)
+    if marker is None:
+        what = "a folder" if output.is_dir() else "a file"
+        raise ExportError(f"--output {output} is {what} that export.py did not write (no {MARKER}); nothing was "
+                          f"changed: name a new or empty folder")
+    if not overwrite:
+        raise ExportError(f"{output} holds an earlier export; pass --overwrite to replace it")
+    check_replaceable(output, marker)
+
+
+def check_replaceable(output: Path, marker: dict[str, Any]) -> None:
+    """Refuse to replace the export at `output` unless it holds only the files its marker lists."""
+    own = marker.get("files")
+    if not isinstance(own, list) or not all(isinstance(name, str) for name in own):
+        raise ExportError(f"{output} holds an earlier export whose {MARKER} does not list its files, so export.py "
+                          f"cannot tell them from yours; nothing was changed: move what you want to keep out of it "
+                          f"and remove it, or name another --output")
+    try:
+        extras = sorted(entries(output) - set(own) - {MARKER})
+    except OSError as error:
+        raise ExportError(f"cannot read {output}: {error.strerror or error}") from None
+    if extras:
+        more = f" and {len(extras) - SHOWN_EXTRAS} more" if len(extras) > SHOWN_EXTRAS else ""
+        raise ExportError(f"{output} holds an earlier export and {', '.join(extras[:SHOWN_EXTRAS])}{more}, which "
+                          f"export.py did not write; nothing was changed: move them out of it to replace it")
 
 
 def export_model(model: Transformer, config: dict[str, Any], tok_src: Any, tok_tgt: Any, output: Path,
@@ -203,7 +243,8 @@ def export_model(model: Transformer, config: dict[str, Any], tok_src: Any, tok_t
         atomic_write_bytes(staging / CT2_TARGET_TOKENIZER, tok_tgt.to_str().encode("utf-8"))
         project = {"checkpoint": checkpoint, "quantization": quantization, "config": config}
         atomic_write_bytes(staging / CT2_PROJECT_CONFIG, json.dumps(project, indent=1).encode("utf-8"))
-        atomic_write_bytes(staging / MARKER, json.dumps(MARKER_CONTENT, indent=1).encode("utf-8"))
+        marker = {"written_by": "export.py", "note": MARKER_NOTE, "files": sorted(entries(staging))}
+        atomic_write_bytes(staging / MARKER, json.dumps(marker, indent=1).encode("utf-8"))
         swap_in(staging, output, aside if overwrite else None)
     except BaseException as error:
         reason = f"cannot write {output}: {getattr(error, 'strerror', None) or error}"
@@ -219,13 +260,16 @@ def export_model(model: Transformer, config: dict[str, Any], tok_src: Any, tok_t
 
 def swap_in(staging: Path, output: Path, aside: Path | None) -> None:
     """Rename `staging` to `output`, which is new, an empty folder (rename() replaces it, and fails if
-    it is no longer empty) or, given `aside`, an earlier export: renamed there first, and back if the
-    new one cannot take its place."""
-    if aside is not None and is_export(output):
+    it is no longer empty) or, given `aside`, an earlier export: checked again (a file put in it
+    during the export is not lost), renamed there first, and back if the new one cannot take its
+    place or the rename is interrupted."""
+    marker = export_marker(output) if aside is not None else None
+    if marker is not None:
+        check_replaceable(output, marker)
         output.rename(aside)
     try:
         staging.rename(output)
-    except OSError:
+    except BaseException:
         if aside is not None and os.path.lexists(aside):
             aside.rename(output)
         raise
@@ -258,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ExportError) as error:
         print(f"export.py: error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"export.py: interrupted; nothing was written to {args.output}", file=sys.stderr)
+        return 130
     print(f"export.py: wrote {output} ({args.quantization}) from {source}", file=sys.stderr)
     return 0
 

@@ -3,11 +3,16 @@ decoding does (greedy and beam search, tokens and scores), in every architecture
 at least half a toy's greedy outputs; what cannot be represented is refused; translate.py and evaluate.py run it with
 --engine ctranslate2, and a missing or damaged model directory is one line. --output is never a folder
 or file export.py did not write: refused in one line, untouched; --overwrite replaces only an earlier
-export, which a failed export leaves as it was."""
+export holding nothing but the files its marker lists, which a failed or interrupted export leaves as
+it was."""
 from __future__ import annotations
 
 import errno
+import json
 import os
+import shutil
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -217,7 +222,7 @@ def test_an_output_export_py_did_not_write_is_refused_untouched(trained_run, tmp
     (tmp_path / "link").symlink_to(tmp_path / "empty")
     before = snapshot(tmp_path)
     cases = [(thesis, "is a folder that export.py did not write"), (thesis / "thesis.txt", "is a file that"),
-             (tmp_path / "link", "is a symbolic link that")]
+             (tmp_path / "link", "is a symbolic link, which export.py refuses as --output")]
     for output, message in cases:
         for overwrite in ([], ["--overwrite"]):
             code, out, err = run(capsys, export.main, experiment + ["--output", str(output), *overwrite])
@@ -225,7 +230,7 @@ def test_an_output_export_py_did_not_write_is_refused_untouched(trained_run, tmp
             assert snapshot(tmp_path) == before
     code, _, err = run(capsys, export.main, experiment + ["--output", str(tmp_path / "empty")])
     assert code == 0, err
-    assert export.is_export(tmp_path / "empty") and (tmp_path / "link" / "model.bin").is_file()
+    assert export.export_marker(tmp_path / "empty") and (tmp_path / "link" / "model.bin").is_file()
 
 
 def test_overwrite_replaces_only_an_earlier_export(trained_run, tmp_path: Path, capsys,
@@ -248,5 +253,74 @@ def test_overwrite_replaces_only_an_earlier_export(trained_run, tmp_path: Path, 
     assert snapshot(tmp_path) == earlier, "a failed export leaves the earlier one and nothing else"
     code, _, err = run(capsys, export.main, experiment + ["--overwrite"])
     assert code == 0, err
-    assert [p.name for p in tmp_path.iterdir()] == ["model"] and export.is_export(tmp_path / "model")
+    assert [p.name for p in tmp_path.iterdir()] == ["model"] and export.export_marker(tmp_path / "model")
     assert '"quantization": "int8"' in (tmp_path / "model" / "project.json").read_text(encoding="utf-8")
+
+
+def test_overwrite_never_removes_a_file_the_user_put_in_an_export(trained_run, tmp_path: Path, capsys,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tmp_path / "model"
+    experiment = ["--datasource", str(trained_run.datasource), "--model_folder", str(trained_run.model_folder),
+                  "--output", str(model), "--overwrite"]
+    assert run(capsys, export.main, experiment)[0] == 0
+    marker = json.loads((model / export.MARKER).read_text(encoding="utf-8"))
+    assert sorted(marker["files"] + [export.MARKER]) == sorted(p.name for p in model.iterdir())
+    (model / "notes.txt").write_text("what this model is for\n", encoding="utf-8")
+    (model / "plots").mkdir()
+    (model / "plots" / "bleu.png").write_bytes(b"png")
+    earlier = snapshot(tmp_path)
+    code, _, err = run(capsys, export.main, experiment)
+    assert code == 1 and len(err) == 1, err
+    assert f"{model} holds an earlier export and notes.txt, plots, plots/bleu.png, which export.py did not write" \
+        in err[0] and "move them out of it" in err[0]
+    assert snapshot(tmp_path) == earlier
+
+    (model / "notes.txt").unlink()
+    del marker["files"]  # what export.py cannot vouch for: an export whose marker lists no files
+    (model / export.MARKER).write_text(json.dumps(marker), encoding="utf-8")
+    earlier = snapshot(tmp_path)
+    code, _, err = run(capsys, export.main, experiment)
+    assert code == 1 and len(err) == 1 and "does not list its files, so export.py cannot tell them from yours" \
+        in err[0], err
+    assert snapshot(tmp_path) == earlier
+
+    shutil.rmtree(model)
+    assert run(capsys, export.main, experiment)[0] == 0
+    real_write = export.atomic_write_bytes
+
+    def user_writes_meanwhile(path: Path, data: bytes) -> str:
+        if path.name == export.MARKER:  # after --overwrite was checked, before the earlier export is replaced
+            (model / "notes.txt").write_text("written during the export\n", encoding="utf-8")
+        return real_write(path, data)
+
+    monkeypatch.setattr(export, "atomic_write_bytes", user_writes_meanwhile)
+    earlier = snapshot(tmp_path)
+    code, _, err = run(capsys, export.main, experiment)
+    assert code == 1 and len(err) == 1 and "and notes.txt, which export.py did not write" in err[0], err
+    assert snapshot(tmp_path) == {**earlier, "model/notes.txt": b"written during the export\n"}
+
+
+def test_ctrl_c_during_an_export_is_one_line_and_leaves_the_earlier_export(trained_run, tmp_path: Path, capsys,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    experiment = ["--datasource", str(trained_run.datasource), "--model_folder", str(trained_run.model_folder),
+                  "--output", str(tmp_path / "model"), "--overwrite"]
+    assert run(capsys, export.main, experiment)[0] == 0
+    earlier = snapshot(tmp_path)
+    real_write = export.atomic_write_bytes
+
+    def interrupted_at_the_marker(path: Path, data: bytes) -> str:
+        if path.name == export.MARKER:  # the new model is complete in its staging folder: Ctrl-C now
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(60)  # the signal's KeyboardInterrupt ends this at once
+        return real_write(path, data)
+
+    monkeypatch.setattr(export, "atomic_write_bytes", interrupted_at_the_marker)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code, out, err = run(capsys, export.main, experiment)
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped export.main as a KeyboardInterrupt")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert code == 130 and out == [] and err == [f"export.py: interrupted; nothing was written to {tmp_path / 'model'}"]
+    assert snapshot(tmp_path) == earlier, "the staging folder is removed and the earlier export left as it was"
