@@ -3,7 +3,8 @@
 `get_config()` returns the defaults (the paper's base model on the Hub's opus_books en->it).
 `parse_config(argv)` applies `--preset NAME`, then every `--key value` override (typed from the
 default), validates the result and exits with one line naming the key when something is wrong.
-Paths of run artefacts are derived here and nowhere else.
+Paths of run artefacts are derived here and nowhere else, and so are the training corpora that
+`datasource` names (`corpora`), their tags and a model's target languages.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import math
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,10 +21,14 @@ from typing import Any, Sequence
 def get_config() -> dict[str, Any]:
     """Defaults: the paper's base Transformer on Helsinki-NLP/opus_books, English to Italian."""
     return {
-        # data
+        # data: one corpus, or several as SOURCE[:WEIGHT[:TAG]],... (`corpora`); a SOURCE is a Hub id, a folder,
+        # a PREFIX of PREFIX.SRC + PREFIX.TGT, or a TSV file
         "datasource": "Helsinki-NLP/opus_books",
         "lang_src": "en",
-        "lang_tgt": "it",
+        "lang_tgt": "it",  # several joined with "+" (fr+it) for one model of several target languages
+        "valid_data": "",  # validation pairs given apart (a PREFIX or a TSV file); empty = the datasource's own
+        "test_data": "",  # test pairs given apart, likewise
+        "reserved_tags": "<BT>",  # tag tokens reserved in the tokenizers beside those the corpora carry
         "val_fraction": 0.05,  # only used when the source has a train split alone: carved from it,
         "test_fraction": 0.05,
         "val_max_pairs": 3000,  # ... each held-out split capped at this many pairs
@@ -83,6 +89,7 @@ def get_config() -> dict[str, Any]:
         "sampling_topp": 0.0,  # translate.py: sample from the smallest set reaching this probability (0 = off)
         "temperature": 1.0,  # sampling: divide the logits by this first
         "no_repeat_ngram_size": 0,  # never produce an n-gram of this size twice in one output; 0 = off
+        "target_lang": "",  # inference: the language a model of several target languages produces
         "val_beam_size": 1,  # validation decodes greedily unless raised
         "num_examples": 3,
         "early_stopping_patience": 0,  # validations without a better BLEU before stopping; 0 = never
@@ -137,12 +144,13 @@ PRESETS: dict[str, dict[str, Any]] = {
 # What a model is made of, with its tokenizers and language pair: --init_from takes these from its
 # checkpoint, and an explicit option that says otherwise is refused.
 MODEL_KEYS = ("lang_src", "lang_tgt", "tokenizer_type", "vocab_size", "min_frequency", "joint_vocab",
-              "d_model", "num_layers", "num_heads", "d_ff", "norm_first", "tie_embeddings")
+              "reserved_tags", "d_model", "num_layers", "num_heads", "d_ff", "norm_first", "tie_embeddings")
 
 # Keys that define what a checkpoint *is*: resuming with other values is refused.
 IDENTITY_KEYS = (
-    "datasource", "lang_src", "lang_tgt", "val_fraction", "test_fraction", "val_max_pairs", "test_max_pairs",
-    "seed", "tokenizer_type", "vocab_size", "min_frequency", "joint_vocab",
+    "datasource", "lang_src", "lang_tgt", "valid_data", "test_data", "val_fraction", "test_fraction",
+    "val_max_pairs", "test_max_pairs", "seed", "tokenizer_type", "vocab_size", "min_frequency", "joint_vocab",
+    "reserved_tags",
     "d_model", "num_layers", "num_heads", "d_ff", "norm_first", "tie_embeddings",
 )
 
@@ -284,8 +292,16 @@ def validate_config(config: dict[str, Any]) -> None:
         raise ConfigError("--val_fraction and --test_fraction must be in [0, 1) and leave training data")
     if config["tie_embeddings"] and not config["joint_vocab"]:
         raise ConfigError("--tie_embeddings needs --joint_vocab true: separate vocabularies cannot share weights")
-    if config["lang_src"] == config["lang_tgt"] or not config["lang_src"] or not config["lang_tgt"]:
-        raise ConfigError("--lang_src and --lang_tgt must be two different, non-empty language codes")
+    targets = target_languages(config)
+    if not config["lang_src"] or "" in targets or config["lang_src"] in targets or len(set(targets)) < len(targets):
+        raise ConfigError("--lang_src and --lang_tgt must be different, non-empty language codes (several targets "
+                          "joined with +, e.g. fr+it)")
+    if config["target_lang"] and config["target_lang"] not in targets:
+        raise ConfigError(f"--target_lang {config['target_lang']!r} is not a target language of this model "
+                          f"({', '.join(targets)})")
+    for tag in config["reserved_tags"].split(",") if config["reserved_tags"] else []:
+        if not TAG_PATTERN.fullmatch(tag):
+            raise ConfigError(f"--reserved_tags: {tag!r} is not a tag: write it as <NAME>, e.g. <BT>")
     if config["num_workers"] < -1:
         raise ConfigError(f"--num_workers must be -1 (auto) or more, got {config['num_workers']}")
     if config["sampling_topk"] < 0 or not 0 <= config["sampling_topp"] <= 1:
@@ -303,7 +319,8 @@ def validate_config(config: dict[str, Any]) -> None:
     if config["min_lr"] > config["lr"]:
         raise ConfigError(f"--min_lr {config['min_lr']} is above the peak --lr {config['lr']}")
     if not config["datasource"]:
-        raise ConfigError("--datasource must name a Hub dataset or a local folder")
+        raise ConfigError("--datasource must name a Hub dataset, a local folder, a PREFIX of parallel files or a TSV file")
+    corpora(config)  # raises on a malformed corpus list
     for key in ("serve_max_sentences", "serve_max_chars", "serve_max_body_bytes", "serve_max_beam_size",
                 "serve_batch_sentences", "serve_max_queued_work"):
         if config[key] < 1:
@@ -318,12 +335,88 @@ def validate_config(config: dict[str, Any]) -> None:
             raise ConfigError(f"--{key} must be a positive number of seconds, got {config[key]}")
 
 
+# A tag token: <BT> for back-translated pairs, <2fr> for "translate into French".
+TAG_PATTERN = re.compile(r"<[A-Za-z0-9_.-]+>")
+TARGET_TAG = re.compile(r"<2([A-Za-z0-9_-]+)>")
+COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz")
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """One training corpus of `datasource`: where it is, its sampling weight (round(weight x n) of its
+    n pairs each epoch), the tag its sources start with ("" = none), and the target language it is
+    read in (`lang_tgt`, or the language of its <2xx> tag in a model of several target languages)."""
+
+    source: str
+    weight: float
+    tag: str
+    lang_tgt: str
+
+
+def target_languages(config: dict[str, Any]) -> list[str]:
+    """The languages a model produces: `lang_tgt`, or its +-joined list (fr+it) for several."""
+    return config["lang_tgt"].split("+")
+
+
+def target_tag(lang: str) -> str:
+    """The source tag that asks a model of several target languages for `lang` (Johnson et al. 2017)."""
+    return f"<2{lang}>"
+
+
+def corpora(config: dict[str, Any]) -> list[Corpus]:
+    """The training corpora named by `datasource`: SOURCE[:WEIGHT[:TAG]] joined with commas. One
+    SOURCE alone is today's single corpus. In a model of several target languages (`lang_tgt` fr+it)
+    each corpus carries the <2xx> tag of the target language it is read in."""
+    targets = target_languages(config)
+    found = []
+    for entry in config["datasource"].split(","):
+        parts = entry.split(":")
+        if len(parts) > 3 or not parts[0].strip():
+            raise ConfigError(f"--datasource: {entry!r} is not SOURCE[:WEIGHT[:TAG]]")
+        source, weight, tag = (parts + ["", ""])[:3]
+        try:
+            number = float(weight) if weight else 1.0
+        except ValueError:
+            raise ConfigError(f"--datasource: the weight of {source!r} must be a number, got {weight!r}") from None
+        if not 0 < number < math.inf:
+            raise ConfigError(f"--datasource: the weight of {source!r} must be positive, got {weight!r}")
+        if tag and not TAG_PATTERN.fullmatch(tag):
+            raise ConfigError(f"--datasource: the tag of {source!r} must be written <NAME>, e.g. <BT>, got {tag!r}")
+        target = TARGET_TAG.fullmatch(tag)
+        if len(targets) > 1 and not (target and target.group(1) in targets):
+            raise ConfigError(f"--datasource: with several target languages ({config['lang_tgt']}) each corpus needs "
+                              f"the tag of its target language, one of {', '.join(map(target_tag, targets))}; "
+                              f"{source!r} has {tag or 'none'}")
+        found.append(Corpus(source.strip(), number, tag, target.group(1) if len(targets) > 1 else targets[0]))
+    return found
+
+
+def tokenizer_tags(config: dict[str, Any]) -> list[str]:
+    """The tag tokens reserved in a new run's tokenizers: `reserved_tags`, the target tags of a model of
+    several target languages, and every corpus tag, in that order, each once."""
+    tags = config["reserved_tags"].split(",") if config["reserved_tags"] else []
+    targets = target_languages(config)
+    if len(targets) > 1:
+        tags += [target_tag(lang) for lang in targets]
+    tags += [corpus.tag for corpus in corpora(config) if corpus.tag]
+    return list(dict.fromkeys(tags))
+
+
+def corpus_name(source: str) -> str:
+    """A short name of one corpus's SOURCE, for folder names: its last path part without the
+    compression and .tsv suffixes (corpora/europarl.tsv.gz -> europarl)."""
+    base = os.path.basename(os.path.normpath(source)) or "data"
+    for suffix in (*COMPRESSION_SUFFIXES, ".tsv"):
+        base = base.removesuffix(suffix)
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", base) or "data"
+
+
 def experiment_name(config: dict[str, Any]) -> str:
-    """`experiment_name`, or one derived from the datasource and the pair: opus_books_en-it."""
+    """`experiment_name`, or one derived from the corpora and the pair: opus_books_en-it,
+    europarl+news_en-it, europarl+news_en-fr+it."""
     if config["experiment_name"]:
         return config["experiment_name"]
-    base = os.path.basename(os.path.normpath(config["datasource"])) or "data"
-    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", base)
+    base = "+".join(dict.fromkeys(corpus_name(corpus.source) for corpus in corpora(config)))
     return f"{base}_{config['lang_src']}-{config['lang_tgt']}"
 
 
