@@ -28,6 +28,9 @@ causal self-attention and unpadded batches run on it. A padded batch's src_mask 
 `decode(..., cache=KVCache)` decodes incrementally: self-attention keys/values are appended per
 step and cross-attention keys/values are computed once per sentence.
 
+`train_flops` counts the matrix-product FLOPs of a training step at this architecture's shapes
+(benchmarks/bench.py's fraction of peak, train.py's CPU epoch estimate).
+
 The matrix products and dropout go through cpu_kernels.py, which takes faster routes on CPU and is
 exactly torch's ops elsewhere; self-attention computes Q, K and V with one matrix product over the
 concatenated w_q, w_k, w_v (cross-attention: K and V over w_k, w_v).
@@ -358,6 +361,23 @@ def build_model(config: dict, src_vocab_size: int, tgt_vocab_size: int) -> Trans
                              d_model=config["d_model"], N=config["num_layers"], h=config["num_heads"],
                              dropout=config["dropout"], d_ff=config["d_ff"], norm_first=config["norm_first"],
                              tie_embeddings=config["tie_embeddings"])
+
+
+def train_flops(batch: int, src_len: int, tgt_len: int, config: dict, tgt_vocab: int) -> int:
+    """FLOPs of one training step on a batch padded to (src_len, tgt_len): multiply-adds of every
+    matrix product at the shapes computed (padding included), x 2 FLOPs, x 3 for forward, input
+    gradients and weight gradients. Per sentence, with S = src_len, T = tgt_len, d = d_model:
+    encoder layer 4Sd^2 (Q, K, V, output) + 2S^2 d (Q K^T and weights @ V) + 2Sd d_ff (feed-forward);
+    decoder layer 4Td^2 + 2T^2 d (masked self-attention, computed in full) + 2Td^2 + 2Sd^2
+    (cross-attention: Q and output from the target, K and V from the source) + 2TSd + 2Td d_ff;
+    projection T d V_tgt. Embedding lookups, LayerNorm, softmax, dropout and the loss are not
+    counted (tests/test_bench.py checks the count against torch's FlopCounterMode)."""
+    d, d_ff, layers = config["d_model"], config["d_ff"], config["num_layers"]
+    s, t = src_len, tgt_len
+    encoder = 4 * s * d * d + 2 * s * s * d + 2 * s * d * d_ff
+    decoder = 4 * t * d * d + 2 * t * t * d + 2 * t * d * d + 2 * s * d * d + 2 * t * s * d + 2 * t * d * d_ff
+    multiply_adds = layers * (encoder + decoder) + t * d * tgt_vocab
+    return 3 * 2 * batch * multiply_adds
 
 
 def causal_mask(size: int, device: torch.device | None = None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The numeric precision of a run: one rule, asked by train.py and bench.py, decided nowhere else.
+"""The numeric precision of a run: one rule, asked by train.py and benchmarks/bench.py, decided nowhere else.
 
 - `amp_dtype`: `--amp auto` is bf16 on CUDA GPUs that have it natively (compute capability 8.0 and
   up: A100, H100, RTX 30xx/40xx), fp16 with a GradScaler on older CUDA GPUs (V100 sm_70, T4 sm_75:

@@ -11,7 +11,8 @@ The run reads top to bottom, one named phase after another:
 3. `Trainer.train_epoch`: forward and backward of each micro-batch (AMP, gradient accumulation);
    `Trainer.optimizer_step` after the last micro-batch of each step (clipping, skipping a non-finite
    step, an fp16 overflow included); then `Trainer.stop_decision` (max_steps, max_minutes, a signal,
-   too many non-finite steps in a row). precision.py decides autocast, the loss scaler and TF32.
+   too many non-finite steps in a row). precision.py decides autocast, the loss scaler and TF32;
+   optimizer.py builds AdamW and its learning-rate schedule.
 4. `Trainer.end_of_epoch`: validation, early stopping and a checkpoint, at each epoch's end and
    when training stops.
 Checkpoints are also written every `save_every_steps`, and on SIGINT/SIGTERM.
@@ -25,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
-import math
 import os
 import signal
 import sys
@@ -51,7 +51,8 @@ from cpu_kernels import keep_freed_memory, linear
 from dataset import BatchPlan, BilingualDataset, DataError, MicroBatches, log, padding_waste
 from device import pick_device
 from loss import loss_sum
-from model import Transformer, build_model
+from model import Transformer, build_model, train_flops
+from optimizer import build_optimizer, lr_factor
 from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
 from scoring import corpus_scores
 from store import TextStore, TokenStore, text_store, token_store
@@ -62,48 +63,11 @@ from translator import DecodingOptions, TorchTranslator
 
 # ---------------------------------------------------------------------------- the parts of a run
 
-def build_optimizer(model: torch.nn.Module, config: dict[str, Any]) -> torch.optim.Optimizer:
-    """AdamW; weight decay on weight matrices only, never on biases, LayerNorms or embeddings."""
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    decay = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in embeddings]
-    no_decay = [p for p in model.parameters() if p.dim() < 2 or id(p) in embeddings]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": config["weight_decay"]},
-                              {"params": no_decay, "weight_decay": 0.0}],
-                             lr=config["lr"], betas=(config["adam_beta1"], config["adam_beta2"]),
-                             eps=config["adam_eps"])
-
-
-def lr_factor(step: int, config: dict[str, Any], total_steps: int) -> float:
-    """Multiplier of the peak lr after `step` optimizer steps: linear warmup, then the paper's
-    inverse square root (from the first step when there is no warmup), or a cosine decay to
-    min_lr at `total_steps`."""
-    step += 1
-    warmup = config["warmup_steps"]
-    if warmup and step < warmup:
-        return step / warmup
-    if config["lr_schedule"] == "inverse_sqrt":
-        return math.sqrt(max(warmup, 1) / step)
-    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-    floor = config["min_lr"] / config["lr"]
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def train_flops(batch: int, src_len: int, tgt_len: int, config: dict[str, Any], tgt_vocab: int) -> int:
-    """FLOPs of one training step (forward, input and weight gradients: x3) on a batch padded to
-    (src_len, tgt_len): the matrix products only, at the shapes computed (bench.py documents the count)."""
-    d, d_ff, layers = config["d_model"], config["d_ff"], config["num_layers"]
-    s, t = src_len, tgt_len
-    encoder = 4 * s * d * d + 2 * s * s * d + 2 * s * d * d_ff
-    decoder = 4 * t * d * d + 2 * t * t * d + 2 * t * d * d + 2 * s * d * d + 2 * t * s * d + 2 * t * d * d_ff
-    multiply_adds = layers * (encoder + decoder) + t * d * tgt_vocab
-    return 3 * 2 * batch * multiply_adds
-
-
 def cpu_epoch_estimate(config: dict[str, Any], batches: list[np.ndarray], dataset: BilingualDataset,
                        tgt_vocab: int) -> float:
     """Roughly how many seconds one epoch takes on this CPU: the epoch's FLOPs over half the
     GFLOP/s of the model's own matrix product, timed here in about a tenth of a second (whole
-    training steps reach about 50-60% of it at the paper-base size; bench.py)."""
+    training steps reach about 50-60% of it at the paper-base size; benchmarks/bench.py)."""
     flops = sum(train_flops(len(b), int(dataset.src_lens[b].max()), int(dataset.tgt_lens[b].max()), config,
                             tgt_vocab) for b in batches)
     rows, width = 1024, config["d_model"]

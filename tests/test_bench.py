@@ -1,5 +1,5 @@
-"""bench.py: its FLOP count agrees with torch's counter, its baselines compute what they claim,
-and a --quick run reports every figure."""
+"""benchmarks/bench.py: the FLOP count it reports by (model.train_flops) agrees with torch's counter,
+its baselines compute what they claim, and a --quick run reports every figure."""
 from __future__ import annotations
 
 import json
@@ -12,10 +12,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.testing import assert_close
 from torch.utils.flop_counter import FlopCounterMode
 
-import bench
 import cpu_kernels
+from benchmarks import bench
 from config import PRESETS, get_config
-from model import MultiHeadAttention, build_model, causal_mask
+from model import MultiHeadAttention, build_model, causal_mask, train_flops
 from tokenizer import PAD_ID
 
 
@@ -50,7 +50,7 @@ def padded_batch(lengths: list[tuple[int, int]], vocab: int, seed: int = 0) -> d
 def test_train_flops_hand_count() -> None:
     config = {"d_model": 4, "d_ff": 8, "num_layers": 1}
     # batch 2, S 3, T 5, V 10: encoder 456, decoder 1216, projection 200 multiply-adds per sentence
-    assert bench.train_flops(2, 3, 5, config, 10) == 3 * 2 * 2 * (456 + 1216 + 200)
+    assert train_flops(2, 3, 5, config, 10) == 3 * 2 * 2 * (456 + 1216 + 200)
 
 
 def test_train_flops_equals_torch_flop_counter(tiny_config: dict, stock_kernels: None) -> None:
@@ -61,7 +61,7 @@ def test_train_flops_equals_torch_flop_counter(tiny_config: dict, stock_kernels:
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         logits = net(batch["src"], batch["tgt"], batch["src_mask"], batch["tgt_mask"])
         logits.sum().backward()
-    expected = bench.train_flops(3, 6, 7, tiny_config, 40)
+    expected = train_flops(3, 6, 7, tiny_config, 40)
     assert counter.get_total_flops() == expected
 
 
@@ -69,9 +69,9 @@ def test_real_flops_count_each_sentence_at_its_own_lengths() -> None:
     config = {"d_model": 4, "d_ff": 8, "num_layers": 1}
     batch = padded_batch([(3, 5), (2, 1)], 10)
     batch = {"encoder_input": batch["src"], "decoder_input": batch["tgt"]}
-    assert bench.real_flops(batch, config, 10) == bench.train_flops(1, 3, 5, config, 10) + \
-        bench.train_flops(1, 2, 1, config, 10)
-    assert bench.real_flops(batch, config, 10) < bench.train_flops(2, 3, 5, config, 10)
+    assert bench.real_flops(batch, config, 10) == train_flops(1, 3, 5, config, 10) + \
+        train_flops(1, 2, 1, config, 10)
+    assert bench.real_flops(batch, config, 10) < train_flops(2, 3, 5, config, 10)
 
 
 def test_tutorial_attention_is_the_project_attention() -> None:

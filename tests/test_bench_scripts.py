@@ -1,6 +1,6 @@
-"""bench_data.py and bench_translate.py, on small data: the corpus bench_data writes is what it says
-(opus_books-shaped, train only, distinct pairs), and a bench_translate child measures and reports
-what the engine translated."""
+"""benchmarks/bench_data.py and benchmarks/bench_translate.py, on small data: the corpus bench_data
+writes is what it says (opus_books-shaped, train only, distinct pairs), and a bench_translate child
+measures and reports what the engine translated."""
 from __future__ import annotations
 
 import argparse
@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import bench_data
-import bench_translate
+from benchmarks import bench_data, bench_translate
 from config import get_config
 from dataset import open_source, read_pairs
 from synthetic_data import synthetic_pairs, write_hub_dataset

@@ -8,11 +8,11 @@ import re
 import pytest
 import torch
 
-import bench
 import device
 import evaluate
 import train
 import translate
+from benchmarks import bench
 from config import ConfigError
 from device import pick_device
 

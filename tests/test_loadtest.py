@@ -1,4 +1,4 @@
-"""loadtest.py: a short closed-loop and a short open-loop run against the tiny model on loopback
+"""benchmarks/loadtest.py: a short closed-loop and a short open-loop run against the tiny model on loopback
 answer every request and their reports add up (pinning and server memory included); every kind of
 answer of a stand-in server is counted as what it is, and any but 200 and 503 with Retry-After
 fails the run; percentiles by nearest rank, the memory slope after the warm-up, seeded arrivals."""
@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import pytest
 
-import loadtest
+from benchmarks import loadtest
 
 
 def test_report_adds_up(trained_run, capsys: pytest.CaptureFixture) -> None:

@@ -27,8 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import export
 import serve
+from benchmarks.loadtest import ROOT, ServerProcess
 from config import get_config
-from loadtest import ROOT, ServerProcess
 from serve import ApiError, Batcher
 from translator import DecodingOptions, TorchTranslator
 

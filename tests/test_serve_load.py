@@ -33,8 +33,8 @@ from typing import Any, Callable, Iterator
 import pytest
 from starlette.requests import Request
 
+from benchmarks.loadtest import ROOT, ServerProcess
 from config import get_config
-from loadtest import ROOT, ServerProcess
 from serve import WARM_UP, ApiError, Service
 from test_serve import AUTHORIZED, KEY, SENTENCES, exchange, metrics
 from test_serve import checkpoint, translator  # noqa: F401  (fixtures, shared with test_serve.py)

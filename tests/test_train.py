@@ -25,6 +25,7 @@ from config import parse_config, validate_config, weights_dir
 from store import text_store, token_store
 from synthetic_data import synthetic_pairs, write_hub_dataset
 from loss import loss_sum
+from optimizer import lr_factor
 from scoring import corpus_scores
 from tokenizer import PAD_ID, tokenizer_from_json
 from translator import DecodingOptions, TorchTranslator
@@ -279,7 +280,7 @@ def test_other_optimizer_settings_on_resume_are_applied_and_logged(stopped_mid_e
     decay, no_decay = state["optimizer"]["param_groups"]
     assert decay["betas"] == no_decay["betas"] == (0.9, 0.99)
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.01, 0.0)
-    assert decay["lr"] == pytest.approx(5e-3 * train.lr_factor(6, config, config["max_steps"]))
+    assert decay["lr"] == pytest.approx(5e-3 * lr_factor(6, config, config["max_steps"]))
 
 
 def test_other_accum_steps_mid_epoch_resume_at_the_next_batch(stopped_mid_epoch: list[str],

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from loadtest import ServerProcess
+from benchmarks.loadtest import ServerProcess
 from translator import DecodingOptions, TorchTranslator
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -1,7 +1,7 @@
 """Data benchmark: preparing corpora of millions of pairs, and restarting on them.
 
-    python bench_data.py [--sizes 100000,1000000,4000000] [--source ../shared/data/tatoeba] [--json]
-                         [--before CHECKOUT]
+    python benchmarks/bench_data.py [--sizes 100000,1000000,4000000] [--source ../shared/data/tatoeba] [--json]
+                                    [--before CHECKOUT]
 
 For each size it writes an opus_books-shaped folder (parquet, one `en-it` config, only a train
 split, `id` and `translation` columns) whose pairs each join two or three random training pairs of
@@ -34,7 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python benchmarks/bench_data.py` puts only this folder on the path
+    sys.path.insert(0, str(ROOT))
 PREPARED_LINE = "steps per epoch"
 
 
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep and args.work is None:
             shutil.rmtree(work, ignore_errors=True)  # made above by mkdtemp
-    result = {"command": " ".join(["python", "bench_data.py", *sys.argv[1:]]), "rows": rows}
+    result = {"command": " ".join(["python", "benchmarks/bench_data.py", *sys.argv[1:]]), "rows": rows}
     print(json.dumps(result, indent=1) if args.json else table(rows))
     return 0
 

@@ -1,6 +1,6 @@
 """Speed benchmark: this project's Transformer against the tutorial way and torch.nn.Transformer.
 
-    python bench.py [--datasource FOLDER] [--json] [--quick] [--device auto|cpu|cuda]
+    python benchmarks/bench.py [--datasource FOLDER] [--json] [--quick] [--device auto|cpu|cuda]
 
 One process, one device, one run. Prints a table (or with --json one JSON object) on stdout and
 its progress on stderr. The phases, in order:
@@ -13,8 +13,9 @@ its progress on stderr. The phases, in order:
    mean about 30 tokens, about 1% past 100). The model's vocabularies are those of the
    tokenizers or 8000 (source) and 10000 (target), whichever is larger.
 3. Training, at the paper-base size of config.py (d_model 512, 6+6 layers, 8 heads, d_ff 2048):
-   forward, summed label-smoothed loss (`train.loss_sum`), backward, gradient clipping and an
-   AdamW step (`train.build_optimizer`), as train.py does it. This project's model and
+   forward, summed label-smoothed loss (`loss.loss_sum`), backward, gradient clipping and an
+   AdamW step (`optimizer.build_optimizer`), as train.py does it, under the autocast dtype that
+   precision.py chooses for the device. This project's model and
    `torch.nn.Transformer` (same sizes, the same sinusoidal embeddings, `nn.Linear` projection,
    PyTorch's own kernels throughout) train on the identical batches of the project's batching
    (`dataset.BatchPlan`, token budget `batch_tokens`): warm-up steps on the batch with the most
@@ -34,13 +35,8 @@ its progress on stderr. The phases, in order:
    through /proc/self/clear_refs (after returning freed memory with malloc_trim), so each phase's
    figure is the whole process's peak during that phase; on CUDA `torch.cuda.max_memory_allocated`.
 
-Counting FLOPs (`train.train_flops`): multiply-adds of every matrix product, at the padded shapes that
-are computed (padding included), x 2 FLOPs, x 3 for training (forward, input gradients, weight
-gradients). Per sentence of padded lengths S (source) and T (target), d = d_model:
-encoder layer 4Sd^2 (Q, K, V, output) + 2S^2 d (Q K^T and weights @ V) + 2Sd d_ff (feed-forward);
-decoder layer 4Td^2 + 2T^2 d (masked self-attention, computed in full) + 2Td^2 + 2Sd^2
-(cross-attention: Q and output from the target, K and V from the source) + 2TSd + 2Td d_ff;
-projection T d V_tgt. Embedding lookups, LayerNorm, softmax, dropout and the loss are not counted.
+FLOPs are counted by `model.train_flops` (its docstring gives the count): the matrix products at
+the padded shapes that are computed, forward and backward.
 "% peak" is this count per second over the matmul peak: how well the hardware is used. "real %"
 counts each sentence at its own lengths instead (`real_flops`): the padding computed is not
 useful work, and this figure is lower by about the padding share.
@@ -66,16 +62,21 @@ import numpy as np
 import torch
 from torch import nn
 
-import cpu_kernels
-from config import PRESETS, ConfigError, get_config
-from dataset import BatchPlan, BilingualDataset, DataError, open_source, padding_waste, read_pairs
-from decoding import greedy_decode, max_output_tokens
-from model import PositionalEncoding, build_model
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, TokenizerError, decode_ids, train_tokenizer
-from device import pick_device
-from loss import loss_sum
-from train import amp_dtype, build_optimizer, train_flops
-from translator import DecodingOptions, TorchTranslator
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python benchmarks/bench.py` puts only this folder on the path
+    sys.path.insert(0, str(ROOT))
+
+import cpu_kernels  # noqa: E402  (the project's modules need the sys.path entry above)
+from config import PRESETS, ConfigError, get_config  # noqa: E402
+from dataset import BatchPlan, BilingualDataset, DataError, open_source, padding_waste, read_pairs  # noqa: E402
+from decoding import greedy_decode, max_output_tokens  # noqa: E402
+from device import pick_device  # noqa: E402
+from loss import loss_sum  # noqa: E402
+from model import PositionalEncoding, build_model, train_flops  # noqa: E402
+from optimizer import build_optimizer  # noqa: E402
+from precision import amp_dtype, autocast_context  # noqa: E402
+from tokenizer import EOS_ID, PAD_ID, SOS_ID, TokenizerError, decode_ids, train_tokenizer  # noqa: E402
+from translator import DecodingOptions, TorchTranslator  # noqa: E402
 
 VOCAB_FLOOR = (8000, 10000)  # opus_books-sized vocabularies (source, target)
 TUTORIAL_SEQ_LEN = 350
@@ -412,8 +413,7 @@ def tutorial_batch(dataset: BilingualDataset, indices: Sequence[int], seq_len: i
 def project_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
                  config: dict[str, Any], dtype: torch.dtype | None, device: torch.device) -> None:
     """One optimizer step the way train.py takes it (one micro-batch, no DDP)."""
-    autocast = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
-    with autocast:
+    with autocast_context(device, dtype):
         logits = model(batch["encoder_input"], batch["decoder_input"], batch.get("src_mask"))
     summed = loss_sum(logits, batch["label"], config["label_smoothing"])
     del logits
@@ -594,7 +594,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     settings = bench_settings(args.quick)
     config = settings["config"]
     result: dict[str, Any] = {
-        "command": " ".join(["python", "bench.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "benchmarks/bench.py", *sys.argv[1:]]),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
         f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
         "torch": torch.__version__, "quick": args.quick,

@@ -1,7 +1,7 @@
 """Translation speed and quality of the two engines, on one split, in one run.
 
-    python bench_translate.py --datasource ../shared/data/tatoeba [--split test]
-                              [--experiment_name NAME | --checkpoint PATH] [--json]
+    python benchmarks/bench_translate.py --datasource ../shared/data/tatoeba [--split test]
+                                         [--experiment_name NAME | --checkpoint PATH] [--json]
 
 The checkpoint (found like translate.py finds it) is exported by export.py to CTranslate2 in
 float32 and int8 (temporary folders). Then each engine translates every source sentence of the
@@ -28,11 +28,15 @@ from typing import Any
 
 import torch
 
-from checkpoint import CheckpointError, load_for_inference
-from config import build_parser, config_or_exit, weights_dir
-from dataset import DataError
-from evaluate import load_eval_pairs
-from scoring import corpus_scores
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python benchmarks/bench_translate.py` puts only this folder on the path
+    sys.path.insert(0, str(ROOT))
+
+from checkpoint import CheckpointError, load_for_inference  # noqa: E402  (needs the sys.path entry above)
+from config import build_parser, config_or_exit, weights_dir  # noqa: E402
+from dataset import DataError  # noqa: E402
+from evaluate import load_eval_pairs  # noqa: E402
+from scoring import corpus_scores  # noqa: E402
 
 CONFIGURATIONS = [(engine, beam) for engine in ("pytorch", "ctranslate2 float32", "ctranslate2 int8")
                   for beam in (1, 5)]
@@ -113,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     sources, references = [p[0] for p in pairs], [p[1] for p in pairs]
     common = [arg for arg in (argv if argv is not None else sys.argv[1:]) if arg != "--json"]
-    result: dict[str, Any] = {"command": " ".join(["python", "bench_translate.py", *sys.argv[1:]]),
+    result: dict[str, Any] = {"command": " ".join(["python", "benchmarks/bench_translate.py", *sys.argv[1:]]),
                               "model": str(path), "split": f"{config['datasource']} {args.split}",
                               "sentences": len(sources), "length_penalty": config["length_penalty"],
                               "threads": torch.get_num_threads(), "rows": []}

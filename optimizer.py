@@ -1,0 +1,40 @@
+"""The optimizer and the learning-rate schedule of a training run (train.py; benchmarks/bench.py
+steps the same optimizer).
+
+- `build_optimizer`: AdamW with the config's lr, betas and eps; weight decay on weight matrices only.
+- `lr_factor`: the multiplier of the peak lr after a number of optimizer steps: linear warmup, then
+  the paper's inverse square root (`--lr_schedule inverse_sqrt`) or a cosine decay to `--min_lr`
+  at the run's last step (`cosine`). train.py wraps it in a `LambdaLR`, which a checkpoint saves.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+def build_optimizer(model: torch.nn.Module, config: dict[str, Any]) -> torch.optim.Optimizer:
+    """AdamW; weight decay on weight matrices only, never on biases, LayerNorms or embeddings."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    decay = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in embeddings]
+    no_decay = [p for p in model.parameters() if p.dim() < 2 or id(p) in embeddings]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": config["weight_decay"]},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=config["lr"], betas=(config["adam_beta1"], config["adam_beta2"]),
+                             eps=config["adam_eps"])
+
+
+def lr_factor(step: int, config: dict[str, Any], total_steps: int) -> float:
+    """Multiplier of the peak lr after `step` optimizer steps: linear warmup, then the paper's
+    inverse square root (from the first step when there is no warmup), or a cosine decay to
+    min_lr at `total_steps`."""
+    step += 1
+    warmup = config["warmup_steps"]
+    if warmup and step < warmup:
+        return step / warmup
+    if config["lr_schedule"] == "inverse_sqrt":
+        return math.sqrt(max(warmup, 1) / step)
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    floor = config["min_lr"] / config["lr"]
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
