@@ -176,13 +176,14 @@ _END = object()  # what zip_longest gives for the missing lines of the shorter f
 
 def _text_lines(path: str) -> Iterator[str | None]:
     """The lines of a plain or compressed file, ended by "\\n" alone (not str.splitlines, which also
-    ends one at U+2028, a form feed and the like inside a sentence), without a "\\r" before it or a
-    UTF-8 BOM at the start of the file; None for a line that is not valid UTF-8. A file that cannot
-    be read or decompressed, also halfway through, is one DataError line naming it."""
+    ends one at U+2028, a form feed and the like inside a sentence), without it or a UTF-8 BOM at the
+    start of the file (the "\\r" of Windows line endings goes with the whitespace pair_of strips);
+    None for a line that is not valid UTF-8. A file that cannot be read or decompressed, also
+    halfway through, is one DataError line naming it."""
     try:
         with OPENERS.get(os.path.splitext(path)[1], open)(path, "rb") as handle:
             for number, line in enumerate(handle):
-                line = line.removesuffix(b"\n").removesuffix(b"\r")
+                line = line.removesuffix(b"\n")
                 try:
                     yield (line.removeprefix(BOM) if number == 0 else line).decode("utf-8")
                 except UnicodeDecodeError:
