@@ -252,14 +252,17 @@ def _compressed(path: str) -> list[str]:
     return [path, *(path + suffix for suffix in OPENERS)]
 
 
+def _uncompressed_name(path: str) -> str:
+    """`path` without a compression suffix: corpus.tsv.gz -> corpus.tsv."""
+    stem, suffix = os.path.splitext(path)
+    return stem if suffix in OPENERS else path
+
+
 def tsv_languages(path: str, lang_src: str, lang_tgt: str) -> tuple[str, str]:
     """The languages of a TSV file's two columns: those its name gives (corpus.it-en.tsv: Italian,
     then English), so that one file serves both directions, else the run's source then target. A
     name that gives a pair sharing one language with the run's but not both is refused."""
-    stem = os.path.basename(path)
-    for suffix in OPENERS:
-        stem = stem.removesuffix(suffix)
-    stem = stem.removesuffix(".tsv")
+    stem = os.path.basename(_uncompressed_name(path)).removesuffix(".tsv")
     named = stem.rsplit(".", 1)[-1].split("-") if "." in stem else []
     if len(named) != 2 or not {lang_src, lang_tgt} & set(named):
         return lang_src, lang_tgt
@@ -308,6 +311,9 @@ def _plain_source(datasource: str, pair: str, parts: dict[str, PlainSplit]) -> S
 
 
 def _tried(datasource: str, lang_src: str, lang_tgt: str) -> str:
+    """The local files a datasource that names none was looked for as, in words."""
+    if _uncompressed_name(datasource).endswith(".tsv"):
+        return f"no file {datasource}"
     return (f"tried the folder {datasource}, {datasource}.tsv and {datasource}.{lang_src} + "
             f"{datasource}.{lang_tgt} (each also {', '.join(OPENERS)})")
 
@@ -329,9 +335,7 @@ def _local_plain_source(datasource: str, pair: str) -> Source | None:
     if os.path.isdir(datasource):
         parts = _folder_splits(datasource, lang_src, lang_tgt)
     elif os.path.isfile(datasource):
-        name = datasource
-        for suffix in OPENERS:
-            name = name.removesuffix(suffix)
+        name = _uncompressed_name(datasource)
         if name.endswith((f".{lang_src}", f".{lang_tgt}")):
             raise DataError(f"{datasource} is one side of a parallel pair: name its PREFIX, "
                             f"--datasource {name.rsplit('.', 1)[0]}")

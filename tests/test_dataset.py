@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import dataset
-from config import get_config
+from config import COMPRESSION_SUFFIXES, get_config
 from dataset import (PLAIN_SPLIT, BatchPlan, BilingualDataset, DataError, MicroBatches, carve, open_source, pair_of,
                      padding_waste, read_all_pairs, read_pairs, text_hash, token_batches)
 from store import text_store
@@ -268,6 +268,14 @@ def test_missing_and_ambiguous_files_are_one_line(tmp_path: Path, monkeypatch: p
                                         r"corpora/europarl, corpora/europarl.tsv and corpora/europarl.en \+ "
                                         r"corpora/europarl.it \(each also .gz, .bz2, .xz\)$"):
         open_source("corpora/europarl", "en-it")
+    with pytest.raises(DataError, match=r"^datasource 'opus.tsv.gz' does not exist: no file opus.tsv.gz$"):
+        open_source("opus.tsv.gz", "en-it")
+    with pytest.raises(DataError, match=r"^notes.txt is a file but not a TSV file"):
+        open_source(write_lines(Path("notes.txt"), ["Hello."]).name, "en-it")
+
+
+def test_every_compression_a_corpus_name_drops_is_read() -> None:
+    assert set(dataset.OPENERS) == set(COMPRESSION_SUFFIXES)
 
 
 def test_local_files_win_over_a_hub_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
