@@ -412,7 +412,8 @@ def load_for_inference(path: Path | None, folder: Path, device: torch.device, av
         found = load_latest(folder)
         if found is None:
             raise CheckpointError(f"no usable checkpoint in {folder}; train one with train.py (same --datasource, "
-                                  f"--lang_src, --lang_tgt) or pass --checkpoint PATH")
+                                  f"--lang_src, --lang_tgt: all the target languages of a model of several, as in "
+                                  f"--lang_tgt fr+it, with --target_lang fr to choose one) or pass --checkpoint PATH")
         path, state = found
         average = current_average(folder, path)
         if average is not None:

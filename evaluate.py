@@ -9,7 +9,9 @@ The model is found like translate.py finds it: the newest good checkpoint of the
 data set, for example the out-of-domain ../shared/data/flores200_devtest, name the model's
 experiment with --experiment_name tatoeba_en-it, or pass --checkpoint PATH. --average N averages the
 weights of the N newest checkpoints (ending at --checkpoint when given) first. With
-`--engine ctranslate2 --model_dir DIR` the model is one exported by export.py.
+`--engine ctranslate2 --model_dir DIR` the model is one exported by export.py. A model of several
+target languages (`--lang_tgt fr+it`) is scored on one of them, `--target_lang fr` (required then):
+the split is read in the pair lang_src-fr and every source gets the tag <2fr>.
 
 A split the source has (flores200_devtest and newstest2009 have only `test`) is used as it is; a
 validation or test split the source lacks is the one training carved out of train (store.py), with
@@ -32,11 +34,13 @@ from store import text_store
 from translator import DecodingOptions, TranslatorError, add_translator_arguments, load_translator
 
 
-def load_eval_pairs(datasource: str, split: str, model_config: dict[str, Any], store_folder: str) -> list[Pair]:
-    """The pairs of `split` in the model's language pair. A split the source has is read as it is;
-    a validation or test split it lacks comes from the text store training used (store.py), carved
-    with the model's seed and settings, so it is exactly the split training held out."""
-    lang_src, lang_tgt = model_config["lang_src"], model_config["lang_tgt"]
+def load_eval_pairs(datasource: str, split: str, model_config: dict[str, Any], store_folder: str,
+                    lang_tgt: str = "") -> list[Pair]:
+    """The pairs of `split` from the model's source language into `lang_tgt`, one of its target
+    languages ("": its only one). A split the source has is read as it is; a validation or test
+    split it lacks comes from the text store training used (store.py), carved with the model's seed
+    and settings, so it is exactly the split training held out."""
+    lang_src, lang_tgt = model_config["lang_src"], lang_tgt or model_config["lang_tgt"]
     source = open_source(datasource, f"{lang_src}-{lang_tgt}")
     if split in source.splits and split != "train":
         pairs = [pair for batch in read_pairs(source, split, lang_src, lang_tgt) for pair in batch]
@@ -49,13 +53,14 @@ def load_eval_pairs(datasource: str, split: str, model_config: dict[str, Any], s
     return pairs
 
 
-def default_output(config: dict[str, Any], model: Path, average: int, split: str, engine: str) -> Path:
-    """runs/<the model's experiment>/<data>.<split>.<checkpoint>[.avgN][.ctranslate2].beamK.<tgt>,
-    `model` being the checkpoint file or the exported model directory."""
+def default_output(config: dict[str, Any], model: Path, average: int, split: str, engine: str, lang_tgt: str) -> Path:
+    """runs/<the model's experiment>/<data>.<split>.<checkpoint>[.avgN][.ctranslate2].beamK.<lang_tgt>,
+    `model` being the checkpoint file or the exported model directory, `lang_tgt` the language
+    translated into."""
     data = re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.basename(os.path.normpath(config["datasource"]))) or "data"
     engine_part = "" if engine == "pytorch" else f".{engine}"
     name = f"{data}.{split}.{model.stem}{f'.avg{average}' if average > 1 else ''}{engine_part}" \
-           f".beam{config['beam_size']}.{config['lang_tgt']}"
+           f".beam{config['beam_size']}.{lang_tgt}"
     return Path(config["runs_folder"]) / model.parent.name / name
 
 
@@ -70,7 +75,7 @@ def build_evaluate_parser() -> argparse.ArgumentParser:
     add_translator_arguments(parser)
     parser.add_argument("--output", type=Path, default=None,
                         help="file for the translations; if not given, <runs_folder>/<the checkpoint's experiment>/"
-                             "<data>.<split>.<checkpoint>[.avgN].beam<K>.<lang_tgt>")
+                             "<data>.<split>.<checkpoint>[.avgN].beam<K>.<the target language>")
     return parser
 
 
@@ -81,26 +86,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = DecodingOptions.from_config(config)
         translator = load_translator(args, config)
-        model_config = translator.model_config
-        for key in ("lang_src", "lang_tgt"):
-            if getattr(args, key) is not None and getattr(args, key) != model_config[key]:
-                raise DataError(f"--{key} {getattr(args, key)} does not match the model's {model_config[key]}")
-        pairs = load_eval_pairs(config["datasource"], args.split, model_config, config["store_folder"])
+        target = translator.target_language(options.target_lang)
+        pairs = load_eval_pairs(config["datasource"], args.split, translator.model_config, config["store_folder"],
+                                target)
     except ConfigError as error:
         parser.error(str(error))
     except (CheckpointError, TranslatorError, DataError) as error:
         print(f"evaluate.py: error: {error}", file=sys.stderr)
         return 1
     log(f"evaluate.py: {translator.source}: translating {len(pairs)} sentences of {config['datasource']} "
-        f"{args.split} with beam size {config['beam_size']}")
+        f"{args.split} into {target} with beam size {config['beam_size']}")
 
     sources, references = [p[0] for p in pairs], [p[1] for p in pairs]
     translations = translator.translate_best(sources, options)
     # One line per sentence in the file (any line break a model might emit becomes a space; both
     # metrics ignore runs of whitespace), and the scores are of exactly what the file holds.
     hypotheses = [" ".join(t.split()) for t in translations]
-    output = args.output or default_output(dict(config, lang_tgt=model_config["lang_tgt"]), translator.path,
-                                           args.average, args.split, args.engine)
+    output = args.output or default_output(config, translator.path, args.average, args.split, args.engine, target)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")

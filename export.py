@@ -17,8 +17,11 @@ first). The model is described to CTranslate2 through its own spec API
   attention_plot.py draws it.
 Every tensor of the checkpoint must find its place: one that does not (a model this exporter does
 not know) is refused in one line naming it. The model's tokenizers and its training config are
-written beside CTranslate2's files (translator.py reads them). `--quantization` takes CTranslate2's
-names: int8, int16, float32, bfloat16.
+written beside CTranslate2's files (translator.py reads them): the config's `lang_tgt` records a
+model's target languages (fr+it), and the tags <2fr>, <2it> that translator.py puts before every
+source are tokens of the exported source vocabulary, which a model of several target languages
+must hold (refused otherwise). `--quantization` takes CTranslate2's names: int8, int16, float32,
+bfloat16.
 
 `--output DIR` is never a folder export.py did not write. Each export holds a marker, `export.json`,
 listing the files it wrote; DIR may be new, an empty folder, or, with `--overwrite`
@@ -48,7 +51,7 @@ from checkpoint import CheckpointError, load_for_inference
 from config import build_parser, config_or_exit, weights_dir
 from model import Transformer
 from tokenizer import EOS, SOS, UNK
-from translator import CT2_PROJECT_CONFIG, CT2_SOURCE_TOKENIZER, CT2_TARGET_TOKENIZER
+from translator import CT2_PROJECT_CONFIG, CT2_SOURCE_TOKENIZER, CT2_TARGET_TOKENIZER, missing_target_tag
 
 QUANTIZATIONS = ("int8", "int16", "float32", "bfloat16")
 LAYER_NORM_EPSILON = 1e-5  # nn.LayerNorm's default, which model.py uses
@@ -145,6 +148,10 @@ class TransformerConverter:
         spec.config.decoder_start_token = SOS
         spec.config.add_source_bos = spec.config.add_source_eos = True  # sources are [SOS] ... [EOS]
         spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
+        missing = missing_target_tag(self.tok_src, config)
+        if missing:
+            raise ExportError(f"a model of several target languages ({config['lang_tgt']}) needs the tag {missing} "
+                              f"in its source vocabulary, which lacks it")
         spec.register_source_vocabulary(vocabulary(self.tok_src))
         spec.register_target_vocabulary(vocabulary(self.tok_tgt))
         return spec

@@ -4,12 +4,14 @@ The model is found like translate.py finds it (the newest good checkpoint of the
 --checkpoint PATH, or --engine ctranslate2 --model_dir DIR) and loaded once, after the socket
 opens: the server is live at once, and ready when the model has loaded and translated a warm-up
 sentence. Endpoints:
-- POST /translate {"text": ["...", ...], "beam_size": K} -> {"translations": ["...", ...]};
-  beam_size is optional (default: the config's).
-- POST /attention {"text": "..."} -> {"source_tokens", "output_tokens", "weights"}: the
-  cross-attention of the sentence's greedy translation, weights[i][j] from output token i to source
-  token j.
-- GET /health: the state, the engine, the model and its checkpoint, the limits and the queue.
+- POST /translate {"text": ["...", ...], "beam_size": K, "target_lang": "fr"} -> {"translations":
+  ["...", ...]}; beam_size is optional (default: the config's), and so is target_lang (default:
+  --target_lang), which a model of several target languages needs from one or the other.
+- POST /attention {"text": "...", "target_lang": "fr"} -> {"source_tokens", "output_tokens",
+  "weights"}: the cross-attention of the sentence's greedy translation, weights[i][j] from output
+  token i to source token j.
+- GET /health: the state, the engine, the model and its checkpoint, its target languages and the
+  default one, the limits and the queue.
 - GET /metrics: counters, gauges and histograms in the Prometheus text format.
 - GET /health/live and GET /health/ready, for orchestrators: 200 while the process serves, and 200
   only while it is ready (503 while the model loads, while the server drains, and while a decoding
@@ -416,8 +418,9 @@ class Service:
             self.fail(failure("loading the model", error))
             return
         # Not timed for Retry-After: a first call pays for lazy set-up, and one sentence is no batch.
+        warm_up = self.defaults.replace(target_lang=self.defaults.target_lang or translator.target_languages[0])
         try:
-            await loop.run_in_executor(self.model_thread, translator.translate_best, [WARM_UP], self.defaults)
+            await loop.run_in_executor(self.model_thread, translator.translate_best, [WARM_UP], warm_up)
         except Exception as error:
             self.fail(failure("the warm-up translation", error))
             return
@@ -491,10 +494,24 @@ class Service:
                         options: DecodingOptions) -> list[str]:
         return await self.run(request, arrived, sentences, options)
 
-    async def attention(self, request: Request, arrived: float, sentence: str) -> Any:
-        self.check_open()  # before the translator is read: there is none while the model loads
+    async def attention(self, request: Request, arrived: float, sentence: str, target_lang: str) -> Any:
+        translator = self.translator
         return await self.run(request, arrived, [sentence], DecodingOptions(beam_size=1),
-                              self.translator.cross_attention, "attention")
+                              lambda text: translator.cross_attention(text, target_lang), "attention")
+
+    def target_lang(self, payload: dict[str, Any]) -> str:
+        """The language to translate into: the request's target_lang, else the server's --target_lang,
+        else a one-target model's only language (so that requests which differ only in saying it
+        are batched together). 400 when it is not a string, not one of the model's target
+        languages, or missing for a model of several."""
+        self.check_open()  # before the translator is read: there is none while the model loads
+        target_lang = payload.get("target_lang", self.defaults.target_lang)
+        if not isinstance(target_lang, str):
+            raise ApiError(400, f"'target_lang' must be a string, got {json_type(target_lang)}")
+        try:
+            return self.translator.target_language(target_lang)
+        except TranslatorError as error:
+            raise ApiError(400, str(error)) from None
 
     def drain(self) -> None:
         """A stop signal, on the event loop. The first starts the drain; another ends its grace period."""
@@ -518,6 +535,7 @@ class Service:
         translator = self.translator
         return {"status": self.state(), "checkpoint": str(translator.path), **translator.describe(),
                 "source": translator.source, "beam_size": self.defaults.beam_size,
+                "target_lang": self.defaults.target_lang,
                 "limits": {key: value for key, value in self.config.items() if key.startswith("serve_")},
                 "queue": {"work": self.batcher.queued_work, "requests": len(self.batcher.waiting)}}
 
@@ -586,7 +604,7 @@ def build_app(service: Service, api_key: str | None) -> FastAPI:
     @app.post("/translate", dependencies=api)
     async def translate(request: Request) -> dict[str, list[str]]:
         arrived = now()
-        payload = check_fields(await service.read_json(request), "text", ["beam_size"])
+        payload = check_fields(await service.read_json(request), "text", ["beam_size", "target_lang"])
         text = payload["text"]
         if not isinstance(text, list):
             raise ApiError(400, f"'text' must be a list of strings, got {json_type(text)}")
@@ -608,13 +626,15 @@ def build_app(service: Service, api_key: str | None) -> FastAPI:
                 options = options.replace(beam_size=beam_size)
             except TranslatorError as error:
                 raise ApiError(400, f"'beam_size' {beam_size}: {error}") from None
+        options = options.replace(target_lang=service.target_lang(payload))
         return {"translations": await service.translate(request, arrived, sentences, options)}
 
     @app.post("/attention", dependencies=api)
     async def attention(request: Request) -> dict[str, Any]:
         arrived = now()
-        payload = check_fields(await service.read_json(request), "text")
-        found = await service.attention(request, arrived, check_sentence(payload["text"], "'text'", max_chars))
+        payload = check_fields(await service.read_json(request), "text", ["target_lang"])
+        sentence = check_sentence(payload["text"], "'text'", max_chars)
+        found = await service.attention(request, arrived, sentence, service.target_lang(payload))
         return {"source_tokens": found.source_tokens, "output_tokens": found.output_tokens, "weights": found.weights}
 
     @app.get("/health", dependencies=api)

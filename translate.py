@@ -11,8 +11,11 @@ not 0, since not everything was written, and no traceback.
 
 The model: the newest good checkpoint of the experiment that --datasource and the language pair
 name, or `--checkpoint PATH`, or the average of the N newest (`--average N`); or with
-`--engine ctranslate2 --model_dir DIR` a model exported by export.py. The model is rebuilt from the
-config stored with it, so only decoding options matter here:
+`--engine ctranslate2 --model_dir DIR` a model exported by export.py. An explicit --lang_src or
+--lang_tgt must be the model's. A model of several target languages is named by all of them
+(`--lang_tgt fr+it`), and `--target_lang fr` says which to produce (required then; translator.py
+puts its tag <2fr> before every source). The model is rebuilt from the config stored with it, so
+only decoding options matter here:
 - `--beam_size K`, `--length_penalty A` (scores are log-probability / length ** A) and
   `--brevity_penalty B` (plus B x log of BLEU's brevity penalty against the length the model's
   training data predicts; decoding.py);
@@ -111,12 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = DecodingOptions.from_config(config, n_best=max(1, args.n_best))
         translator = load_translator(args, config)
+        target = translator.target_language(options.target_lang)
     except ConfigError as error:
         parser.error(str(error))
     except (CheckpointError, TranslatorError) as error:
         print(f"translate.py: error: {error}", file=sys.stderr)
         return 1
-    print(f"translate.py: using {translator.source}", file=sys.stderr)
+    into = f", translating into {target}" if len(translator.target_languages) > 1 else ""
+    print(f"translate.py: using {translator.source}{into}", file=sys.stderr)
 
     inputs = chunks(args.sentences, len(args.sentences)) if args.sentences else \
         chunks(numbered_stdin_lines(), args.chunk_size)
@@ -134,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot_attention is not None and first_sentence is not None:
         from attention_plot import save_attention_plot  # matplotlib is only needed here
         try:
-            save_attention_plot(translator.model, translator.tok_src, translator.tok_tgt, first_sentence,
-                                args.plot_attention)
+            save_attention_plot(translator.model, translator.tok_src, translator.tok_tgt,
+                                translator.tagged_text(first_sentence, options.target_lang), args.plot_attention)
         except (OSError, ValueError) as error:
             print(f"translate.py: error: cannot write {args.plot_attention}: {error}", file=sys.stderr)
             return 1

@@ -6,11 +6,18 @@ One interface, two engines:
 - `CTranslate2Translator`: a model directory written by export.py, run by CTranslate2 (fast CPU
   inference, int8 weights).
 translate.py, evaluate.py and serve.py get a `Translator` from `load_translator` and never branch on
-the engine. Both engines tokenize with the model's own tokenizers, truncate sources to its seq_len
-(with a warning on stderr), translate in length-sorted batches, and score hypotheses the same way
+the engine. Both engines tokenize each source once with the model's own tokenizer (`Translator.encode`),
+truncate sources to its seq_len (with a warning on stderr), translate in length-sorted batches, and
+score hypotheses the same way
 (decoding.py: log-probability including [EOS] over length ** length_penalty, plus the brevity
 penalty's term). CTranslate2 has no brevity penalty in its search: with one, its engine asks for
 beam_size hypotheses and ranks them with the term added, which picks from its final beam only.
+
+A model of several target languages (`lang_tgt` fr+it) is told which to produce by a tag after
+[SOS], as training stored its sources ([SOS] <2fr> ... [EOS], Johnson et al. 2017): the decoding
+option `target_lang` names it, and is required then; a one-target model takes it empty or equal to
+its `lang_tgt`, and gets no tag. The tag counts as a source token (truncation, the brevity penalty's
+expected length), as it did in the training data; it is a special token, so no output shows it.
 """
 from __future__ import annotations
 
@@ -26,12 +33,11 @@ import torch
 from tokenizers import Tokenizer
 
 from checkpoint import load_for_inference
-from config import get_config, validate_config, weights_dir
-from decoding import (beam_search, brevity_term, encode_sources, expected_length, greedy_decode, max_output_tokens,
-                      sample)
+from config import get_config, target_languages, target_tag, validate_config, weights_dir
+from decoding import beam_search, brevity_term, expected_length, greedy_decode, max_output_tokens, sample
 from device import pick_device
 from model import Transformer
-from tokenizer import PAD_ID, TokenizerError, decode_ids, load_tokenizer
+from tokenizer import EOS_ID, PAD_ID, SOS_ID, TokenizerError, decode_ids, load_tokenizer
 
 ENGINES = ("pytorch", "ctranslate2")
 
@@ -57,6 +63,7 @@ class DecodingOptions:
     temperature: float = _DEFAULTS["temperature"]
     no_repeat_ngram_size: int = _DEFAULTS["no_repeat_ngram_size"]
     batch_size: int = _DEFAULTS["eval_batch_size"]
+    target_lang: str = _DEFAULTS["target_lang"]  # for a model of several target languages: which one
 
     @classmethod
     def from_config(cls, config: dict[str, Any], **overrides: Any) -> "DecodingOptions":
@@ -64,7 +71,7 @@ class DecodingOptions:
                       brevity_penalty=config["brevity_penalty"],
                       sampling_topk=config["sampling_topk"], sampling_topp=config["sampling_topp"],
                       temperature=config["temperature"], no_repeat_ngram_size=config["no_repeat_ngram_size"],
-                      batch_size=config["eval_batch_size"])
+                      batch_size=config["eval_batch_size"], target_lang=config["target_lang"])
         return options.replace(**overrides) if overrides else options
 
     def replace(self, **changes: Any) -> "DecodingOptions":
@@ -84,6 +91,23 @@ class DecodingOptions:
                                   f"got {self.beam_size}")
         if not self.sampling and self.n_best > self.beam_size:
             raise TranslatorError(f"n_best {self.n_best} needs a beam at least as wide (beam_size {self.beam_size})")
+
+
+def missing_target_tag(tok_src: Tokenizer, model_config: dict[str, Any]) -> str:
+    """A target-language tag that a model of several target languages needs and its source
+    tokenizer lacks; "" when none is missing (always, for a one-target model)."""
+    targets = target_languages(model_config)
+    tags = [target_tag(lang) for lang in targets] if len(targets) > 1 else []
+    return next((tag for tag in tags if tok_src.token_to_id(tag) is None), "")
+
+
+class Source(NamedTuple):
+    """One source sentence as the model takes it, without [SOS]/[EOS]: the tag of the target
+    language first when the model needs one, truncated to the model's limit; ids for this
+    project's model, token strings for CTranslate2."""
+
+    ids: list[int]
+    tokens: list[str]
 
 
 class Hypothesis(NamedTuple):
@@ -116,26 +140,55 @@ class Translator(ABC):
         self.max_source_tokens = self.seq_len - 2  # [SOS] and [EOS] take two of its positions
         # What the brevity penalty expects: output tokens per source token (train.py measured it).
         self.length_ratio = model_config["length_ratio"]
+        self.target_languages = target_languages(model_config)
+        missing = missing_target_tag(tok_src, model_config)
+        if missing:
+            raise TranslatorError(f"{source}: a model of several target languages ({model_config['lang_tgt']}) "
+                                  f"whose source tokenizer lacks the tag token {missing}")
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.engine, "model": self.source, "seq_len": self.seq_len,
+                "target_languages": self.target_languages,
                 "source_vocabulary": self.tok_src.get_vocab_size(), "target_vocabulary": self.tok_tgt.get_vocab_size()}
+
+    def target_language(self, target_lang: str) -> str:
+        """The language `target_lang` asks this model for ("": a one-target model's only one). Raises
+        TranslatorError naming the model's languages when it is missing (several) or not one of them."""
+        targets = self.target_languages
+        if not target_lang and len(targets) > 1:
+            raise TranslatorError(f"this model translates into {', '.join(targets)}: choose one with target_lang")
+        if target_lang and target_lang not in targets:
+            raise TranslatorError(f"target_lang {target_lang!r} is not a target language of this model "
+                                  f"({', '.join(targets)})")
+        return target_lang or targets[0]
+
+    def source_tag(self, target_lang: str) -> str:
+        """The tag every source starts with (after [SOS]) to get `target_lang`; "" for a one-target model."""
+        language = self.target_language(target_lang)
+        return target_tag(language) if len(self.target_languages) > 1 else ""
+
+    def encode(self, sentences: Sequence[str], tag: str) -> list[Source]:
+        """Each sentence tokenized, once, with `tag` ("" = none) first and truncated to the model's
+        limit (counting the tag), with a warning on stderr naming how many were cut."""
+        prefix = ([self.tok_src.token_to_id(tag)], [tag]) if tag else ([], [])
+        limit = self.max_source_tokens - len(prefix[0])
+        encodings = self.tok_src.encode_batch(list(sentences), add_special_tokens=False)
+        truncated = sum(len(e.ids) > limit for e in encodings)
+        if truncated:
+            print(f"warning: truncated {truncated} source sentence(s) to the model's limit of {limit} tokens",
+                  file=sys.stderr, flush=True)
+        return [Source(prefix[0] + e.ids[:limit], prefix[1] + e.tokens[:limit]) for e in encodings]
 
     def translate(self, sentences: Sequence[str], options: DecodingOptions) -> list[list[Hypothesis]]:
         """Translate in batches of similar length; results in the input order."""
         options.check()
-        tokens = [e.tokens for e in self.tok_src.encode_batch(list(sentences), add_special_tokens=False)]
-        truncated = sum(len(t) > self.max_source_tokens for t in tokens)
-        if truncated:
-            print(f"warning: truncated {truncated} source sentence(s) to the model's limit of {self.max_source_tokens} "
-                  f"tokens", file=sys.stderr, flush=True)
-        order = sorted(range(len(sentences)), key=lambda i: len(tokens[i]), reverse=True)
+        sources = self.encode(sentences, self.source_tag(options.target_lang))
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i].ids), reverse=True)
         results: list[list[Hypothesis]] = [[] for _ in sentences]
         for start in range(0, len(order), options.batch_size):
             chunk = order[start:start + options.batch_size]
-            batch = [sentences[i] for i in chunk]
-            longest = min(len(tokens[chunk[0]]), self.max_source_tokens)
-            found = self.translate_batch(batch, options, max_output_tokens(longest, self.seq_len))
+            batch = [sources[i] for i in chunk]
+            found = self.translate_batch(batch, options, max_output_tokens(len(batch[0].ids), self.seq_len))
             for index, hypotheses in zip(chunk, found):
                 results[index] = [Hypothesis(decode_ids(self.tok_tgt, ids), score) for ids, score in hypotheses]
         return results
@@ -145,13 +198,13 @@ class Translator(ABC):
         return [hypotheses[0].text for hypotheses in self.translate(sentences, options)]
 
     @abstractmethod
-    def translate_batch(self, sentences: list[str], options: DecodingOptions,
+    def translate_batch(self, sources: list[Source], options: DecodingOptions,
                         max_tokens: int) -> list[list[tuple[list[int], float]]]:
-        """Token ids (no special tokens) and scores of each sentence's hypotheses, best first."""
+        """Token ids (no special tokens) and scores of each source's hypotheses, best first."""
 
     @abstractmethod
-    def cross_attention(self, sentence: str) -> CrossAttention:
-        """The heatmap data of the greedy translation of `sentence`."""
+    def cross_attention(self, sentence: str, target_lang: str = "") -> CrossAttention:
+        """The heatmap data of the greedy translation of `sentence` into `target_lang`."""
 
 
 class TorchTranslator(Translator):
@@ -174,14 +227,13 @@ class TorchTranslator(Translator):
         source = str(path) + (f" (average of {average} ending here)" if average > 1 else "")
         return cls(model, tok_src, tok_tgt, config, path, source, seed)
 
-    def translate_batch(self, sentences: list[str], options: DecodingOptions,
+    def translate_batch(self, sources: list[Source], options: DecodingOptions,
                         max_tokens: int) -> list[list[tuple[list[int], float]]]:
         model = self.model
         device = next(model.parameters()).device
-        sources, _ = encode_sources(self.tok_src, sentences, self.seq_len)
-        src = torch.full((len(sources), max(map(len, sources))), PAD_ID, dtype=torch.long)
-        for row, ids in enumerate(sources):
-            src[row, :len(ids)] = torch.tensor(ids)
+        src = torch.full((len(sources), max(len(source.ids) for source in sources) + 2), PAD_ID, dtype=torch.long)
+        for row, source in enumerate(sources):
+            src[row, :len(source.ids) + 2] = torch.tensor([SOS_ID, *source.ids, EOS_ID])
         src = src.to(device)
         src_mask = (src != PAD_ID)[:, None, None, :]
         was_training = model.training
@@ -204,9 +256,16 @@ class TorchTranslator(Translator):
         finally:
             model.train(was_training)
 
-    def cross_attention(self, sentence: str) -> CrossAttention:
+    def tagged_text(self, sentence: str, target_lang: str) -> str:
+        """`sentence` as text for attention_plot.py, which tokenizes it itself: the tag written first
+        is read as that special token, so the source is [SOS] <2fr> ... [EOS] as translate() makes it."""
+        tag = self.source_tag(target_lang)
+        return f"{tag} {sentence}" if tag else sentence
+
+    def cross_attention(self, sentence: str, target_lang: str = "") -> CrossAttention:
         from attention_plot import cross_attention_weights  # matplotlib is imported only for attention
-        sources, outputs, weights = cross_attention_weights(self.model, self.tok_src, self.tok_tgt, sentence)
+        sources, outputs, weights = cross_attention_weights(self.model, self.tok_src, self.tok_tgt,
+                                                            self.tagged_text(sentence, target_lang))
         return CrossAttention(sources, outputs, weights.mean(dim=0).tolist())
 
 
@@ -251,9 +310,9 @@ class CTranslate2Translator(Translator):
         return {**super().describe(), "checkpoint": self.project.get("checkpoint"),
                 "quantization": self.project.get("quantization")}
 
-    def translate_batch(self, sentences: list[str], options: DecodingOptions,
+    def translate_batch(self, sources: list[Source], options: DecodingOptions,
                         max_tokens: int) -> list[list[tuple[list[int], float]]]:
-        tokens = [e.tokens for e in self.tok_src.encode_batch(sentences, add_special_tokens=False)]
+        tokens = [source.tokens for source in sources]
         sampling = {}
         if options.sampling:
             # CTranslate2 samples when topk is not 1; nucleus sampling needs a bounded topk.
@@ -269,15 +328,15 @@ class CTranslate2Translator(Translator):
         found = []
         for source, result in zip(tokens, results):
             # Lengths count [EOS], as in decoding.py; the source as truncated to the model's seq_len.
-            expected = expected_length(min(len(source), self.max_source_tokens), self.length_ratio)
+            expected = expected_length(len(source), self.length_ratio)
             hypotheses = [([self.tok_tgt.token_to_id(t) for t in hypothesis],
                            score + brevity_term(len(hypothesis) + 1, expected, brevity))
                           for hypothesis, score in zip(result.hypotheses, result.scores)]
             found.append(sorted(hypotheses, key=lambda item: item[1], reverse=True)[:options.n_best])
         return found
 
-    def cross_attention(self, sentence: str) -> CrossAttention:
-        tokens = self.tok_src.encode(sentence, add_special_tokens=False).tokens[:self.max_source_tokens]
+    def cross_attention(self, sentence: str, target_lang: str = "") -> CrossAttention:
+        [(_, tokens)] = self.encode([sentence], self.source_tag(target_lang))
         [result] = self.ct2.translate_batch([tokens], beam_size=1, min_decoding_length=0, return_attention=True,
                                             max_decoding_length=max_output_tokens(len(tokens), self.seq_len),
                                             max_input_length=self.seq_len)
@@ -298,8 +357,18 @@ def add_translator_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_translator(args: argparse.Namespace, config: dict[str, Any]) -> Translator:
-    """The translator the command line asks for. Raises TranslatorError, CheckpointError or
+    """The translator the command line asks for, checked against the pair it names (`check_pair`)
+    and against `target_lang` when one is given. Raises TranslatorError, CheckpointError or
     ConfigError (a missing device) with one line."""
+    translator = with_length_ratio(open_translator(args, config), config)
+    check_pair(args, translator)
+    if config["target_lang"]:
+        translator.target_language(config["target_lang"])
+    return translator
+
+
+def open_translator(args: argparse.Namespace, config: dict[str, Any]) -> Translator:
+    """The engine and model that --engine, --model_dir, --checkpoint and --average choose."""
     if args.average < 1:
         raise TranslatorError(f"--average must be at least 1, got {args.average}")
     if args.engine == "ctranslate2":
@@ -311,12 +380,26 @@ def load_translator(args: argparse.Namespace, config: dict[str, Any]) -> Transla
         device = pick_device(config["device"])
         if device.type not in ("cpu", "cuda"):
             raise TranslatorError(f"CTranslate2 runs on cpu or cuda, not {device.type}")
-        return with_length_ratio(CTranslate2Translator(args.model_dir, device.type, config["seed"]), config)
+        return CTranslate2Translator(args.model_dir, device.type, config["seed"])
     if args.model_dir is not None:
         raise TranslatorError("--model_dir is a CTranslate2 model directory: add --engine ctranslate2")
-    translator = TorchTranslator.load(args.checkpoint, weights_dir(config), pick_device(config["device"]),
-                                      args.average, config["seed"])
-    return with_length_ratio(translator, config)
+    return TorchTranslator.load(args.checkpoint, weights_dir(config), pick_device(config["device"]), args.average,
+                                config["seed"])
+
+
+def check_pair(args: argparse.Namespace, translator: Translator) -> None:
+    """An explicit --lang_src or --lang_tgt must be the model's: a model of several target languages
+    is named by all of them (--lang_tgt fr+it), and --target_lang picks one."""
+    model_config = translator.model_config
+    for key in ("lang_src", "lang_tgt"):
+        given = getattr(args, key, None)
+        if given is None or given == model_config[key]:
+            continue
+        hint = ""
+        if key == "lang_tgt" and given in translator.target_languages:
+            hint = (f": it translates into several languages, named by all of them: --lang_tgt {model_config[key]} "
+                    f"--target_lang {given}")
+        raise TranslatorError(f"--{key} {given} does not match the model's {model_config[key]}{hint}")
 
 
 def with_length_ratio(translator: Translator, config: dict[str, Any]) -> Translator:

@@ -1,11 +1,111 @@
 """translator.py: the PyTorch engine keeps the input order across length-sorted batches, truncates
 over-long sources with a warning, returns n-best lists and samples, and refuses options it cannot
-decode with. (The CTranslate2 engine is checked against it in tests/test_export.py.)"""
+decode with; a model of several target languages gets the chosen language's tag after [SOS] in its
+encoder input and refuses a missing or foreign target_lang in one line, a one-target model gets
+no tag; each source is tokenized once, on both engines; tags never reach an output. (The
+CTranslate2 engine is checked against it in tests/test_export.py.)
+
+`several_targets` (imported by the tests of translate.py, evaluate.py, serve.py and export.py) is
+an untrained tiny model of en -> fr+it whose tokenizers reserve <2fr> and <2it> after the four fixed
+ids, saved as the newest checkpoint of its experiment."""
 from __future__ import annotations
 
-import pytest
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from translator import DecodingOptions, TranslatorError
+import pytest
+import torch
+from tokenizers import Tokenizer, trainers
+
+from checkpoint import save_checkpoint
+from config import PRESETS, get_config, validate_config, weights_dir
+from model import Transformer, build_model
+from tokenizer import EOS_ID, SOS_ID, SPECIAL_TOKENS, train_tokenizer
+from translator import CTranslate2Translator, DecodingOptions, TorchTranslator, TranslatorError
+
+TAGS = ["<2fr>", "<2it>"]
+WORDS = "the cat dog sees eats a red house bread".split()
+
+
+def tagged_tokenizer(sentences: list[str]) -> Tokenizer:
+    """A WordLevel tokenizer set up as tokenizer.py sets one up, with TAGS reserved as special tokens
+    after [UNK] [PAD] [SOS] [EOS], as a new run of several target languages reserves them."""
+    tokenizer = train_tokenizer(sentences, "wordlevel", 100, 1)
+    tokenizer.train_from_iterator(sentences, trainers.WordLevelTrainer(special_tokens=SPECIAL_TOKENS + TAGS,
+                                                                       min_frequency=1))
+    assert [tokenizer.token_to_id(tag) for tag in TAGS] == [4, 5]
+    return tokenizer
+
+
+@dataclass
+class SeveralTargets:
+    """An en -> fr+it model with random weights, saved as its experiment's checkpoint."""
+
+    model: Transformer
+    tok_src: Tokenizer
+    tok_tgt: Tokenizer
+    config: dict[str, Any]
+    checkpoint: Path
+
+    def translator(self) -> TorchTranslator:
+        return TorchTranslator(self.model, self.tok_src, self.tok_tgt, self.config)
+
+    @property
+    def args(self) -> list[str]:
+        """The command-line options that name this model's experiment."""
+        return ["--datasource", self.config["datasource"], "--lang_tgt", "fr+it", "--model_folder",
+                self.config["model_folder"], "--preset", "tiny"]
+
+
+SENTENCES = ["the cat sees the dog .", "a red house .", "the dog eats bread .", "the cat ."]
+
+
+@pytest.fixture(scope="module")
+def several_targets(tmp_path_factory: pytest.TempPathFactory) -> SeveralTargets:
+    sentences = [" ".join(WORDS[i:] + WORDS[:i]) + " ." for i in range(len(WORDS))]
+    tok_src, tok_tgt = tagged_tokenizer(sentences), tagged_tokenizer(sentences)
+    config = {**get_config(), **PRESETS["tiny"], "d_model": 16, "d_ff": 32, "seq_len": 16, "lang_tgt": "fr+it",
+              "datasource": "corpus_fr:1:<2fr>,corpus_it:1:<2it>",
+              "model_folder": str(tmp_path_factory.mktemp("several") / "weights")}
+    validate_config(config)
+    torch.manual_seed(3)
+    model = build_model(config, tok_src.get_vocab_size(), tok_tgt.get_vocab_size()).eval()
+    with torch.no_grad():
+        model.projection_layer.proj.bias[3] = 1.0  # [EOS]: outputs end at several lengths
+    state = {"config": config, "model": model.state_dict(),
+             "tokenizers": {"src": tok_src.to_str(), "tgt": tok_tgt.to_str()}}
+    checkpoint = save_checkpoint(weights_dir(config), state, 1, keep=1)
+    return SeveralTargets(model, tok_src, tok_tgt, config, checkpoint)
+
+
+class EncoderInputs:
+    """Records every batch of token ids the model's source embedding receives (the encoder's input)."""
+
+    def __init__(self, model: Transformer) -> None:
+        self.batches: list[torch.Tensor] = []
+        self.handle = model.src_embed.register_forward_pre_hook(lambda module, args: self.batches.append(args[0]))
+
+    def rows(self) -> list[list[int]]:
+        return [row for batch in self.batches for row in batch.tolist()]
+
+
+class CountingTokenizer:
+    """A tokenizer that counts the sentences it is asked to encode, passing everything through."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer, self.sentences = tokenizer, 0
+
+    def encode(self, text: str, *args: Any, **kwargs: Any) -> Any:
+        self.sentences += 1
+        return self.tokenizer.encode(text, *args, **kwargs)
+
+    def encode_batch(self, texts: list[str], *args: Any, **kwargs: Any) -> Any:
+        self.sentences += len(texts)
+        return self.tokenizer.encode_batch(texts, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tokenizer, name)
 
 
 @pytest.fixture(scope="module")
@@ -60,3 +160,76 @@ def test_too_long_source_is_truncated_with_a_warning(toy_translator, capsys: pyt
 def test_options_it_cannot_decode_with_are_refused(options: dict, message: str) -> None:
     with pytest.raises(TranslatorError, match=message):
         DecodingOptions().replace(**options)
+
+
+@pytest.mark.parametrize("target_lang, tag_id", [("fr", 4), ("it", 5)])
+def test_the_encoder_gets_the_target_languages_tag_after_sos(several_targets, target_lang: str, tag_id: int) -> None:
+    translator = several_targets.translator()
+    recorder = EncoderInputs(several_targets.model)
+    try:
+        translator.translate(SENTENCES, DecodingOptions(target_lang=target_lang, beam_size=2))
+        translator.cross_attention(SENTENCES[0], target_lang)
+    finally:
+        recorder.handle.remove()
+    expected = [[SOS_ID, tag_id, *several_targets.tok_src.encode(s, add_special_tokens=False).ids]
+                for s in SENTENCES]
+    rows = recorder.rows()
+    for ids in expected:
+        assert any(row[:len(ids)] == ids for row in rows), (ids, rows)
+    assert all(row[:2] == [SOS_ID, tag_id] for row in rows)  # the attention's rerun too
+
+
+def test_a_model_of_several_targets_refuses_a_missing_or_foreign_target_lang(several_targets) -> None:
+    translator = several_targets.translator()
+    with pytest.raises(TranslatorError, match=r"^this model translates into fr, it: choose one with target_lang$"):
+        translator.translate(SENTENCES, DecodingOptions())
+    with pytest.raises(TranslatorError, match=r"^target_lang 'de' is not a target language of this model \(fr, it\)$"):
+        translator.translate(SENTENCES, DecodingOptions(target_lang="de"))
+    assert translator.describe()["target_languages"] == ["fr", "it"]
+
+
+def test_a_one_target_model_takes_no_tag(toy_translator, mixed_lengths: list[str]) -> None:
+    translator = toy_translator.translator()
+    recorder = EncoderInputs(toy_translator.model)
+    try:
+        plain = translator.translate_best(mixed_lengths[:3], DecodingOptions())
+        named = translator.translate_best(mixed_lengths[:3], DecodingOptions(target_lang="it"))
+    finally:
+        recorder.handle.remove()
+    assert plain == named
+    for sentence in mixed_lengths[:3]:
+        ids = [SOS_ID, *toy_translator.tok_src.encode(sentence, add_special_tokens=False).ids, EOS_ID]
+        assert sum(row[:len(ids)] == ids for row in recorder.rows()) == 2  # as today: nothing between [SOS] and it
+    with pytest.raises(TranslatorError, match=r"target_lang 'fr' is not a target language of this model \(it\)"):
+        translator.translate(mixed_lengths[:1], DecodingOptions(target_lang="fr"))
+
+
+def test_tags_never_reach_an_output(several_targets) -> None:
+    """A model that produces nothing but tag tokens translates into empty text."""
+    translator = several_targets.translator()
+    with torch.no_grad():
+        bias = several_targets.model.projection_layer.proj.bias
+        saved = bias.clone()
+        bias[4:6] = 100.0
+    try:
+        outputs = translator.translate(SENTENCES, DecodingOptions(target_lang="fr", beam_size=2, n_best=2))
+    finally:
+        with torch.no_grad():
+            bias.copy_(saved)
+    assert [[h.text for h in hypotheses] for hypotheses in outputs] == [["", ""]] * len(SENTENCES)
+
+
+def test_each_source_is_tokenized_once(several_targets, tmp_path: Path) -> None:
+    """On both engines, whatever the batching: once to measure, sort, truncate and encode."""
+    import export
+    torch_counter = CountingTokenizer(several_targets.tok_src)
+    ours = TorchTranslator(several_targets.model, torch_counter, several_targets.tok_tgt, several_targets.config)
+    options = DecodingOptions(target_lang="it", batch_size=3)
+    expected = ours.translate(SENTENCES * 2, options)
+    assert torch_counter.sentences == len(SENTENCES) * 2
+    export.export_model(several_targets.model, several_targets.config, several_targets.tok_src,
+                        several_targets.tok_tgt, tmp_path / "ct2", "float32")
+    ct2 = CTranslate2Translator(tmp_path / "ct2")
+    ct2.tok_src = ct2_counter = CountingTokenizer(ct2.tok_src)
+    assert [h[0].text for h in ct2.translate(SENTENCES * 2, options)] == [h[0].text for h in expected]
+    assert ct2_counter.sentences == len(SENTENCES) * 2
