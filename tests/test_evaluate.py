@@ -1,5 +1,6 @@
 """evaluate.py end to end: a tiny model trained here, scored on its own test split and on an
-evaluation-only data set, with the printed BLEU checked against sacrebleu on the written file."""
+evaluation-only data set, with the printed BLEU checked against sacrebleu on the written file; a
+model of several target languages needs --target_lang, which names the default output."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,6 +13,7 @@ import train
 from config import get_config
 from store import text_store
 from synthetic_data import synthetic_pairs, tiny_corpus, write_hub_dataset
+from test_translator import several_targets  # noqa: F401  (a fixture: an untrained model of en -> fr+it)
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +112,11 @@ def test_a_train_only_source_is_scored_on_the_split_training_held_out(tmp_path: 
     assert out[-1] == str(sacrebleu.corpus_bleu(output.read_text(encoding="utf-8").splitlines(),
                                                 [[t for _, t in test_pairs]]))
     assert not {s for s, _ in test_pairs} & {s for s, _ in store.pairs("train")}
+
+
+def test_a_model_of_several_targets_needs_target_lang(several_targets, capsys) -> None:
+    code, out, err = run_evaluate(capsys, *several_targets.args)
+    assert (code, out) == (1, [])
+    assert err == "evaluate.py: error: this model translates into fr, it: choose one with target_lang\n"
+    output = evaluate.default_output(several_targets.config, several_targets.checkpoint, 1, "test", "pytorch", "fr")
+    assert output.name.endswith(".test.ckpt_00000001.beam1.fr")

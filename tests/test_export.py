@@ -4,7 +4,8 @@ at least half a toy's greedy outputs; what cannot be represented is refused; tra
 --engine ctranslate2, and a missing or damaged model directory is one line. --output is never a folder
 or file export.py did not write: refused in one line, untouched; --overwrite replaces only an earlier
 export holding nothing but the files its marker lists, which a failed or interrupted export leaves as
-it was."""
+it was. A model of several target languages exports them in its config, translate.py runs it with
+--target_lang on CTranslate2 as on PyTorch, and one whose tokenizer lacks their tags is refused."""
 from __future__ import annotations
 
 import errno
@@ -27,6 +28,7 @@ from config import get_config
 from decoding import beam_search, max_output_tokens
 from model import build_transformer
 from synthetic_data import synthetic_pairs
+from test_translator import several_targets  # noqa: F401  (a fixture: an untrained model of en -> fr+it)
 from tokenizer import EOS_ID, train_tokenizer
 from translator import CTranslate2Translator, DecodingOptions, TorchTranslator
 
@@ -188,6 +190,23 @@ def test_translate_and_evaluate_with_the_exported_model(trained_run, exported: P
     references = [t for _, t in synthetic_pairs(16, 3)]  # the fixture's test split
     assert out[-1] == str(sacrebleu.corpus_bleu(output.read_text(encoding="utf-8").splitlines(), [references]))
     assert "(ctranslate2)" in out[0]
+
+
+def test_a_model_of_several_targets_exports_its_languages(several_targets, capsys, tmp_path: Path) -> None:
+    sentences = ["the cat sees the dog .", "a red house ."]
+    exported = tmp_path / "ct2"
+    code, _, err = run(capsys, export.main, several_targets.args + ["--quantization", "float32", "--output",
+                                                                    str(exported)])
+    assert code == 0, err
+    assert json.loads((exported / "project.json").read_text(encoding="utf-8"))["config"]["lang_tgt"] == "fr+it"
+    code, out, err = run(capsys, translate.main, several_targets.args + [
+        "--engine", "ctranslate2", "--model_dir", str(exported), "--target_lang", "it", *sentences])
+    assert code == 0, err
+    assert out == several_targets.translator().translate_best(sentences, DecodingOptions(target_lang="it"))
+    assert err == [f"translate.py: using {exported}, translating into it"]
+    untagged = train_tokenizer(sentences, "wordlevel", 100, 1)
+    with pytest.raises(export.ExportError, match="several target languages .fr.it. needs the tag <2fr>"):
+        export.export_model(several_targets.model, several_targets.config, untagged, untagged, tmp_path / "no", "int8")
 
 
 def test_missing_or_damaged_model_directory_is_one_line(exported: Path, tmp_path: Path, capsys) -> None:

@@ -2,8 +2,9 @@
 error naming the problem; concurrent requests are decoded together, beam sizes apart; a failing
 decode leaves the batching worker running; an API key off loopback; a float32 export served by
 the CTranslate2 engine translates as the PyTorch engine does; clean exits on SIGINT and SIGTERM;
-one line and a non-zero exit for a server that cannot start. Overload, deadlines, drain, probes,
-metrics and TLS: tests/test_serve_load.py."""
+one line and a non-zero exit for a server that cannot start; a model of several target languages
+served with target_lang per request (400 when missing or foreign). Overload, deadlines, drain,
+probes, metrics and TLS: tests/test_serve_load.py."""
 from __future__ import annotations
 
 import asyncio
@@ -30,6 +31,7 @@ import serve
 from benchmarks.loadtest import ROOT, ServerProcess
 from config import get_config
 from serve import ApiError, Batcher
+from test_translator import several_targets  # noqa: F401  (a fixture: an untrained model of en -> fr+it)
 from translator import DecodingOptions, TorchTranslator
 
 SENTENCES = ["The cat sees the dog.", "The old man reads a book.", "The small fish eats bread.",
@@ -131,6 +133,25 @@ def test_health_names_the_model(server: ServerProcess, checkpoint: Path) -> None
     assert answer["limits"]["serve_max_sentences"] == 4 and answer["limits"]["serve_batch_wait_ms"] == 200
 
 
+def test_a_model_of_several_targets_translates_into_the_requested_one(several_targets) -> None:
+    sentences = ["the cat sees the dog .", "a red house ."]
+    translator = several_targets.translator()
+    with ServerProcess(several_targets.args) as server:  # no --target_lang: each request says it
+        assert health(server.port, None)["target_languages"] == ["fr", "it"]
+        for target_lang in ("fr", "it"):
+            status, answer = call(server.port, "POST", "/translate", {"text": sentences, "target_lang": target_lang})
+            assert (status, answer) == (200, {"translations": translator.translate_best(
+                sentences, DecodingOptions(target_lang=target_lang))})
+        assert call(server.port, "POST", "/translate", {"text": sentences}) == \
+            (400, {"error": "this model translates into fr, it: choose one with target_lang"})
+        assert call(server.port, "POST", "/translate", {"text": sentences, "target_lang": "de"}) == \
+            (400, {"error": "target_lang 'de' is not a target language of this model (fr, it)"})
+        status, answer = call(server.port, "POST", "/attention", {"text": sentences[0], "target_lang": "it"})
+        assert status == 200 and answer["source_tokens"][:2] == ["[SOS]", "<2it>"]
+        assert answer["output_tokens"] == translator.cross_attention(sentences[0], "it").output_tokens
+        assert no_traceback(server)
+
+
 def test_attention(server: ServerProcess, translator: TorchTranslator) -> None:
     status, answer = call(server.port, "POST", "/attention", {"text": SENTENCES[0]})
     assert status == 200
@@ -165,6 +186,10 @@ BAD_REQUESTS = [
     ("/attention", {"text": [SENTENCES[0]]}, 400, "'text' must be a string, got a list"),
     ("/attention", {"text": ""}, 400, "'text' is empty"),
     ("/attention", {"text": SENTENCES[0], "beam_size": 2}, 400, "unknown field 'beam_size'"),
+    ("/translate", {"text": [SENTENCES[0]], "target_lang": "fr"}, 400,
+     "target_lang 'fr' is not a target language of this model (it)"),
+    ("/translate", {"text": [SENTENCES[0]], "target_lang": 7}, 400, "'target_lang' must be a string, got a number"),
+    ("/attention", {"text": SENTENCES[0], "target_lang": "fr"}, 400, "target_lang 'fr' is not a target language"),
 ]
 
 

@@ -1,6 +1,7 @@
 """translate.py: translations alone on stdout, one clear line for bad input, batch mode from
-stdin that survives bad lines, a quiet end when the reader of stdout goes away, and --checkpoint
-PATH (here a checkpoint written on a GPU)."""
+stdin that survives bad lines, a quiet end when the reader of stdout goes away, --checkpoint
+PATH (here a checkpoint written on a GPU), and a model of several target languages: named by
+their set, --target_lang required, a --lang_tgt of one of them refused with the way to name it."""
 from __future__ import annotations
 
 import io
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 import translate
+from test_translator import several_targets  # noqa: F401  (a fixture: an untrained model of en -> fr+it)
 from translator import DecodingOptions, TorchTranslator
 
 FIRST, SECOND = "The cat sees the dog.", "The dog eats the bread."
@@ -201,3 +203,19 @@ def test_a_closed_pipe_ends_quietly_with_141(trained_run, expected: dict[str, st
     assert process.returncode == translate.EXIT_CLOSED_PIPE == 141
     lines = stderr.decode().splitlines()
     assert len(lines) == 1 and lines[0].startswith("translate.py: using "), lines
+
+
+def test_a_model_of_several_targets_needs_target_lang(several_targets, capsys: pytest.CaptureFixture) -> None:
+    sentences = ["the cat sees the dog .", "a red house ."]
+    code, out, err = run_main(capsys, several_targets.args + sentences)
+    assert (code, out) == (1, [])
+    assert err == ["translate.py: error: this model translates into fr, it: choose one with target_lang"]
+    code, out, err = run_main(capsys, several_targets.args + ["--target_lang", "fr", *sentences])
+    assert code == 0, err
+    assert out == several_targets.translator().translate_best(sentences, DecodingOptions(target_lang="fr"))
+    assert err == [f"translate.py: using {several_targets.checkpoint}, translating into fr"]
+    code, out, err = run_main(capsys, ["--checkpoint", str(several_targets.checkpoint), "--lang_tgt", "fr",
+                                       sentences[0]])
+    assert (code, out) == (1, [])
+    assert err == ["translate.py: error: --lang_tgt fr does not match the model's fr+it: it translates into several "
+                   "languages, named by all of them: --lang_tgt fr+it --target_lang fr"]
