@@ -43,6 +43,11 @@ async function loadModel() {
     const beam = $("beam");
     beam.replaceChildren(...Array.from({length: health.limits.serve_max_beam_size}, (_, i) => new Option(i + 1)));
     beam.value = health.beam_size;
+    // A model of several target languages: the reader picks one (the server's default first).
+    const languages = health.target_languages;
+    $("target").replaceChildren(...languages.map((language) => new Option(language)));
+    $("target").value = health.target_lang || languages[0];
+    $("target-box").hidden = languages.length < 2;
     return true;
   } catch (error) {
     $("model").textContent = "Model unknown";
@@ -106,9 +111,11 @@ async function translate(event) {
   button.textContent = "Translating…";
   showError("");
   try {
-    const {translations} = await api("/translate", {text: sentences, beam_size: Number($("beam").value)});
+    // Only a model of several target languages is told which; the others need not be.
+    const target = $("target-box").hidden ? {} : {target_lang: $("target").value};
+    const {translations} = await api("/translate", {text: sentences, beam_size: Number($("beam").value), ...target});
     showTranslations(sentences, translations);
-    showHeatmap(await api("/attention", {text: sentences[0]}));
+    showHeatmap(await api("/attention", {text: sentences[0], ...target}));
     if ($("model").textContent === "Model unknown") await loadModel();
   } catch (error) {
     $("result").hidden = true;
