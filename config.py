@@ -296,9 +296,6 @@ def validate_config(config: dict[str, Any]) -> None:
     if not config["lang_src"] or "" in targets or config["lang_src"] in targets or len(set(targets)) < len(targets):
         raise ConfigError("--lang_src and --lang_tgt must be different, non-empty language codes (several targets "
                           "joined with +, e.g. fr+it)")
-    if config["target_lang"] and config["target_lang"] not in targets:
-        raise ConfigError(f"--target_lang {config['target_lang']!r} is not a target language of this model "
-                          f"({', '.join(targets)})")
     for tag in config["reserved_tags"].split(",") if config["reserved_tags"] else []:
         if not TAG_PATTERN.fullmatch(tag):
             raise ConfigError(f"--reserved_tags: {tag!r} is not a tag: write it as <NAME>, e.g. <BT>")
@@ -320,7 +317,7 @@ def validate_config(config: dict[str, Any]) -> None:
         raise ConfigError(f"--min_lr {config['min_lr']} is above the peak --lr {config['lr']}")
     if not config["datasource"]:
         raise ConfigError("--datasource must name a Hub dataset, a local folder, a PREFIX of parallel files or a TSV file")
-    corpora(config)  # raises on a malformed corpus list
+    corpus_entries(config["datasource"])  # raises on a malformed corpus list
     for key in ("serve_max_sentences", "serve_max_chars", "serve_max_body_bytes", "serve_max_beam_size",
                 "serve_batch_sentences", "serve_max_queued_work"):
         if config[key] < 1:
@@ -363,13 +360,11 @@ def target_tag(lang: str) -> str:
     return f"<2{lang}>"
 
 
-def corpora(config: dict[str, Any]) -> list[Corpus]:
-    """The training corpora named by `datasource`: SOURCE[:WEIGHT[:TAG]] joined with commas. One
-    SOURCE alone is today's single corpus. In a model of several target languages (`lang_tgt` fr+it)
-    each corpus carries the <2xx> tag of the target language it is read in."""
-    targets = target_languages(config)
+def corpus_entries(datasource: str) -> list[tuple[str, float, str]]:
+    """(SOURCE, WEIGHT, TAG) of each comma-separated SOURCE[:WEIGHT[:TAG]] of `datasource`; a
+    ConfigError names a malformed one."""
     found = []
-    for entry in config["datasource"].split(","):
+    for entry in datasource.split(","):
         parts = entry.split(":")
         if len(parts) > 3 or not parts[0].strip():
             raise ConfigError(f"--datasource: {entry!r} is not SOURCE[:WEIGHT[:TAG]]")
@@ -382,12 +377,24 @@ def corpora(config: dict[str, Any]) -> list[Corpus]:
             raise ConfigError(f"--datasource: the weight of {source!r} must be positive, got {weight!r}")
         if tag and not TAG_PATTERN.fullmatch(tag):
             raise ConfigError(f"--datasource: the tag of {source!r} must be written <NAME>, e.g. <BT>, got {tag!r}")
+        found.append((source.strip(), number, tag))
+    return found
+
+
+def corpora(config: dict[str, Any]) -> list[Corpus]:
+    """The training corpora named by `datasource`: SOURCE[:WEIGHT[:TAG]] joined with commas. One
+    SOURCE alone is today's single corpus. In a model of several target languages (`lang_tgt` fr+it)
+    each corpus must carry the <2xx> tag of the target language it is read in (checked here, where
+    training reads the corpora; the programs that only name a model do not need it)."""
+    targets = target_languages(config)
+    found = []
+    for source, weight, tag in corpus_entries(config["datasource"]):
         target = TARGET_TAG.fullmatch(tag)
         if len(targets) > 1 and not (target and target.group(1) in targets):
             raise ConfigError(f"--datasource: with several target languages ({config['lang_tgt']}) each corpus needs "
                               f"the tag of its target language, one of {', '.join(map(target_tag, targets))}; "
                               f"{source!r} has {tag or 'none'}")
-        found.append(Corpus(source.strip(), number, tag, target.group(1) if len(targets) > 1 else targets[0]))
+        found.append(Corpus(source, weight, tag, target.group(1) if len(targets) > 1 else targets[0]))
     return found
 
 
@@ -398,7 +405,7 @@ def tokenizer_tags(config: dict[str, Any]) -> list[str]:
     targets = target_languages(config)
     if len(targets) > 1:
         tags += [target_tag(lang) for lang in targets]
-    tags += [corpus.tag for corpus in corpora(config) if corpus.tag]
+    tags += [tag for _, _, tag in corpus_entries(config["datasource"]) if tag]
     return list(dict.fromkeys(tags))
 
 
@@ -416,7 +423,7 @@ def experiment_name(config: dict[str, Any]) -> str:
     europarl+news_en-it, europarl+news_en-fr+it."""
     if config["experiment_name"]:
         return config["experiment_name"]
-    base = "+".join(dict.fromkeys(corpus_name(corpus.source) for corpus in corpora(config)))
+    base = "+".join(dict.fromkeys(corpus_name(source) for source, _, _ in corpus_entries(config["datasource"])))
     return f"{base}_{config['lang_src']}-{config['lang_tgt']}"
 
 
