@@ -2,6 +2,8 @@
 its baselines compute what they claim, and a --quick run reports every figure."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 
@@ -120,9 +122,27 @@ def test_synthetic_lengths_resemble_opus_books() -> None:
     assert pairs == bench.synthetic_pairs(20000, 0, (8000, 10000))[:len(pairs)]  # seeded
 
 
-def test_quick_run_reports_every_figure(capsys: pytest.CaptureFixture) -> None:
-    assert bench.main(["--quick", "--json", "--device", "cpu"]) == 0
-    result = json.loads(capsys.readouterr().out)
+@pytest.fixture(scope="module")
+def quick_run() -> tuple[str, dict]:
+    """One `--quick` run on CPU (the two tests below share it): what it printed, and the result
+    its table was made from."""
+    results = []
+    real_table = bench.table
+
+    def table(result: dict) -> str:
+        results.append(result)
+        return real_table(result)
+
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out):
+        patch.setattr(bench, "table", table)
+        assert bench.main(["--quick", "--device", "cpu"]) == 0
+    [result] = results
+    return out.getvalue(), result
+
+
+def test_quick_run_reports_every_figure(quick_run: tuple[str, dict]) -> None:
+    result = json.loads(json.dumps(quick_run[1]))  # what --json prints
     assert cpu_kernels.CPU_FAST_PATHS  # the ablation switched it back on
     bf16 = {"project, bf16 autocast"} if bench.native_bf16(torch.device("cpu")) else set()
     assert set(result["training"]) == {"project", "project, stock PyTorch kernels", "torch.nn.Transformer",
@@ -142,9 +162,8 @@ def test_quick_run_reports_every_figure(capsys: pytest.CaptureFixture) -> None:
     assert result["ratios"]["vs_tutorial"] > 0 and result["peak_gflops"]["float32"] > 0
 
 
-def test_quick_table(capsys: pytest.CaptureFixture) -> None:
-    assert bench.main(["--quick", "--device", "cpu"]) == 0
-    out = capsys.readouterr().out
+def test_quick_table(quick_run: tuple[str, dict]) -> None:
+    out = quick_run[0]
     assert "QUICK" in out and "torch.nn.Transformer" in out and "targets:" in out
 
 

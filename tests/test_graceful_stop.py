@@ -1,12 +1,19 @@
 """SIGINT/SIGTERM finish the current step, checkpoint, and exit 0 with a resume hint; a second
-Ctrl-C quits at once without a traceback."""
+Ctrl-C quits at once without a traceback.
+
+The three runs (stopped by SIGINT, by SIGTERM, and by Ctrl-C twice) train side by side, one thread
+each (OMP_NUM_THREADS=1), so that on two cores they share the cores instead of running one after
+the other; each is signalled as its own test says."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -14,48 +21,38 @@ import torch
 from synthetic_data import tiny_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+TWICE = "Ctrl-C twice"
 
 
-def start(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
-    data = tiny_corpus(tmp_path / "data", train=400)
-    weights = tmp_path / "weights"
-    process = subprocess.Popen(
-        [sys.executable, "train.py", "--datasource", str(data), "--preset", "tiny", "--d_model", "64", "--d_ff",
-         "256", "--num_epochs", "1000", "--save_every_steps", "2", "--model_folder", str(weights),
-         "--runs_folder", str(tmp_path / "runs"), "--store_folder", str(tmp_path / "stores")],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+class Stopped(NamedTuple):
+    returncode: int
+    stderr: str
+    weights: Path
+
+
+def launch(folder: Path, *options: str, validation: int = 30) -> subprocess.Popen:
+    data = tiny_corpus(folder / "data", train=400, validation=validation)
+    return subprocess.Popen(
+        [sys.executable, "train.py", "--datasource", str(data), "--preset", "tiny", *options,
+         "--model_folder", str(folder / "weights"), "--runs_folder", str(folder / "runs"),
+         "--store_folder", str(folder / "stores")],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def stop_once_training(process: subprocess.Popen, weights: Path, sig: signal.Signals) -> str:
+    """Send `sig` once the run has written a checkpoint; its stderr."""
     deadline = time.monotonic() + 120
     while not list(weights.glob("*/ckpt_*.pt")):  # training is under way
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1]
         time.sleep(0.05)
-    return process, weights
-
-
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_signal_checkpoints_and_exits_zero(tmp_path: Path, sig: signal.Signals) -> None:
-    process, weights = start(tmp_path)
     process.send_signal(sig)
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 0, stderr
-    assert "Traceback" not in stderr
-    last_line = stderr.strip().splitlines()[-1]
-    assert last_line.startswith("stopped at step ") and "resume with: python train.py" in last_line
-    stopped_at = int(last_line.split()[3].rstrip(";"))
-    newest = max(weights.glob("*/ckpt_*.pt"))
-    assert newest.name == f"ckpt_{stopped_at:08d}.pt"
-    assert torch.load(newest, weights_only=True)["global_step"] == stopped_at
+    return process.communicate(timeout=60)[1]
 
 
-def test_second_ctrl_c_quits_at_once(tmp_path: Path) -> None:
-    """The first Ctrl-C arrives as validation starts (the first signal's log line proves it was
-    handled), so the run is still validating, or in the step after it, when the second arrives:
-    that one must quit at once with 130, not finish and save."""
-    data = tiny_corpus(tmp_path / "data", train=400, validation=600)
-    process = subprocess.Popen(
-        [sys.executable, "train.py", "--datasource", str(data), "--preset", "tiny", "--num_epochs", "100",
-         "--model_folder", str(tmp_path / "weights"), "--runs_folder", str(tmp_path / "runs"),
-         "--store_folder", str(tmp_path / "stores")],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def ctrl_c_twice(process: subprocess.Popen) -> str:
+    """The first Ctrl-C as validation starts, the second once the first is handled; its stderr."""
     seen = []
     for line in process.stderr:  # validating 600 sentences takes seconds: a wide window
         seen.append(line)
@@ -64,9 +61,52 @@ def test_second_ctrl_c_quits_at_once(tmp_path: Path) -> None:
         elif line.startswith("received SIGINT"):
             process.send_signal(signal.SIGINT)
             break
-    _, rest = process.communicate(timeout=30)
-    stderr = "".join(seen) + rest
-    assert process.returncode == 130, stderr
-    assert "Traceback" not in stderr
-    assert stderr.strip().splitlines()[-1] == "train.py: interrupted; the last checkpoint is intact"
-    assert not list((tmp_path / "weights").glob("*/ckpt_*.pt")), "quit at once: no checkpoint of this epoch"
+    return "".join(seen) + process.communicate(timeout=30)[1]
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory: pytest.TempPathFactory) -> dict[object, Stopped]:
+    """The runs, each stopped by its signals: by SIGINT, by SIGTERM, and by Ctrl-C twice."""
+    root = tmp_path_factory.mktemp("graceful")
+    folders = {sig: root / sig.name for sig in STOP_SIGNALS} | {TWICE: root / "twice"}
+    processes = {sig: launch(folders[sig], "--d_model", "64", "--d_ff", "256", "--num_epochs", "1000",
+                             "--save_every_steps", "2") for sig in STOP_SIGNALS}
+    processes[TWICE] = launch(folders[TWICE], "--num_epochs", "100", validation=600)
+    stderr: dict[object, str] = {}
+    driver = threading.Thread(target=lambda: stderr.update({TWICE: ctrl_c_twice(processes[TWICE])}))
+    driver.start()
+    try:
+        for sig in STOP_SIGNALS:
+            stderr[sig] = stop_once_training(processes[sig], folders[sig] / "weights", sig)
+        driver.join(timeout=180)
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+        driver.join()
+    return {key: Stopped(process.wait(), stderr.get(key, ""), folders[key] / "weights")
+            for key, process in processes.items()}
+
+
+@pytest.mark.parametrize("sig", STOP_SIGNALS)
+def test_signal_checkpoints_and_exits_zero(stopped: dict[object, Stopped], sig: signal.Signals) -> None:
+    run = stopped[sig]
+    assert run.returncode == 0, run.stderr
+    assert "Traceback" not in run.stderr
+    last_line = run.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("stopped at step ") and "resume with: python train.py" in last_line
+    stopped_at = int(last_line.split()[3].rstrip(";"))
+    newest = max(run.weights.glob("*/ckpt_*.pt"))
+    assert newest.name == f"ckpt_{stopped_at:08d}.pt"
+    assert torch.load(newest, weights_only=True)["global_step"] == stopped_at
+
+
+def test_second_ctrl_c_quits_at_once(stopped: dict[object, Stopped]) -> None:
+    """The first Ctrl-C arrives as validation starts (the first signal's log line proves it was
+    handled), so the run is still validating, or in the step after it, when the second arrives:
+    that one must quit at once with 130, not finish and save."""
+    run = stopped[TWICE]
+    assert run.returncode == 130, run.stderr
+    assert "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1] == "train.py: interrupted; the last checkpoint is intact"
+    assert not list(run.weights.glob("*/ckpt_*.pt")), "quit at once: no checkpoint of this epoch"

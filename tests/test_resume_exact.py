@@ -3,9 +3,13 @@
 Run A trains uninterrupted. Run B is the same command, killed at a random moment after its
 first step checkpoint and started again. On CPU every loss B logs after the resume, and its final
 weights, must equal A's bit for bit.
+
+A runs while B is killed and resumed, each with one thread (OMP_NUM_THREADS=1): on two cores the
+two runs then take one core each, instead of one after the other, and their arithmetic is the same.
 """
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -20,6 +24,7 @@ from synthetic_data import tiny_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_STEPS = 40
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def command(data: Path, run: Path) -> list[str]:
@@ -46,9 +51,32 @@ def final_weights(run: Path) -> dict[str, torch.Tensor]:
 def test_sigkill_then_resume_matches_unbroken_run(tmp_path: Path) -> None:
     data = tiny_corpus(tmp_path / "data", train=400)
     run_a, run_b = tmp_path / "a", tmp_path / "b"
-    subprocess.run(command(data, run_a), cwd=ROOT, check=True, capture_output=True, timeout=240)
+    with open(tmp_path / "a.log", "w") as log_a:
+        unbroken = subprocess.Popen(command(data, run_a), cwd=ROOT, env=ONE_THREAD, stdout=subprocess.DEVNULL,
+                                    stderr=log_a)
+        try:
+            resumed_from = kill_and_resume(data, run_b)
+            assert unbroken.wait(timeout=240) == 0, (tmp_path / "a.log").read_text()[-3000:]
+        finally:
+            if unbroken.poll() is None:
+                unbroken.kill()
+                unbroken.wait()
 
-    victim = subprocess.Popen(command(data, run_b), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    loss_a, loss_b = losses(run_a), losses(run_b)
+    assert sorted(loss_b) == list(range(1, MAX_STEPS + 1)), "every step logged exactly once"
+    for step in range(resumed_from + 1, MAX_STEPS + 1):
+        assert loss_b[step] == loss_a[step], f"loss differs at step {step}"
+    weights_a, weights_b = final_weights(run_a), final_weights(run_b)
+    assert weights_a.keys() == weights_b.keys()
+    for name in weights_a:
+        assert torch.equal(weights_a[name], weights_b[name]), name
+
+
+def kill_and_resume(data: Path, run_b: Path) -> int:
+    """Run B: SIGKILL at a seeded random moment after its first checkpoint, then the same command
+    again to the end; the step it resumed from."""
+    victim = subprocess.Popen(command(data, run_b), cwd=ROOT, env=ONE_THREAD, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
     manifest = None
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and victim.poll() is None:
@@ -67,15 +95,8 @@ def test_sigkill_then_resume_matches_unbroken_run(tmp_path: Path) -> None:
     resumed_from = steps_saved[-1]
     assert resumed_from < MAX_STEPS
 
-    restarted = subprocess.run(command(data, run_b), cwd=ROOT, capture_output=True, text=True, timeout=240)
+    restarted = subprocess.run(command(data, run_b), cwd=ROOT, env=ONE_THREAD, capture_output=True, text=True,
+                               timeout=240)
     assert restarted.returncode == 0, restarted.stderr
     assert f"step {resumed_from})" in restarted.stderr
-
-    loss_a, loss_b = losses(run_a), losses(run_b)
-    assert sorted(loss_b) == list(range(1, MAX_STEPS + 1)), "every step logged exactly once"
-    for step in range(resumed_from + 1, MAX_STEPS + 1):
-        assert loss_b[step] == loss_a[step], f"loss differs at step {step}"
-    weights_a, weights_b = final_weights(run_a), final_weights(run_b)
-    assert weights_a.keys() == weights_b.keys()
-    for name in weights_a:
-        assert torch.equal(weights_a[name], weights_b[name]), name
+    return resumed_from
