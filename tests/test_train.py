@@ -21,7 +21,7 @@ from torch.utils.tensorboard import SummaryWriter
 import dataset
 import train
 from checkpoint import MANIFEST, checkpoint_name, load_checkpoint, load_for_inference, load_latest
-from config import parse_config, validate_config, weights_dir
+from config import parse_config, runs_dir, validate_config, weights_dir
 from store import text_store, token_store
 from synthetic_data import synthetic_pairs, write_hub_dataset
 from loss import loss_sum
@@ -309,15 +309,40 @@ def test_other_batch_tokens_mid_epoch_resume_at_the_next_epoch(stopped_mid_epoch
 
 def test_max_minutes_stops_with_a_validated_checkpoint(stopped_mid_epoch: list[str],
                                                        capsys: pytest.CaptureFixture) -> None:
-    started = time.monotonic()
-    assert train.main(stopped_mid_epoch + ["--experiment_name", "timed", "--max_minutes", "0.1"]) == 0
-    elapsed = time.monotonic() - started
-    err = capsys.readouterr().err
-    steps = int(re.search(r"reached --max_minutes 0.1 \((\d+) steps\)", err).group(1))
-    # it stops once the time spent plus one more validation reaches the budget of 6 s
-    assert 4 <= elapsed < 30 and steps > 20
-    state = newest(stopped_mid_epoch + ["--experiment_name", "timed"])
-    assert state["global_step"] == steps and set(state["metrics"]) >= {"bleu", "loss"}
+    """--max_minutes 0.1: the run stops after the first step at which the time since it started plus
+    the length of its last validation reaches 6 s, then validates and saves. Judged from the wall
+    times TensorBoard records for each step and validation, so a slow or loaded machine, which
+    trains fewer steps in 6 s, passes as well as a fast one."""
+    args = stopped_mid_epoch + ["--experiment_name", "timed", "--max_minutes", "0.1", "--log_every", "1"]
+    budget = 6.0
+    started = time.time()
+    assert train.main(args) == 0
+    elapsed = time.time() - started
+    stop = int(re.search(r"reached --max_minutes 0.1 \((\d+) steps\)", capsys.readouterr().err).group(1))
+    state = newest(args)
+    assert state["global_step"] == stop and set(state["metrics"]) >= {"bleu", "loss"}
+    assert elapsed < 30
+
+    events = EventAccumulator(str(runs_dir(parse_config(args))), size_guidance={"scalars": 0})
+    events.Reload()
+    logged = {e.step: e.wall_time - started for e in events.Scalars("train/loss")}  # after the step's time check
+    validated = {e.step: e.wall_time - started for e in events.Scalars("val/loss")}
+    assert sorted(logged) == list(range(1, stop + 1)) and stop in validated
+
+    def last_validation(step: int) -> tuple[float, float]:
+        """Bounds of the length of the last validation before `step`'s time check (none: 0): it
+        starts after its step is logged, logs val/loss, and ends before the next step is logged."""
+        before = [v for v in validated if v < step]
+        if not before:
+            return 0.0, 0.0
+        v = max(before)
+        return validated[v] - logged[v], logged[v + 1] - logged[v]
+
+    # Not too early: at the stop step's check, the time plus the last validation had reached the budget.
+    assert logged[stop] + last_validation(stop)[1] >= budget, (logged, validated)
+    # Not too late: at the check of the step before (after step stop - 2 was logged), they had not.
+    if stop >= 3:
+        assert logged[stop - 2] + last_validation(stop - 1)[0] < budget + 0.25, (logged, validated)
 
 
 def test_early_stopping_after_patience_validations_without_a_better_bleu(stopped_mid_epoch: list[str],
