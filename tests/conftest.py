@@ -107,14 +107,18 @@ class Toy:
         from translator import TorchTranslator
         return TorchTranslator(self.model, self.tok_src, self.tok_tgt, dict(get_config(), seq_len=self.seq_len))
 
-    def batch(self, pairs: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
+    def encode(self, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+        """The token ids of each pair's source and target, without special tokens."""
+        return [(encode_ids(self.tok_src, s), encode_ids(self.tok_tgt, t)) for s, t in pairs]
+
+    def batch(self, encoded: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
         """A teacher-forcing batch built directly from token ids (independent of dataset.py)."""
-        sources = [[SOS_ID, *encode_ids(self.tok_src, s), EOS_ID] for s, _ in pairs]
-        targets = [encode_ids(self.tok_tgt, t) for _, t in pairs]
+        sources = [[SOS_ID, *s, EOS_ID] for s, _ in encoded]
+        targets = [t for _, t in encoded]
         src_len, tgt_len = max(map(len, sources)), max(len(t) + 1 for t in targets)
-        src = torch.full((len(pairs), src_len), PAD_ID)
-        decoder_input = torch.full((len(pairs), tgt_len), PAD_ID)
-        label = torch.full((len(pairs), tgt_len), PAD_ID)
+        src = torch.full((len(encoded), src_len), PAD_ID)
+        decoder_input = torch.full((len(encoded), tgt_len), PAD_ID)
+        label = torch.full((len(encoded), tgt_len), PAD_ID)
         for row, (s, t) in enumerate(zip(sources, targets)):
             src[row, :len(s)] = torch.tensor(s)
             decoder_input[row, :len(t) + 1] = torch.tensor([SOS_ID, *t])
@@ -144,9 +148,10 @@ def toy_translator() -> Toy:
     # whether 88% or 99% of unseen sentences came out exactly right.
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / 600)
     losses = []
+    encoded = toy.encode(train_pairs)  # once: tokenizing every batch anew took a third of the time
     model.train()
     for _ in range(600):
-        batch = toy.batch(rng.sample(train_pairs, 64))
+        batch = toy.batch([encoded[i] for i in rng.sample(range(len(encoded)), 64)])
         logits = model(batch["src"], batch["decoder_input"], batch["src_mask"], batch["tgt_mask"])
         loss = loss_sum(logits, batch["label"], 0.0) / (batch["label"] != PAD_ID).sum()
         optimizer.zero_grad()
