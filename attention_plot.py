@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from matplotlib.figure import Figure
 from tokenizers import Tokenizer
 
 from decoding import encode_sources, greedy_decode, max_output_tokens
 from model import Transformer, causal_mask
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 @torch.no_grad()
@@ -66,6 +69,9 @@ def attention_figure(model: Transformer, tok_src: Tokenizer, tok_tgt: Tokenizer,
                      per_head: bool = False) -> Figure:
     """A matplotlib Figure of the heatmap (mean over heads, or one panel per head), e.g. for
     `SummaryWriter.add_figure("val/attention", figure, step)`."""
+    # Imported here: matplotlib costs ~0.5 s to import, which every train.py and translate.py start
+    # would pay for a figure only validation's TensorBoard step and --plot_attention draw.
+    from matplotlib.figure import Figure
     sources, outputs, weights = cross_attention_weights(model, tok_src, tok_tgt, sentence)
     panels = [(f"head {h}", weights[h]) for h in range(weights.size(0))] if per_head \
         else [("mean over heads", weights.mean(dim=0))]

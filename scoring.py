@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import sacrebleu
-from torchmetrics.functional.text import char_error_rate, word_error_rate
 
 
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float | str]:
@@ -18,6 +17,9 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
     if not hypotheses:
         raise ValueError("no sentences to score")
+    # Imported here: torchmetrics costs ~0.4 s to import, which every train.py and translate.py start
+    # would pay for a function only validation and evaluate.py call.
+    from torchmetrics.functional.text import char_error_rate, word_error_rate
     hypotheses, references = list(hypotheses), list(references)
     bleu_metric = sacrebleu.metrics.BLEU()
     chrf_metric = sacrebleu.metrics.CHRF()
