@@ -1,6 +1,11 @@
 """Tokenizers from the `tokenizers` library: WordLevel (the tutorials'), BPE or Unigram.
 
-Special tokens and their ids are defined here once. Every model splits text the same way:
+Special tokens and their ids are defined here once: [UNK], [PAD], [SOS], [EOS] take ids 0..3, and a
+new run's tag tokens (`config.tokenizer_tags`: <BT> for back-translation, <2fr> for "into French")
+follow them as special tokens of both tokenizers, so a tag is one token that is never split (special
+tokens are cut out before pre-tokenizing, in every model type) and `decode_ids` drops it like the
+four fixed ones. `tag_id` finds a tag's id and refuses a tokenizer that lacks it. Every model splits
+text the same way:
 a Metaspace pre-tokenizer marks word starts with "▁" and punctuation is split off, so the
 Metaspace decoder gives back natural text ("Hello, world." not "Hello , world .").
 
@@ -12,11 +17,12 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from atomic_files import atomic_write_bytes
+from config import tokenizer_tags
 
 UNK, PAD, SOS, EOS = "[UNK]", "[PAD]", "[SOS]", "[EOS]"
 SPECIAL_TOKENS = [UNK, PAD, SOS, EOS]
@@ -27,17 +33,19 @@ class TokenizerError(ValueError):
     """A tokenizer file that does not fit this pipeline."""
 
 
-def _new_tokenizer(tokenizer_type: str, vocab_size: int, min_frequency: int) -> tuple[Tokenizer, Any]:
+def _new_tokenizer(tokenizer_type: str, vocab_size: int, min_frequency: int,
+                   tags: Sequence[str] = ()) -> tuple[Tokenizer, Any]:
+    special = [*SPECIAL_TOKENS, *tags]
     if tokenizer_type == "wordlevel":
         tokenizer = Tokenizer(models.WordLevel(unk_token=UNK))
-        trainer = trainers.WordLevelTrainer(special_tokens=SPECIAL_TOKENS, min_frequency=min_frequency)
+        trainer = trainers.WordLevelTrainer(special_tokens=special, min_frequency=min_frequency)
     elif tokenizer_type == "bpe":
         tokenizer = Tokenizer(models.BPE(unk_token=UNK))
-        trainer = trainers.BpeTrainer(special_tokens=SPECIAL_TOKENS, vocab_size=vocab_size,
+        trainer = trainers.BpeTrainer(special_tokens=special, vocab_size=vocab_size,
                                       min_frequency=min_frequency, show_progress=False)
     elif tokenizer_type == "unigram":
         tokenizer = Tokenizer(models.Unigram())
-        trainer = trainers.UnigramTrainer(special_tokens=SPECIAL_TOKENS, vocab_size=vocab_size,
+        trainer = trainers.UnigramTrainer(special_tokens=special, vocab_size=vocab_size,
                                           unk_token=UNK, show_progress=False)
     else:
         raise TokenizerError(f"unknown tokenizer_type {tokenizer_type!r}")
@@ -48,12 +56,25 @@ def _new_tokenizer(tokenizer_type: str, vocab_size: int, min_frequency: int) -> 
 
 
 def train_tokenizer(sentences: Iterable[str], tokenizer_type: str, vocab_size: int,
-                    min_frequency: int) -> Tokenizer:
-    """Train a tokenizer on `sentences` (the training split only)."""
-    tokenizer, trainer = _new_tokenizer(tokenizer_type, vocab_size, min_frequency)
+                    min_frequency: int, tags: Sequence[str] = ()) -> Tokenizer:
+    """Train a tokenizer on `sentences` (the training split only), reserving `tags` as special tokens
+    with the ids after the four fixed ones."""
+    tokenizer, trainer = _new_tokenizer(tokenizer_type, vocab_size, min_frequency, tags)
     tokenizer.train_from_iterator(sentences, trainer=trainer)
     check_special_tokens(tokenizer)
     return tokenizer
+
+
+def tag_id(tokenizer: Tokenizer, tag: str, owner: str) -> int:
+    """The id of the reserved tag token `tag` (<BT>, <2fr>) in `tokenizer`, whose origin `owner` names
+    (a checkpoint, an exported model). A tag must be a special token: only those are never split and
+    never decoded. A TokenizerError in one line when the tokenizer does not reserve it."""
+    found = tokenizer.token_to_id(tag)
+    special = {token.content for token in tokenizer.get_added_tokens_decoder().values() if token.special}
+    if found is None or tag not in special:
+        raise TokenizerError(f"tag {tag} is not in the tokenizers of {owner}; reserve it with --reserved_tags when "
+                             f"training the first model")
+    return found
 
 
 def check_special_tokens(tokenizer: Tokenizer) -> None:
@@ -98,8 +119,9 @@ def tokenizer_paths(folder: Path, config: dict[str, Any]) -> tuple[Path, Path]:
 def train_tokenizers(config: dict[str, Any],
                      pairs: Callable[[], Iterator[tuple[str, str]]]) -> tuple[Tokenizer, Tokenizer]:
     """Source and target tokenizers (one shared one with `joint_vocab`) of the configured type,
-    trained on the sentence pairs `pairs()` yields; it is called once per pass."""
-    settings = (config["tokenizer_type"], config["vocab_size"], config["min_frequency"])
+    trained on the sentence pairs `pairs()` yields; it is called once per pass. Both reserve the
+    run's tags (`config.tokenizer_tags`), so a tag has the same id on either side."""
+    settings = (config["tokenizer_type"], config["vocab_size"], config["min_frequency"], tokenizer_tags(config))
     if config["joint_vocab"]:
         joint = train_tokenizer((text for pair in pairs() for text in pair), *settings)
         return joint, joint
