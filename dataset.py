@@ -15,9 +15,13 @@
    sentences, which would otherwise be trained on and then scored).
 3. store.py keeps the pairs and their token ids on disk; `BilingualDataset` reads rows by index
    from flat arrays (memory-mapped from the store), so no list of all pairs or ids is ever built.
-4. `BatchPlan` groups sentences of similar length into token-budget batches whose order is a
-   function of (seed, epoch) alone; each global step takes world_size * accum_steps of them, and
-   rank r takes every world_size-th one, so the data order does not depend on the world size.
+   `CorpusMix` puts several corpora's datasets side by side.
+4. `BatchPlan` takes each corpus's share of an epoch by its weight w: round(w x n) of its n pairs,
+   floor(w) full copies plus a draw of the fraction seeded with (seed, epoch, corpus index). It
+   groups them into token-budget batches of sentences of similar length, in an order that is a
+   function of (seed, epoch) alone; each global step takes world_size * accum_steps batches, and
+   rank r takes every world_size-th one, so the data order depends on neither the world size nor
+   a resume. One corpus of weight 1 is batched exactly as it was before corpora had weights.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import hashlib
 import io
 import json
 import lzma
+import math
 import os
 import socket
 import sys
@@ -497,6 +502,11 @@ class BilingualDataset(Dataset):
     def __len__(self) -> int:
         return len(self.src_lens)
 
+    @property
+    def corpus_sizes(self) -> list[int]:
+        """The number of rows of each corpus the dataset holds, in order: one corpus here."""
+        return [len(self)]
+
     def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         start, end = self.offsets[:, index], self.offsets[:, index + 1]
         return self.src_ids[start[0]:end[0]], self.tgt_ids[start[1]:end[1]]
@@ -521,6 +531,27 @@ class BilingualDataset(Dataset):
         if bool((self.src_lens[indices] < src_len).any()):
             batch["src_mask"] = (encoder_input != PAD_ID)[:, None, None, :]
         return batch
+
+
+class CorpusMix(BilingualDataset):
+    """Several corpora's datasets side by side, batched and collated as one: row k of corpus i is row
+    `starts[i] + k`. Each keeps its own (memory-mapped) arrays; only the lengths are concatenated."""
+
+    def __init__(self, parts: Sequence[BilingualDataset]) -> None:
+        # Not BilingualDataset.__init__, which takes one corpus's flat arrays: collate needs only the
+        # lengths and __getitem__.
+        self.parts = list(parts)
+        self.starts = np.cumsum([0, *(len(part) for part in self.parts)])
+        self.src_lens = np.concatenate([part.src_lens for part in self.parts])
+        self.tgt_lens = np.concatenate([part.tgt_lens for part in self.parts])
+
+    @property
+    def corpus_sizes(self) -> list[int]:
+        return [len(part) for part in self.parts]
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        part = int(np.searchsorted(self.starts, index, side="right")) - 1
+        return self.parts[part][index - int(self.starts[part])]
 
 
 def fits(src_tokens: int, tgt_tokens: int, seq_len: int) -> bool:
@@ -564,7 +595,8 @@ def padding_waste(batches: Sequence[np.ndarray], src_lens: np.ndarray, tgt_lens:
 
 @dataclass
 class BatchPlan:
-    """Which micro-batches each rank trains on in one epoch, and how many tokens each step has."""
+    """Which rows each epoch takes from each corpus of `dataset` (by `weights`, one per corpus), which
+    micro-batches each rank trains on, and how many tokens each step has."""
 
     dataset: BilingualDataset
     batch_tokens: int
@@ -572,18 +604,42 @@ class BatchPlan:
     world_size: int = 1
     rank: int = 0
     accum_steps: int = 1
+    weights: Sequence[float] = (1.0,)
 
     def __post_init__(self) -> None:
+        if len(self.weights) != len(self.dataset.corpus_sizes):
+            raise ValueError(f"{len(self.weights)} weights for {len(self.dataset.corpus_sizes)} corpora")
         self._cached: tuple[int, list[np.ndarray]] | None = None
 
     @property
     def per_step(self) -> int:
         return self.world_size * self.accum_steps
 
+    def corpus_pairs(self) -> list[int]:
+        """How many pairs each corpus gives every epoch: round(weight x its pairs)."""
+        return [round(weight * size) for weight, size in zip(self.weights, self.dataset.corpus_sizes)]
+
+    def epoch_rows(self, epoch: int) -> np.ndarray:
+        """The dataset's rows that epoch `epoch` trains on, corpus by corpus: floor(w) full copies of
+        a corpus, then the rest of its round(w x n) drawn without replacement, seeded with (seed,
+        epoch, corpus index) so that the mix depends on nothing else."""
+        sizes = self.dataset.corpus_sizes
+        starts = np.cumsum([0, *sizes])
+        rows = []
+        for index, (start, size, weight, total) in enumerate(zip(starts, sizes, self.weights, self.corpus_pairs())):
+            copies = math.floor(weight)
+            rows += [np.arange(start, start + size)] * copies
+            if total > copies * size:
+                drawn = np.random.default_rng([self.seed, epoch, index]).choice(size, total - copies * size, False)
+                rows.append(start + np.sort(drawn))
+        return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         if self._cached is None or self._cached[0] != epoch:
+            rows = self.epoch_rows(epoch)
             rng = np.random.default_rng([self.seed, epoch])
-            self._cached = (epoch, token_batches(self.dataset.src_lens, self.dataset.tgt_lens, self.batch_tokens, rng))
+            batches = token_batches(self.dataset.src_lens[rows], self.dataset.tgt_lens[rows], self.batch_tokens, rng)
+            self._cached = (epoch, [rows[batch] for batch in batches])
         return self._cached[1]
 
     def steps_per_epoch(self, epoch: int, start_batch: int = 0) -> int:

@@ -1,16 +1,25 @@
 """The data store: each split's sentence pairs and token ids on disk, read by index without loading.
 
-Two layers, each a folder under `store_folder` (default `stores/`), built once and reused by every
-restart, resume and torchrun rank (rank 0 builds, the others wait and map the same files):
-1. The text store: the usable pairs of every split as UTF-8, in one streaming pass over the
-   datasource (dataset.py). A train-only source is carved here (validation and test capped, their
-   source sentences removed from train), and `filter_duplicates` drops repeated training pairs.
-   Keyed by the datasource's fingerprint, the language pair and the carving and filter settings.
-   Tokenizers train on a seeded sample of its train split (`tokenizer_sample`).
+Two layers per corpus of `datasource` (config.corpora), each a folder under `store_folder` (default
+`stores/`), built once and reused by every restart, resume and torchrun rank (rank 0 builds, the
+others wait and map the same files):
+1. The text store: the usable pairs of every split as UTF-8, in one streaming pass over the corpus
+   (dataset.py). The first corpus's (`text_store`) holds the held-out splits: validation and test
+   given apart (`valid_data`, `test_data`: a folder's split, or a file pair's only split), else the
+   corpus's own, else carved from its train split (capped); training pairs whose source sentence is
+   in a carved split or one given apart are removed. Every other corpus's holds its train split
+   without the pairs whose source sentence is in those held-out splits (`text_stores`).
+   `filter_duplicates` drops repeated training pairs. Keyed by the corpus's fingerprint, its
+   language pair, the carving and filter settings, the fingerprints of the held-out sources given
+   apart, and for the other corpora a digest of the held-out source sentences: adding a corpus
+   reads only that corpus. Tokenizers train on a seeded sample of all the corpora's training pairs
+   (`tokenizer_sample`).
 2. The token store: the token ids of the pairs that fit in `seq_len` (`filter_max_length_ratio`
-   drops training pairs whose token lengths differ by more than that ratio). Keyed by the text
-   store, both tokenizers' content hashes, seq_len and that ratio.
-Another datasource, pair, setting or tokenizer gives another key, so a stale store is never read.
+   drops training pairs whose token lengths differ by more than that ratio); a tagged corpus's
+   source rows start with its tag's id. Keyed by the text store, both tokenizers' content hashes,
+   seq_len, that ratio and the tag: with the tokenizers unchanged (a resume, --init_from), adding a
+   corpus tokenizes only that corpus.
+Another corpus, pair, setting or tokenizer gives another key, so a stale store is never read.
 
 Format, as in fairseq's indexed datasets: per split, all source sequences end to end in one flat
 file, all target sequences in another, and an offsets array (2, rows + 1): token rows are read
@@ -44,6 +53,7 @@ import re
 import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from itertools import chain
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -52,8 +62,10 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from atomic_files import atomic_write_bytes, lock_file, sha256_of
-from dataset import SPLITS, BilingualDataset, DataError, Pair, carve, fits, log, open_source, read_pairs, text_hash
-from tokenizer import tokenizer_hash
+from config import Corpus, corpora, corpus_name
+from dataset import (SPLITS, BilingualDataset, DataError, Pair, Source, carve, fits, log, open_source, read_pairs,
+                     text_hash)
+from tokenizer import tag_id, tokenizer_hash
 
 STORE_FORMAT = 1
 ENCODE_BATCH = 20_000  # pairs tokenized per call: bounds memory, keeps the tokenizer's threads busy
@@ -275,10 +287,14 @@ class Store:
         return meta
 
 
-def _store_folder(config: dict[str, Any], kind: str, key: dict[str, Any]) -> Path:
+def _store_folder(config: dict[str, Any], corpus: Corpus, kind: str, key: dict[str, Any]) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()[:16]
-    name = os.path.basename(os.path.normpath(config["datasource"])) or "data"
-    return Path(config["store_folder"]) / f"{name}_{config['lang_src']}-{config['lang_tgt']}_{kind}_{digest}"
+    return Path(config["store_folder"]) / f"{corpus_name(corpus.source)}_{config['lang_src']}-{corpus.lang_tgt}_" \
+                                          f"{kind}_{digest}"
+
+
+def _pair(config: dict[str, Any], corpus: Corpus) -> str:
+    return f"{config['lang_src']}-{corpus.lang_tgt}"
 
 
 # ---------------------------------------------------------------------------- the text store
@@ -304,57 +320,127 @@ class TextStore(Store):
         for start in range(0, self.size(split), chunk):
             yield self.pairs(split, range(start, min(start + chunk, self.size(split))))
 
-    def tokenizer_sample(self, config: dict[str, Any]) -> Iterator[Pair]:
-        """A seeded sample of at most `tokenizer_max_sentences` training pairs, in corpus order:
-        what the tokenizers are trained on (all of a corpus below the cap)."""
-        n = self.size("train")
-        cap = config["tokenizer_max_sentences"]
-        rows = np.arange(n) if n <= cap else np.sort(np.random.default_rng(config["seed"]).choice(n, cap, False))
-        for start in range(0, len(rows), ENCODE_BATCH):
-            yield from self.pairs("train", rows[start:start + ENCODE_BATCH])
+    def held_out_hashes(self) -> np.ndarray:
+        """The sorted hashes of the source sentences of the validation and test splits."""
+        return np.unique(np.fromiter((text_hash(source) for split in ("validation", "test")
+                                      for source, _ in self.pairs(split)), dtype=np.uint64))
+
+
+def tokenizer_sample(config: dict[str, Any], stores: Sequence[TextStore]) -> Iterator[Pair]:
+    """A seeded sample of at most `tokenizer_max_sentences` of all the corpora's training pairs, in
+    corpus order: what the tokenizers are trained on (all of them below the cap)."""
+    sizes = [store.size("train") for store in stores]
+    starts = np.cumsum([0, *sizes])
+    n, cap = int(starts[-1]), config["tokenizer_max_sentences"]
+    rows = np.arange(n) if n <= cap else np.sort(np.random.default_rng(config["seed"]).choice(n, cap, False))
+    for store, start, end in zip(stores, starts, starts[1:]):
+        mine = rows[(rows >= start) & (rows < end)] - start
+        for first in range(0, len(mine), ENCODE_BATCH):
+            yield from store.pairs("train", mine[first:first + ENCODE_BATCH])
+
+
+def _given_apart(config: dict[str, Any], corpus: Corpus) -> dict[str, tuple[Source, str]]:
+    """The held-out splits named by `valid_data` / `test_data`, each with the source and split to read:
+    a folder's validation (test) split, or the one split of a file pair or TSV file."""
+    given = {}
+    for name, option in (("validation", "valid_data"), ("test", "test_data")):
+        if config[option]:
+            source = open_source(config[option], _pair(config, corpus))
+            split = name if name in source.splits else "train" if source.splits == ["train"] else None
+            if split is None:
+                raise DataError(f"--{option} {config[option]!r} has no {name} split (found: "
+                                f"{', '.join(source.splits)})")
+            given[name] = (source, split)
+    return given
+
+
+def _open_corpus(config: dict[str, Any], corpus: Corpus) -> Source:
+    source = open_source(corpus.source, _pair(config, corpus))
+    if "train" not in source.splits:
+        raise DataError(f"{corpus.source!r} has no train split (found: {', '.join(source.splits)})")
+    return source
 
 
 def text_store(config: dict[str, Any]) -> TextStore:
-    """The text store of the configured datasource and pair: opened, or built from the datasource."""
-    source = open_source(config["datasource"], f"{config['lang_src']}-{config['lang_tgt']}")
-    if "train" not in source.splits:
-        raise DataError(f"{config['datasource']!r} has no train split (found: {', '.join(source.splits)})")
-    missing = [name for name in ("validation", "test") if name not in source.splits]
+    """The text store of the first corpus, which holds the held-out splits: each of validation and
+    test given apart (`valid_data`, `test_data`), else the corpus's own, else carved from its train
+    split. Its training pairs whose source sentence is in a carved split or one given apart are
+    removed. Opened, or built from the corpus."""
+    corpus = corpora(config)[0]
+    source = _open_corpus(config, corpus)
+    given = _given_apart(config, corpus)
+    reads = {name: (source, name) for name in SPLITS if name in source.splits and name not in given} | given
+    missing = [name for name in ("validation", "test") if name not in reads]
     key = {"format": STORE_FORMAT, "datasource": source.fingerprint, "pair": source.pair,
            "filter_duplicates": config["filter_duplicates"]}
     if missing:  # carving settings matter only to a source that is carved
         key.update({k: config[k] for k in ("seed", "val_fraction", "test_fraction", "val_max_pairs",
                                            "test_max_pairs")})
-    folder = _store_folder(config, "text", key)
-    store = TextStore.open_or_build(folder, key, lambda temporary: _fill_text_store(temporary, source, config, missing),
-                                    f"building the data store {folder} from {config['datasource']}")
+    key.update({f"{name}_given": held.fingerprint for name, (held, _) in given.items()})
+    return _text_store(config, corpus, key, partial(_fill_text_store, config=config, corpus=corpus, reads=reads,
+                                                    missing=missing, apart=list(given)))
+
+
+def text_stores(config: dict[str, Any]) -> list[TextStore]:
+    """The text store of every corpus, in `datasource` order: the first is `text_store`'s, and each
+    other holds its corpus's train split without the pairs whose source sentence is in the first's
+    held-out splits (keyed by a digest of those sentences, so that adding a corpus reads only it)."""
+    first = text_store(config)
+    held_out = first.held_out_hashes()
+    stores = [first]
+    for corpus in corpora(config)[1:]:
+        source = _open_corpus(config, corpus)
+        key = {"format": STORE_FORMAT, "datasource": source.fingerprint, "pair": source.pair,
+               "filter_duplicates": config["filter_duplicates"],
+               "held_out": hashlib.sha256(held_out.tobytes()).hexdigest()}
+        stores.append(_text_store(config, corpus, key, partial(_fill_text_store, config=config, corpus=corpus,
+                                                               reads={"train": (source, "train")}, missing=[],
+                                                               apart=[], held_out=held_out)))
+    return stores
+
+
+def _text_store(config: dict[str, Any], corpus: Corpus, key: dict[str, Any],
+                fill: Callable[[Path], dict[str, Any]]) -> TextStore:
+    folder = _store_folder(config, corpus, "text", key)
+    store = TextStore.open_or_build(folder, key, fill, f"building the data store {folder} from {corpus.source}")
     log(f"data store {store.folder}: " + ", ".join(f"{name} {store.size(name)}" for name in store.splits())
         + " pairs")
     return store
 
 
-def _fill_text_store(folder: Path, source: Any, config: dict[str, Any], missing: list[str]) -> dict[str, Any]:
-    lang_src, lang_tgt = config["lang_src"], config["lang_tgt"]
-    counts: dict[str, Any] = {}
-    source_hashes: list[np.ndarray] = []
+def _fill_text_store(folder: Path, config: dict[str, Any], corpus: Corpus, reads: dict[str, tuple[Source, str]],
+                     missing: list[str], apart: list[str], held_out: np.ndarray | None = None) -> dict[str, Any]:
+    """Read each split of `reads` (name -> the source and split to read) into the store, carve the
+    `missing` held-out splits from train, then drop the training pairs whose source sentence is in a
+    held-out split from elsewhere (the splits named in `apart`, and `held_out`'s hashes), and repeated
+    pairs with `filter_duplicates`."""
+    counts: dict[str, int] = {}
+    hashes: dict[str, np.ndarray] = {}
     pair_hashes: list[np.ndarray] = []
-    for split in [name for name in SPLITS if name in source.splits]:
-        writer = PairWriter(folder, f"raw-{split}", np.dtype(np.uint8))
-        for pairs in read_pairs(source, split, lang_src, lang_tgt):
+    for name, (source, split) in reads.items():
+        writer = PairWriter(folder, f"raw-{name}", np.dtype(np.uint8))
+        source_hashes = [np.zeros(0, dtype=np.uint64)]
+        for pairs in read_pairs(source, split, config["lang_src"], corpus.lang_tgt):
             writer.add([s.encode("utf-8") for s, _ in pairs], [t.encode("utf-8") for _, t in pairs])
-            if split == "train":
-                source_hashes.append(np.fromiter((text_hash(s) for s, _ in pairs), np.uint64, len(pairs)))
-                if config["filter_duplicates"]:
-                    pair_hashes.append(np.fromiter((text_hash(s + "\t" + t) for s, t in pairs), np.uint64,
-                                                   len(pairs)))
-        counts[split] = writer.close()
+            source_hashes.append(np.fromiter((text_hash(s) for s, _ in pairs), np.uint64, len(pairs)))
+            if name == "train" and config["filter_duplicates"]:
+                pair_hashes.append(np.fromiter((text_hash(s + "\t" + t) for s, t in pairs), np.uint64, len(pairs)))
+        counts[name] = writer.close()
+        hashes[name] = np.concatenate(source_hashes)
     if not counts["train"]:
-        raise DataError(f"{config['datasource']!r} has no usable {source.pair} training pairs")
+        raise DataError(f"{corpus.source!r} has no usable {_pair(config, corpus)} training pairs")
     rows = {name: np.arange(counts[name]) for name in counts}
     if missing:
-        rows.update(carve(np.concatenate(source_hashes), config, missing))
+        rows.update(carve(hashes["train"], config, missing))
         log(f"split the train split with seed {config['seed']} into "
             + ", ".join(f"{name} {len(rows[name])}" for name in ["train"] + missing))
+    if apart or held_out is not None:
+        elsewhere = np.concatenate([np.zeros(0, dtype=np.uint64) if held_out is None else held_out,
+                                    *(hashes[name] for name in apart)])
+        overlap = np.isin(hashes["train"][rows["train"]], elsewhere)
+        log(f"{corpus_name(corpus.source)}: removed {int(overlap.sum())} of {len(overlap)} training pairs whose "
+            f"source sentence is in a held-out split")
+        rows["train"] = rows["train"][~overlap]
     if config["filter_duplicates"]:
         train_hashes = np.concatenate(pair_hashes)[rows["train"]]
         _, first = np.unique(train_hashes, return_index=True)
@@ -379,21 +465,35 @@ class TokenStore(Store):
         return BilingualDataset(arrays.src, arrays.tgt, arrays.offsets)
 
 
-def token_store(config: dict[str, Any], text: TextStore, tok_src: Tokenizer, tok_tgt: Tokenizer) -> TokenStore:
-    """The token store of `text` under these tokenizers and seq_len: opened, or built."""
+def token_store(config: dict[str, Any], text: TextStore, tok_src: Tokenizer, tok_tgt: Tokenizer,
+                corpus: Corpus | None = None) -> TokenStore:
+    """The token store of `text`, the text store of `corpus` (the first by default), under these
+    tokenizers and seq_len: opened, or built. A tagged corpus's source rows start with its tag's id,
+    so the tag counts toward seq_len like any token."""
+    corpus = corpus or corpora(config)[0]
+    tag = tag_id(tok_src, corpus.tag, "this run") if corpus.tag else None
     key = {"format": STORE_FORMAT, "text": text.folder.name, "source_tokenizer": tokenizer_hash(tok_src),
            "target_tokenizer": tokenizer_hash(tok_tgt), "seq_len": config["seq_len"],
            "filter_max_length_ratio": config["filter_max_length_ratio"]}
-    folder = _store_folder(config, "tokens", key)
-    return TokenStore.open_or_build(folder, key, lambda temporary: _fill_token_store(temporary, text, config, tok_src,
-                                                                                     tok_tgt),
+    if corpus.tag:
+        key["tag"] = corpus.tag
+    folder = _store_folder(config, corpus, "tokens", key)
+    return TokenStore.open_or_build(folder, key, partial(_fill_token_store, text=text, config=config, tok_src=tok_src,
+                                                         tok_tgt=tok_tgt, tag=tag),
                                     f"tokenizing into the data store {folder}")
 
 
+def token_stores(config: dict[str, Any], texts: Sequence[TextStore], tok_src: Tokenizer,
+                 tok_tgt: Tokenizer) -> list[TokenStore]:
+    """The token store of every corpus, each of `texts` (`text_stores`) with its corpus's tag."""
+    return [token_store(config, text, tok_src, tok_tgt, corpus) for corpus, text in zip(corpora(config), texts)]
+
+
 def _fill_token_store(folder: Path, text: TextStore, config: dict[str, Any], tok_src: Tokenizer,
-                      tok_tgt: Tokenizer) -> dict[str, Any]:
+                      tok_tgt: Tokenizer, tag: int | None) -> dict[str, Any]:
     dtype = smallest_id_type(max(tok_src.get_vocab_size(), tok_tgt.get_vocab_size()))
     seq_len, ratio = config["seq_len"], config["filter_max_length_ratio"]
+    prefix = [] if tag is None else [tag]  # the tag is a source token like any other, but not part of the sentence
     splits = {}
     for split in text.splits():
         writer = PairWriter(folder, split, dtype)
@@ -404,13 +504,13 @@ def _fill_token_store(folder: Path, text: TextStore, config: dict[str, Any], tok
             tgt = [e.ids for e in tok_tgt.encode_batch_fast([t for _, t in pairs], add_special_tokens=False)]
             keep = []
             for s, t in zip(src, tgt):
-                if not fits(len(s), len(t), seq_len):
+                if not fits(len(prefix) + len(s), len(t), seq_len):
                     too_long += 1
                 elif split == "train" and ratio and max(len(s), len(t)) > ratio * max(1, min(len(s), len(t))):
                     unbalanced += 1
                 else:
                     keep.append((s, t))
-            writer.add([s for s, _ in keep], [t for _, t in keep])
+            writer.add([prefix + s for s, _ in keep], [t for _, t in keep])
         kept = writer.close()
         if too_long:
             log(f"{split}: dropped {too_long} of {text.size(split)} pairs longer than seq_len {seq_len}")

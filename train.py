@@ -45,18 +45,18 @@ from atomic_files import atomic_write_bytes
 from attention_plot import attention_figure
 from checkpoint import (CheckpointError, RunLock, adopt_unlisted, check_unlisted_above, checkpoint_files,
                         load_checkpoint, load_latest, load_weights, named, save_average, save_checkpoint)
-from config import (IDENTITY_KEYS, MODEL_KEYS, ConfigError, build_parser, config_or_exit, explicit_keys, runs_dir,
-                    validate_config, weights_dir)
+from config import (IDENTITY_KEYS, MODEL_KEYS, ConfigError, build_parser, config_or_exit, corpora, corpus_name,
+                    explicit_keys, runs_dir, validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
-from dataset import BatchPlan, BilingualDataset, DataError, MicroBatches, log, padding_waste
+from dataset import BatchPlan, BilingualDataset, CorpusMix, DataError, MicroBatches, log, padding_waste
 from device import pick_device
 from loss import loss_sum
 from model import Transformer, build_model, train_flops
 from optimizer import build_optimizer, lr_factor
 from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
 from scoring import corpus_scores
-from store import TextStore, TokenStore, text_store, token_store
-from tokenizer import (PAD_ID, TokenizerError, load_tokenizers, save_tokenizers, tokenizer_from_json,
+from store import TextStore, TokenStore, text_stores, token_stores, tokenizer_sample
+from tokenizer import (PAD_ID, TokenizerError, load_tokenizers, save_tokenizers, tag_id, tokenizer_from_json,
                        train_tokenizers)
 from translator import DecodingOptions, TorchTranslator
 
@@ -135,6 +135,16 @@ def check_resumable(state: dict[str, Any], config: dict[str, Any], path: Path) -
         if state["config"][key] != config[key]:
             raise ConfigError(f"checkpoint {path} was trained with --{key} {state['config'][key]!r} but this run "
                               f"has {config[key]!r}; use the same options to resume, or a new --experiment_name")
+
+
+def corpus_labels(config: dict[str, Any]) -> list[str]:
+    """One name per corpus for the log and TensorBoard: its short name, numbered by its place in
+    `datasource` when an earlier corpus has the same name (tatoeba, tatoeba.2)."""
+    labels: list[str] = []
+    for place, corpus in enumerate(corpora(config), start=1):
+        name = corpus_name(corpus.source)
+        labels.append(f"{name}.{place}" if name in labels else name)
+    return labels
 
 
 def step_seed(seed: int, rank: int, step: int) -> int:
@@ -260,8 +270,9 @@ class Trainer:
         if resume is None and self.initial is not None:
             log(f"starting from {config['init_from']}: its weights, tokenizers and architecture, with a new "
                 f"optimizer, schedule and step count")
-        self.text, self.tokens, self.tok_src, self.tok_tgt = self.prepare_data(resume or self.initial)
-        self.train_ds = self.tokens.dataset("train")
+        self.text, self.tokens, self.tok_src, self.tok_tgt = self.prepare_data(
+            resume or self.initial, str(resume_path if resume is not None else config["init_from"]))
+        self.train_ds = CorpusMix([store.dataset("train") for store in self.tokens])
         if not config["length_ratio"] and len(self.train_ds):
             # Both sides counting [EOS]: src_lens also count [SOS], tgt_lens count one of [SOS]/[EOS].
             config["length_ratio"] = round(float(self.train_ds.tgt_lens.sum() / (self.train_ds.src_lens - 1).sum()), 4)
@@ -270,12 +281,12 @@ class Trainer:
         if ranks.is_main:
             self.folder.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(self.folder / "config.json", json.dumps(config, indent=1).encode("utf-8"))
-        self.val_ds = self.tokens.dataset("validation") if "validation" in self.text.splits() else None
+        self.val_ds = self.tokens[0].dataset("validation") if "validation" in self.text.splits() else None
         self.val_pairs = self.text.pairs("validation")
         if len(self.train_ds) == 0:
             raise DataError(f"no training pairs fit in --seq_len {config['seq_len']}")
         self.plan = BatchPlan(self.train_ds, config["batch_tokens"], config["seed"], ranks.world_size, ranks.rank,
-                              config["accum_steps"])
+                              config["accum_steps"], [corpus.weight for corpus in corpora(config)])
 
         self.model = build_model(config, self.tok_src.get_vocab_size(), self.tok_tgt.get_vocab_size()).to(self.device)
         self.optimizer = build_optimizer(self.model, config)
@@ -337,32 +348,40 @@ class Trainer:
             log(f"resuming from {path} (epoch {state['epoch']}, step {state['global_step']})")
         return path, state
 
-    def prepare_data(self, checkpoint: dict[str, Any] | None) -> tuple[TextStore, TokenStore, Any, Any]:
-        """The data stores and tokenizers. Rank 0 opens or builds the stores (store.py) and, for a new
-        run, trains the tokenizers on the training split and saves them; the other ranks wait, then
-        map the same files. A resumed or fine-tuned run's tokenizers come from its checkpoint."""
+    def prepare_data(self, checkpoint: dict[str, Any] | None,
+                     origin: str) -> tuple[TextStore, list[TokenStore], Any, Any]:
+        """The held-out (first corpus's) text store, every corpus's token store, and the tokenizers.
+        Rank 0 opens or builds the stores (store.py) and, for a new run, trains the tokenizers on a
+        sample of all the corpora's training pairs, reserving the run's tags, and saves them; the
+        other ranks wait, then map the same files. A resumed or fine-tuned run's tokenizers come from
+        its checkpoint (`origin`), which must hold every corpus's tag."""
         config, ranks = self.config, self.ranks
         if checkpoint is not None:
             tok_src = tokenizer_from_json(checkpoint["tokenizers"]["src"])
             tok_tgt = tokenizer_from_json(checkpoint["tokenizers"]["tgt"])
-        folders: list[str | None] = [None, None]
+            for corpus in corpora(config):
+                if corpus.tag:
+                    tag_id(tok_src, corpus.tag, origin)
+        folders: list[str | None] = [None] * (1 + len(corpora(config)))
         if ranks.is_main:
-            text = text_store(config)
+            texts = text_stores(config)
             if checkpoint is None:
-                tok_src, tok_tgt = train_tokenizers(config, lambda: text.tokenizer_sample(config))
+                tok_src, tok_tgt = train_tokenizers(config, lambda: tokenizer_sample(config, texts))
                 save_tokenizers(self.folder, config, tok_src, tok_tgt)
-                sample = min(text.size("train"), config["tokenizer_max_sentences"])
+                sample = min(sum(text.size("train") for text in texts), config["tokenizer_max_sentences"])
                 log(f"trained {config['tokenizer_type']} tokenizers on {sample} training pairs: "
                     f"{tok_src.get_vocab_size()} source and {tok_tgt.get_vocab_size()} target entries")
-            tokens = token_store(config, text, tok_src, tok_tgt)
-            folders = [str(text.folder), str(tokens.folder)]
+            tokens = token_stores(config, texts, tok_src, tok_tgt)
+            held_out = texts[0]
+            folders = [str(held_out.folder), *(str(store.folder) for store in tokens)]
         if ranks.distributed:
             dist.broadcast_object_list(folders, src=0)  # the other ranks wait here while rank 0 builds
         if not ranks.is_main:
-            text, tokens = TextStore.open(folders[0], verify=False), TokenStore.open(folders[1], verify=False)
+            held_out = TextStore.open(folders[0], verify=False)
+            tokens = [TokenStore.open(folder, verify=False) for folder in folders[1:]]
             if checkpoint is None:
                 tok_src, tok_tgt = load_tokenizers(self.folder, config)
-        return text, tokens, tok_src, tok_tgt
+        return held_out, tokens, tok_src, tok_tgt
 
     def restore(self, state: dict[str, Any], path: Path) -> None:
         """Weights, optimizer, schedule and position from a checkpoint. Optimizer settings changed
@@ -472,6 +491,8 @@ class Trainer:
         step_loss = torch.zeros((), device=device)
         self.log_loss, self.log_tokens, self.log_started = torch.zeros((), device=device), 0, time.monotonic()
         stop = None
+        if ranks.is_main:
+            self.log_corpus_pairs()
         for index, batch in enumerate(loader):
             if index % config["accum_steps"] == 0:
                 torch.manual_seed(step_seed(config["seed"], ranks.rank, self.global_step))
@@ -507,6 +528,15 @@ class Trainer:
                 log(f"epoch {self.epoch} trained in {time.monotonic() - epoch_started:.1f} s")
             self.epoch, self.batches_done, self.step_in_epoch = self.epoch + 1, 0, 0
         return stop
+
+    def log_corpus_pairs(self) -> None:
+        """How many pairs each corpus gives this epoch: one line, and the TensorBoard scalars
+        data/pairs/<corpus> at the epoch (written when the epoch starts, not again on a resume within it)."""
+        counts = list(zip(corpus_labels(self.config), self.plan.corpus_pairs()))
+        log(f"epoch {self.epoch}: " + ", ".join(f"corpus {name} gave {count} pairs" for name, count in counts))
+        if self.batches_done == 0:
+            for name, count in counts:
+                self.writer.add_scalar(f"data/pairs/{name}", count, self.epoch)
 
     def optimizer_step(self, step_loss: torch.Tensor, graceful: GracefulStop) -> tuple[bool, bool]:
         """Clip, then apply the step, or skip it (weights, optimizer and schedule untouched) when its

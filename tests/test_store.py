@@ -27,7 +27,7 @@ import dataset
 import store
 import train
 from config import get_config
-from store import TextStore, text_store, token_store
+from store import TextStore, text_store, token_store, tokenizer_sample
 from synthetic_data import synthetic_pairs, write_hub_dataset
 from tokenizer import UNK_ID, encode_ids, train_tokenizers
 
@@ -103,7 +103,7 @@ def test_tokenizers_never_see_validation_or_test(tmp_path: Path, source: str) ->
             10, "v"), "test": numbered_pairs(10, "t")})
     config = config_for(folder, tmp_path)
     store = text_store(config)
-    tok_src, tok_tgt = train_tokenizers(config, lambda: store.tokenizer_sample(config))
+    tok_src, tok_tgt = train_tokenizers(config, lambda: tokenizer_sample(config, [store]))
     held_out = {s.split()[2] for s, _ in store.pairs("validation") + store.pairs("test")}
     assert len(held_out) == 20
     for word in held_out:
@@ -115,11 +115,11 @@ def test_tokenizers_never_see_validation_or_test(tmp_path: Path, source: str) ->
 def test_tokenizer_sample_is_capped_and_seeded(train_only: Path, tmp_path: Path) -> None:
     config = config_for(train_only, tmp_path, tokenizer_max_sentences=40)
     store = text_store(config)
-    sample = list(store.tokenizer_sample(config))
+    sample = list(tokenizer_sample(config, [store]))
     assert len(sample) == 40 and len(set(sample)) == 40 and set(sample) <= set(store.pairs("train"))
-    assert list(store.tokenizer_sample(config)) == sample
-    assert list(store.tokenizer_sample({**config, "seed": 7})) != sample
-    assert len(list(store.tokenizer_sample({**config, "tokenizer_max_sentences": 10_000}))) == store.size("train")
+    assert list(tokenizer_sample(config, [store])) == sample
+    assert list(tokenizer_sample({**config, "seed": 7}, [store])) != sample
+    assert len(list(tokenizer_sample({**config, "tokenizer_max_sentences": 10_000}, [store]))) == store.size("train")
 
 
 def test_filters_are_off_by_default_and_counted_when_on(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -134,7 +134,7 @@ def test_filters_are_off_by_default_and_counted_when_on(tmp_path: Path, capsys: 
     unique = len(set(noisy))
     assert deduplicated.size("train") == unique
     assert f"filter_duplicates: dropped {132 - unique} of 132 training pairs" in capsys.readouterr().err
-    tok_src, tok_tgt = train_tokenizers(config, lambda: deduplicated.tokenizer_sample(config))
+    tok_src, tok_tgt = train_tokenizers(config, lambda: tokenizer_sample(config, [deduplicated]))
     tokens = token_store(config, deduplicated, tok_src, tok_tgt)
     assert len(tokens.dataset("train")) == unique - 1  # "Yes." -> 21 tokens is dropped
     assert "filter_max_length_ratio: dropped 1 training pairs" in capsys.readouterr().err
@@ -148,7 +148,7 @@ def test_filters_are_off_by_default_and_counted_when_on(tmp_path: Path, capsys: 
 def built(train_only: Path, tmp_path: Path):
     config = config_for(train_only, tmp_path)
     text = text_store(config)
-    tok_src, tok_tgt = train_tokenizers(config, lambda: text.tokenizer_sample(config))
+    tok_src, tok_tgt = train_tokenizers(config, lambda: tokenizer_sample(config, [text]))
     return config, text, tok_src, tok_tgt, token_store(config, text, tok_src, tok_tgt)
 
 
@@ -163,7 +163,7 @@ def test_rows_are_the_pairs_token_ids_memory_mapped_in_the_smallest_type(built, 
         assert src.tolist() == encode_ids(tok_src, source) and tgt.tolist() == encode_ids(tok_tgt, target)
     larger = {**config, "datasource": str(write_hub_dataset(tmp_path / "larger", {"train": numbered_pairs(400)}))}
     larger_text = text_store(larger)
-    larger_tokenizers = train_tokenizers(larger, lambda: larger_text.tokenizer_sample(larger))
+    larger_tokenizers = train_tokenizers(larger, lambda: tokenizer_sample(larger, [larger_text]))
     assert larger_tokenizers[1].get_vocab_size() > 256
     wide = token_store(larger, larger_text, *larger_tokenizers)
     assert wide.meta["dtype"] == "uint16" and wide.dataset("train").tgt_ids.dtype == np.uint16
@@ -198,7 +198,7 @@ def test_stores_are_reused_without_reading_or_tokenizing_again(built, monkeypatc
 def test_another_tokenizer_datasource_or_seq_len_gets_another_store(built, tmp_path: Path) -> None:
     config, text, tok_src, tok_tgt, tokens = built
     other_tokenizers = train_tokenizers({**config, "tokenizer_type": "bpe", "vocab_size": 60},
-                                        lambda: text.tokenizer_sample(config))
+                                        lambda: tokenizer_sample(config, [text]))
     assert token_store(config, text, *other_tokenizers).folder != tokens.folder
     assert token_store({**config, "seq_len": 64}, text, tok_src, tok_tgt).folder != tokens.folder
     write_hub_dataset(Path(config["datasource"]), {"train": numbered_pairs(150)})  # the data changed
@@ -290,11 +290,11 @@ def build_in_child(config: dict, signals: Path, hold: bool) -> None:
         (signals / f"locking-{os.getpid()}").touch()
         return original_lock(folder)
 
-    def held_fill(temporary: Path, *args):
+    def held_fill(temporary: Path, *args, **kwargs):
         (signals / f"filling-{os.getpid()}").touch()
         if hold:
             wait_for((signals / "go").exists)
-        return original_fill(temporary, *args)
+        return original_fill(temporary, *args, **kwargs)
 
     store.build_lock, store._fill_text_store = announced_lock, held_fill
     try:
