@@ -17,7 +17,7 @@
    from flat arrays (memory-mapped from the store), so no list of all pairs or ids is ever built.
    `CorpusMix` puts several corpora's datasets side by side.
 4. `BatchPlan` takes each corpus's share of an epoch by its weight w: round(w x n) of its n pairs,
-   floor(w) full copies plus a draw of the fraction seeded with (seed, epoch, corpus index). It
+   floor(w) full copies plus a draw of the fraction seeded with (seed, epoch, corpus number). It
    groups them into token-budget batches of sentences of similar length, in an order that is a
    function of (seed, epoch) alone; each global step takes world_size * accum_steps batches, and
    rank r takes every world_size-th one, so the data order depends on neither the world size nor
@@ -622,7 +622,7 @@ class BatchPlan:
     def epoch_rows(self, epoch: int) -> np.ndarray:
         """The dataset's rows that epoch `epoch` trains on, corpus by corpus: floor(w) full copies of
         a corpus, then the rest of its round(w x n) drawn without replacement, seeded with (seed,
-        epoch, corpus index) so that the mix depends on nothing else."""
+        epoch, corpus number from 1) so that the mix depends on nothing else."""
         sizes = self.dataset.corpus_sizes
         starts = np.cumsum([0, *sizes])
         rows = []
@@ -630,7 +630,9 @@ class BatchPlan:
             copies = math.floor(weight)
             rows += [np.arange(start, start + size)] * copies
             if total > copies * size:
-                drawn = np.random.default_rng([self.seed, epoch, index]).choice(size, total - copies * size, False)
+                # index + 1: numpy pads a seed with zeros, so [seed, epoch, 0] would replay the stream of
+                # [seed, epoch], which orders the batches
+                drawn = np.random.default_rng([self.seed, epoch, index + 1]).choice(size, total - copies * size, False)
                 rows.append(start + np.sort(drawn))
         return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
 

@@ -1,6 +1,7 @@
 """Real torchrun, 2 CPU processes (gloo): ranks that cannot disagree.
 
-1. Two ranks equal one process with the same global batch.
+1. Two ranks equal one process with the same global batch, on a weighted mix of two corpora (the
+   second tagged and drawn at half its size each epoch).
 
 Each global step holds world_size * accum_steps micro-batches; rank r trains on every
 world_size-th one. So 2 ranks x accum 1 and 1 rank x accum 2 see the same micro-batches per step,
@@ -49,7 +50,9 @@ def weights(out: Path, step: int) -> dict[str, torch.Tensor]:
 
 
 def test_two_rank_ddp_equals_single_process_with_same_global_batch(tmp_path: Path) -> None:
-    data = tiny_corpus(tmp_path / "data", train=400)
+    # A weighted mix of two corpora, one tagged: both ranks must draw the same rows of each (issue 20).
+    corpus = tiny_corpus(tmp_path / "data", train=400)
+    data = f"{corpus}:1,{corpus}:0.5:<BT>"
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     subprocess.run([sys.executable, *train_args(data, single, "--max_steps", "6", "--accum_steps", "2")], cwd=ROOT,
                    check=True, capture_output=True, timeout=240)

@@ -1,4 +1,4 @@
-"""tokenizer.py: lossless round trip to natural text, fixed special ids, min_frequency."""
+"""tokenizer.py: lossless round trip to natural text, fixed special ids, min_frequency, reserved tags."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +9,7 @@ from tokenizers import Tokenizer, models, trainers
 import tokenizer as tk
 from config import get_config
 from tokenizer import (EOS_ID, PAD_ID, SOS_ID, SPECIAL_TOKENS, UNK_ID, TokenizerError, decode_ids, encode_ids,
-                       load_tokenizer, load_tokenizers, save_tokenizers, tokenizer_from_json, train_tokenizer,
+                       load_tokenizer, load_tokenizers, save_tokenizers, tag_id, tokenizer_from_json, train_tokenizer,
                        train_tokenizers)
 
 SENTENCES = [
@@ -106,3 +106,28 @@ def test_experiment_tokenizers_are_saved_and_loaded(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "joint").iterdir()] == ["tokenizer_en-it.json"]
     with pytest.raises(TokenizerError, match="tokenizer_en.json"):
         load_tokenizers(tmp_path / "joint", config)  # the separate files are not there
+
+
+@pytest.mark.parametrize("kind", ["wordlevel", "bpe", "unigram"])
+def test_a_run_reserves_its_tags_whole_after_the_fixed_ids_and_never_decodes_them(kind: str) -> None:
+    """<BT> (reserved_tags), <2fr> and <2it> (a model of two targets), in every tokenizer type: ids 4, 5
+    and 6 on both sides, one token each even in the text, and gone from decoded output."""
+    config = {**get_config(), "tokenizer_type": kind, "vocab_size": 300, "min_frequency": 1, "lang_tgt": "fr+it",
+              "datasource": "europarl:1:<2fr>,news:1:<2it>"}
+    tok_src, tok_tgt = train_tokenizers(config, lambda: iter([(s, s) for s in SENTENCES * 3]))
+    for tokenizer in (tok_src, tok_tgt):
+        tk.check_special_tokens(tokenizer)
+        assert [tag_id(tokenizer, tag, "the test") for tag in ("<BT>", "<2fr>", "<2it>")] == [4, 5, 6]
+        for sentence in SENTENCES[:4]:
+            ids = encode_ids(tokenizer, sentence)
+            assert encode_ids(tokenizer, "<2fr>" + sentence)[0] == 5  # a tag in the text is the tag, whole
+            assert decode_ids(tokenizer, [SOS_ID, 5, *ids, EOS_ID]) == sentence
+            assert decode_ids(tokenizer, [SOS_ID, 4, *ids]) == sentence
+
+
+def test_a_tag_the_tokenizer_does_not_reserve_is_one_line() -> None:
+    plain = train_tokenizer(["a <XX> b"], "wordlevel", 0, 1)  # the text's "<XX>" is split: no tag
+    with pytest.raises(TokenizerError) as refused:
+        tag_id(plain, "<XX>", "weights/m/ckpt_00000010.pt")
+    assert str(refused.value) == ("tag <XX> is not in the tokenizers of weights/m/ckpt_00000010.pt; reserve it with "
+                                  "--reserved_tags when training the first model")
