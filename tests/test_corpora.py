@@ -139,6 +139,12 @@ def test_adding_a_corpus_builds_only_its_stores_and_a_tag_its_own(corpora_on_dis
     assert rows.src_lens[0] == len(encode_ids(tok_src, texts[1].pairs("train")[0][0])) + 3
     untagged = token_stores(config_for(corpora_on_disk, "{a},{b}", tmp_path), texts, tok_src, tok_tgt)[1]
     assert untagged.folder != tokens[1].folder and untagged.dataset("train")[0][0].tolist()[0] != tag
+    capsys.readouterr()
+    third = config_for(corpora_on_disk, "{a},{b}:0.5:<BT>,{test}:3", tmp_path)
+    more = token_stores(third, text_stores(third), tok_src, tok_tgt)
+    assert [store.folder for store in more[:2]] == [store.folder for store in tokens]
+    built = [line for line in capsys.readouterr().err.splitlines() if line.startswith(("building", "tokenizing"))]
+    assert len(built) == 2 and all("/test_en-it_" in line for line in built), built
 
 
 # ---------------------------------------------------------------------------- through train.py

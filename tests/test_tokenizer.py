@@ -131,3 +131,6 @@ def test_a_tag_the_tokenizer_does_not_reserve_is_one_line() -> None:
         tag_id(plain, "<XX>", "weights/m/ckpt_00000010.pt")
     assert str(refused.value) == ("tag <XX> is not in the tokenizers of weights/m/ckpt_00000010.pt; reserve it with "
                                   "--reserved_tags when training the first model")
+    plain.add_tokens(["<XX>"])  # an added token, but not a special one: decoding would keep it
+    with pytest.raises(TokenizerError, match="tag <XX> is not in the tokenizers"):
+        tag_id(plain, "<XX>", "weights/m/ckpt_00000010.pt")
