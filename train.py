@@ -2,17 +2,18 @@
 
 The run reads top to bottom, one named phase after another:
 1. `train`: the ranks of a torchrun job, the device, the run lock, then a `Trainer`.
-2. `Trainer.start_or_resume`: which checkpoint to continue, the data and tokenizers, the model,
-   optimizer, schedule and counters. A folder that holds checkpoints of which none can be resumed
+2. `Trainer.start_or_resume`: which checkpoint to continue, the data (a text and a token store per
+   corpus of `datasource`, store.py) and tokenizers, the model, optimizer, schedule and counters. A folder that holds checkpoints of which none can be resumed
    stops the run with one line, every file left as it is: a run never starts over unasked. So
    does a checkpoint above the resume step that checkpoints.json does not list, unless it is the
    newest, verifies, and is this run's (its writer died before recording it): then it is listed
    and resumed.
-3. `Trainer.train_epoch`: forward and backward of each micro-batch (AMP, gradient accumulation);
-   `Trainer.optimizer_step` after the last micro-batch of each step (clipping, skipping a non-finite
-   step, an fp16 overflow included); then `Trainer.stop_decision` (max_steps, max_minutes, a signal,
-   too many non-finite steps in a row). precision.py decides autocast, the loss scaler and TF32;
-   optimizer.py builds AdamW and its learning-rate schedule.
+3. `Trainer.train_epoch`: how many pairs each corpus gives the epoch (its weight x its size: one
+   line, and data/pairs/<corpus> in TensorBoard); forward and backward of each micro-batch (AMP,
+   gradient accumulation); `Trainer.optimizer_step` after the last micro-batch of each step
+   (clipping, skipping a non-finite step, an fp16 overflow included); then `Trainer.stop_decision`
+   (max_steps, max_minutes, a signal, too many non-finite steps in a row). precision.py decides
+   autocast, the loss scaler and TF32; optimizer.py builds AdamW and its learning-rate schedule.
 4. `Trainer.end_of_epoch`: validation, early stopping and a checkpoint, at each epoch's end and
    when training stops.
 Checkpoints are also written every `save_every_steps`, and on SIGINT/SIGTERM.

@@ -4,7 +4,8 @@
    seeded draw), as a function of (seed, epoch) alone; one corpus of weight 1 is batched exactly as
    `token_batches` batches it (what the bit-exact resume tests of a single corpus rely on).
 2. Held-out splits given apart (--valid_data, --test_data) are the held-out store's, and their source
-   sentences leave the training pairs of every corpus, counted per corpus.
+   sentences leave the training pairs of every corpus, counted per corpus; a folder given apart
+   that has neither that split nor a train split alone is one line.
 3. Adding a corpus reads and tokenizes only that corpus, in the stores and through train.py
    --init_from (tokenizers from the checkpoint); a tag gets its own token store whose source rows
    start with the tag's id; a tag the checkpoint's tokenizers lack is refused in one line.
@@ -116,6 +117,15 @@ def test_held_out_sentences_leave_every_corpus(corpora_on_disk: dict[str, Path],
     err = capsys.readouterr().err
     assert "a: removed 2 of 42 training pairs whose source sentence is in a held-out split" in err
     assert "b: removed 3 of 33 training pairs whose source sentence is in a held-out split" in err
+
+
+def test_a_held_out_folder_without_that_split_is_one_line(corpora_on_disk: dict[str, Path], tmp_path: Path) -> None:
+    refused = train_in_process(["--datasource", str(corpora_on_disk["b"]), "--test_data", str(corpora_on_disk["a"]),
+                                "--preset", "tiny", "--store_folder", str(tmp_path / "stores"),
+                                "--model_folder", str(tmp_path / "w"), "--runs_folder", str(tmp_path / "r")])
+    assert refused.code == 1
+    assert refused.stderr.strip().splitlines()[-1] == (f"train.py: error: --test_data '{corpora_on_disk['a']}' has no "
+                                                       f"test split (found: train, validation)")
 
 
 def test_adding_a_corpus_builds_only_its_stores_and_a_tag_its_own(corpora_on_disk: dict[str, Path], tmp_path: Path,
