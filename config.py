@@ -150,7 +150,6 @@ MODEL_KEYS = ("lang_src", "lang_tgt", "tokenizer_type", "vocab_size", "min_frequ
 IDENTITY_KEYS = (
     "datasource", "lang_src", "lang_tgt", "valid_data", "test_data", "val_fraction", "test_fraction",
     "val_max_pairs", "test_max_pairs", "seed", "tokenizer_type", "vocab_size", "min_frequency", "joint_vocab",
-    "reserved_tags",
     "d_model", "num_layers", "num_heads", "d_ff", "norm_first", "tie_embeddings",
 )
 

@@ -13,51 +13,33 @@ weights of the N newest checkpoints (ending at --checkpoint when given) first. W
 target languages (`--lang_tgt fr+it`) is scored on one of them, `--target_lang fr` (required then):
 the split is read in the pair lang_src-fr and every source gets the tag <2fr>.
 
-A split the source has (flores200_devtest and newstest2009 have only `test`) is used as it is; a
-validation or test split the source lacks is the one training carved out of train (store.py), with
-the model's seed and settings.
+The pairs (store.eval_pairs): `--test_data` / `--valid_data` score any file pair (a PREFIX, a TSV
+file, a folder's test or validation split) as `--split test` / `validation`. Otherwise a split the
+datasource has (flores200_devtest and newstest2009 have only `test`) is used as it is, and a
+validation or test split it lacks is the one training carved out of train, with the model's seed and
+settings.
 """
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from checkpoint import CheckpointError
-from config import ConfigError, build_parser, config_or_exit
-from dataset import SPLITS, DataError, Pair, log, open_source, read_pairs
+from config import ConfigError, build_parser, config_or_exit, corpus_entries, corpus_name
+from dataset import DataError, log
 from scoring import corpus_scores
-from store import text_store
+from store import eval_pairs
 from translator import DecodingOptions, TranslatorError, add_translator_arguments, load_translator
-
-
-def load_eval_pairs(datasource: str, split: str, model_config: dict[str, Any], store_folder: str,
-                    lang_tgt: str = "") -> list[Pair]:
-    """The pairs of `split` from the model's source language into `lang_tgt`, one of its target
-    languages ("": its only one). A split the source has is read as it is; a validation or test
-    split it lacks comes from the text store training used (store.py), carved with the model's seed
-    and settings, so it is exactly the split training held out."""
-    lang_src, lang_tgt = model_config["lang_src"], lang_tgt or model_config["lang_tgt"]
-    source = open_source(datasource, f"{lang_src}-{lang_tgt}")
-    if split in source.splits and split != "train":
-        pairs = [pair for batch in read_pairs(source, split, lang_src, lang_tgt) for pair in batch]
-    elif split in SPLITS and "train" in source.splits:
-        pairs = text_store(dict(model_config, datasource=datasource, store_folder=store_folder)).pairs(split)
-    else:
-        raise DataError(f"{datasource!r} has no {split!r} split (found: {', '.join(source.splits)})")
-    if not pairs:
-        raise DataError(f"the {split!r} split of {datasource!r} has no usable {source.pair} pairs")
-    return pairs
 
 
 def default_output(config: dict[str, Any], model: Path, average: int, split: str, engine: str, lang_tgt: str) -> Path:
     """runs/<the model's experiment>/<data>.<split>.<checkpoint>[.avgN][.ctranslate2].beamK.<lang_tgt>,
     `model` being the checkpoint file or the exported model directory, `lang_tgt` the language
     translated into."""
-    data = re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.basename(os.path.normpath(config["datasource"]))) or "data"
+    option = {"validation": "valid_data", "test": "test_data"}.get(split)
+    data = corpus_name(config[option] if option and config[option] else corpus_entries(config["datasource"])[0][0])
     engine_part = "" if engine == "pytorch" else f".{engine}"
     name = f"{data}.{split}.{model.stem}{f'.avg{average}' if average > 1 else ''}{engine_part}" \
            f".beam{config['beam_size']}.{lang_tgt}"
@@ -87,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         options = DecodingOptions.from_config(config)
         translator = load_translator(args, config)
         target = translator.target_language(options.target_lang)
-        pairs = load_eval_pairs(config["datasource"], args.split, translator.model_config, config["store_folder"],
-                                target)
+        pairs = eval_pairs(config, args.split, translator.model_config, target)
     except ConfigError as error:
         parser.error(str(error))
     except (CheckpointError, TranslatorError, DataError) as error:

@@ -62,9 +62,9 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from atomic_files import atomic_write_bytes, lock_file, sha256_of
-from config import Corpus, corpora, corpus_name
-from dataset import (SPLITS, BilingualDataset, DataError, Pair, Source, carve, fits, log, open_source, read_pairs,
-                     text_hash)
+from config import Corpus, corpora, corpus_entries, corpus_name, target_tag
+from dataset import (SPLITS, BilingualDataset, DataError, Pair, Source, carve, fits, log, open_source, read_all_pairs,
+                     read_pairs, text_hash)
 from tokenizer import tag_id, tokenizer_hash
 
 STORE_FORMAT = 1
@@ -379,6 +379,38 @@ def text_store(config: dict[str, Any]) -> TextStore:
     key.update({f"{name}_given": held.fingerprint for name, (held, _) in given.items()})
     return _text_store(config, corpus, key, partial(_fill_text_store, config=config, corpus=corpus, reads=reads,
                                                     missing=missing, apart=list(given)))
+
+
+def eval_pairs(config: dict[str, Any], split: str, model_config: dict[str, Any], lang_tgt: str = "") -> list[Pair]:
+    """The pairs of `split` to score a model on, from its source language into `lang_tgt` (one of its
+    target languages; "": its only one). `valid_data` / `test_data` name them apart; else a split the
+    corpus has is read as it is, and a validation or test split it lacks is the one its training held
+    out (`text_store` with the model's settings, so carved with its seed). The corpus is the first of
+    `datasource`, or in a model of several target languages the one tagged for `lang_tgt`."""
+    lang_src, lang_tgt = model_config["lang_src"], lang_tgt or model_config["lang_tgt"]
+    entries = corpus_entries(config["datasource"])
+    first = next((entry for entry in entries if entry[2] == target_tag(lang_tgt)), entries[0])
+    corpus = Corpus(first[0], 1.0, "", lang_tgt)
+    given = _given_apart(dict(config, lang_src=lang_src), corpus)
+    if split in given:
+        source, read = given[split]
+        where = f"--{dict(validation='valid_data', test='test_data')[split]} {source.datasource!r}"
+    else:
+        source, read = open_source(corpus.source, _pair(dict(config, lang_src=lang_src), corpus)), split
+        where = f"{corpus.source!r}"
+    if read in source.splits and (read != "train" or split in given):
+        pairs = read_all_pairs(source, read, lang_src, lang_tgt)
+    elif split in SPLITS and "train" in source.splits:
+        if first is not entries[0]:
+            raise DataError(f"{corpus.source!r} has no {split} split, and training held out only its first corpus's "
+                            f"({entries[0][0]!r}): name the pairs with --{'test' if split == 'test' else 'valid'}_data")
+        training = {**model_config, "datasource": config["datasource"], "store_folder": config["store_folder"]}
+        pairs = text_store(training).pairs(split)
+    else:
+        raise DataError(f"{where} has no {split!r} split (found: {', '.join(source.splits)})")
+    if not pairs:
+        raise DataError(f"the {split!r} split of {where} has no usable {lang_src}-{lang_tgt} pairs")
+    return pairs
 
 
 def text_stores(config: dict[str, Any]) -> list[TextStore]:

@@ -46,7 +46,7 @@ from atomic_files import atomic_write_bytes
 from attention_plot import attention_figure
 from checkpoint import (CheckpointError, RunLock, adopt_unlisted, check_unlisted_above, checkpoint_files,
                         load_checkpoint, load_latest, load_weights, named, save_average, save_checkpoint)
-from config import (IDENTITY_KEYS, MODEL_KEYS, ConfigError, build_parser, config_or_exit, corpora, corpus_name,
+from config import (IDENTITY_KEYS, MODEL_KEYS, ConfigError, build_parser, config_or_exit, corpora, corpus_name, get_config,
                     explicit_keys, runs_dir, validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
 from dataset import BatchPlan, BilingualDataset, CorpusMix, DataError, MicroBatches, log, padding_waste
@@ -91,13 +91,15 @@ def take_model_from(config: dict[str, Any], explicit: set[str]) -> dict[str, Any
         return None
     path = Path(config["init_from"])
     state = load_checkpoint(path)
-    missing = [key for key in MODEL_KEYS if key not in state["config"]]
+    # A checkpoint from before tags were reserved has none: its tokenizers reserve nothing.
+    saved = {"reserved_tags": "", **state["config"]}
+    missing = [key for key in MODEL_KEYS if key not in saved]
     if "tokenizers" not in state:
         missing.append("tokenizers")
     if missing:
         raise CheckpointError(f"--init_from {path} lacks {', '.join(missing)}: it was not written by this "
                               f"version's train.py")
-    source = {**config, **{key: state["config"][key] for key in MODEL_KEYS}}
+    source = {**config, **{key: saved[key] for key in MODEL_KEYS}}
     validate_config(source)
     for key in MODEL_KEYS:
         if key in explicit and config[key] != source[key]:
@@ -131,10 +133,11 @@ def check_resumable(state: dict[str, Any], config: dict[str, Any], path: Path) -
     if missing:
         raise CheckpointError(f"checkpoint {path} cannot be resumed: it lacks {', '.join(missing)} (written by another "
                               f"version of train.py?)")
-    validate_config(state["config"])
+    saved = {**get_config(), **state["config"]}  # keys added since the checkpoint was written take their defaults
+    validate_config(saved)
     for key in IDENTITY_KEYS:
-        if state["config"][key] != config[key]:
-            raise ConfigError(f"checkpoint {path} was trained with --{key} {state['config'][key]!r} but this run "
+        if saved[key] != config[key]:
+            raise ConfigError(f"checkpoint {path} was trained with --{key} {saved[key]!r} but this run "
                               f"has {config[key]!r}; use the same options to resume, or a new --experiment_name")
 
 
@@ -200,8 +203,10 @@ def run_validation(model: Transformer, val_ds: BilingualDataset, val_pairs: list
     pairs = val_pairs[:config["val_max_sentences"]] if config["val_max_sentences"] else val_pairs
     sources, references = [p[0] for p in pairs], [p[1] for p in pairs]
     translator = TorchTranslator(model, tok_src, tok_tgt, config)
+    # The held-out splits are the first corpus's: in a model of several target languages, its language.
     hypotheses = translator.translate_best(sources, DecodingOptions.from_config(
-        config, beam_size=config["val_beam_size"], sampling_topk=0, sampling_topp=0.0))
+        config, beam_size=config["val_beam_size"], sampling_topk=0, sampling_topp=0.0,
+        target_lang=corpora(config)[0].lang_tgt))
     scores = corpus_scores(hypotheses, references)
     metrics.update({k: scores[k] for k in ("bleu", "chrf", "cer", "wer")})
     model.train()

@@ -35,8 +35,8 @@ if str(ROOT) not in sys.path:  # `python benchmarks/bench_translate.py` puts onl
 from checkpoint import CheckpointError, load_for_inference  # noqa: E402  (needs the sys.path entry above)
 from config import build_parser, config_or_exit, weights_dir  # noqa: E402
 from dataset import DataError  # noqa: E402
-from evaluate import load_eval_pairs  # noqa: E402
 from scoring import corpus_scores  # noqa: E402
+from store import eval_pairs  # noqa: E402
 
 CONFIGURATIONS = [(engine, beam) for engine in ("pytorch", "ctranslate2 float32", "ctranslate2 int8")
                   for beam in (1, 5)]
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model, tok_src, tok_tgt, model_config, path = load_for_inference(args.checkpoint, weights_dir(config),
                                                                          torch.device("cpu"))
-        pairs = load_eval_pairs(config["datasource"], args.split, model_config, config["store_folder"])
+        pairs = eval_pairs(config, args.split, model_config)
     except (CheckpointError, DataError) as error:
         print(f"bench_translate.py: error: {error}", file=sys.stderr)
         return 1

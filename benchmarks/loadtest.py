@@ -67,7 +67,7 @@ if str(ROOT) not in sys.path:  # `python benchmarks/loadtest.py` puts only this 
 
 from config import ConfigError, build_parser, config_or_exit, get_config  # noqa: E402  (the sys.path entry above)
 from dataset import DataError  # noqa: E402
-from evaluate import load_eval_pairs  # noqa: E402
+from store import eval_pairs  # noqa: E402
 from translator import ENGINES  # noqa: E402
 SERVING = re.compile(r"^serve\.py: serving .* on https?://\[?([^\]]+?)\]?:(\d+)/$")
 DEADLINE_KEY = "serve_request_timeout_s"  # the server's own deadline, when its config has one
@@ -665,7 +665,7 @@ def load_sentences(args: argparse.Namespace, config: dict[str, Any]) -> list[str
             raise DataError(f"cannot read --text_file {args.text_file}: {getattr(error, 'strerror', None) or error}") \
                 from None
     else:
-        pairs = load_eval_pairs(config["datasource"], args.split, config, config["store_folder"])
+        pairs = eval_pairs(config, args.split, config)
         lines = [source for source, _ in pairs]
     sentences = [line.strip() for line in lines if line.strip() and len(line.strip()) <= config["serve_max_chars"]]
     if not sentences:

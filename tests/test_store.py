@@ -463,3 +463,19 @@ def test_a_store_folder_that_cannot_be_written_is_one_line(train_only: Path, tmp
     with pytest.raises(dataset.DataError, match=f"cannot write the data store {folder}: Permission denied"):
         text_store(config)
     assert not any(Path(config["store_folder"]).iterdir())
+
+
+def test_eval_pairs_reads_a_file_given_apart_a_corpus_split_or_the_carved_one(tmp_path: Path) -> None:
+    """What evaluate.py scores: --test_data (here a TSV file) as the test split; a split the
+    datasource has as it is; and a split it lacks as the one training carved (the text store's)."""
+    pairs = synthetic_pairs(40, 5)
+    tsv = tmp_path / "news.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in pairs[:7]), encoding="utf-8")
+    data = write_hub_dataset(tmp_path / "data", {"train": pairs, "validation": pairs[:5]})
+    config = dict(get_config(), datasource=str(data), store_folder=str(tmp_path / "stores"), seed=3)
+    assert store.eval_pairs(dict(config, test_data=str(tsv)), "test", config) == pairs[:7]
+    assert store.eval_pairs(config, "validation", config) == pairs[:5]
+    carved = store.eval_pairs(config, "test", config)
+    assert carved == text_store(config).pairs("test") and carved and set(carved) <= set(pairs)
+    with pytest.raises(dataset.DataError, match="no 'dev' split"):
+        store.eval_pairs(config, "dev", config)

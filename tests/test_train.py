@@ -204,6 +204,15 @@ def test_resume_with_another_model_or_vocabulary_is_refused(trained_run, capsys:
     assert (run.folder / MANIFEST).read_text() == manifest
 
 
+def test_a_checkpoint_from_before_the_corpus_keys_can_be_resumed(trained_run) -> None:
+    """Config keys added since a checkpoint was written (valid_data, test_data, reserved_tags, ...)
+    take their defaults when it is resumed, as they do for inference, instead of being missing."""
+    path, state = trained_run.latest()
+    added = ("valid_data", "test_data", "reserved_tags", "target_lang")
+    state["config"] = {key: value for key, value in state["config"].items() if key not in added}
+    train.check_resumable(state, parse_config(trained_run.args), path)
+
+
 def test_preload_new_over_existing_checkpoints_is_refused(trained_run, capsys: pytest.CaptureFixture) -> None:
     run = trained_run
     code = train.main(run.args + ["--max_steps", str(run.SECOND_MAX_STEPS + 10), "--preload", "new"])
