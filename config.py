@@ -39,7 +39,7 @@ def get_config() -> dict[str, Any]:
         "seq_len": 256,  # longest sentence, in tokens including [SOS]/[EOS]; longer pairs are dropped
         # tokenizers
         "tokenizer_type": "wordlevel",  # wordlevel | bpe | unigram
-        "vocab_size": 8000,  # bpe and unigram only; wordlevel keeps every word seen min_frequency times
+        "vocab_size": 8000,  # entries per tokenizer; wordlevel keeps the most frequent words seen min_frequency times
         "min_frequency": 2,
         "tokenizer_max_sentences": 1_000_000,  # tokenizers train on a seeded sample of at most this many pairs
         "joint_vocab": False,  # one tokenizer for both languages
@@ -55,7 +55,8 @@ def get_config() -> dict[str, Any]:
         "batch_tokens": 4096,  # token budget of one batch (padded, source or target, whichever is larger)
         "accum_steps": 1,
         "lr": 7e-4,  # peak, reached at the end of warmup; 7e-4 equals the paper's d_model**-0.5 * warmup**-0.5
-        "warmup_steps": 4000,
+        "warmup_steps": 0,  # linear warmup over this many steps; 0 = warmup_fraction of the run's steps
+        "warmup_fraction": 0.1,  # a fixed 4000 (the paper's, of 100k steps) would outlast a run on opus_books
         "lr_schedule": "inverse_sqrt",  # inverse_sqrt (the paper's) | cosine (to min_lr at max_steps)
         "min_lr": 1e-5,
         "weight_decay": 0.0,  # AdamW decay, applied to weight matrices only
@@ -283,7 +284,7 @@ def validate_config(config: dict[str, Any]) -> None:
         raise ConfigError(f"--d_model must be even for sinusoidal positions, got {config['d_model']}")
     if config["seq_len"] < 3:
         raise ConfigError(f"--seq_len must be at least 3 ([SOS], a token, [EOS]), got {config['seq_len']}")
-    for key in ("dropout", "label_smoothing", "adam_beta1", "adam_beta2"):
+    for key in ("dropout", "label_smoothing", "adam_beta1", "adam_beta2", "warmup_fraction"):
         if not 0 <= config[key] < 1:
             raise ConfigError(f"--{key} must be in [0, 1), got {config[key]}")
     if not 0 <= config["val_fraction"] < 1 or not 0 <= config["test_fraction"] < 1 \

@@ -2,6 +2,8 @@
 steps the same optimizer).
 
 - `build_optimizer`: AdamW with the config's lr, betas and eps; weight decay on weight matrices only.
+- `warmup_steps`: `--warmup_steps`, or when it is 0 `--warmup_fraction` of the run's steps: a GPU run
+  on opus_books takes a few thousand steps, which the paper's fixed 4000 would spend warming up.
 - `lr_factor`: the multiplier of the peak lr after a number of optimizer steps: linear warmup, then
   the paper's inverse square root (`--lr_schedule inverse_sqrt`) or a cosine decay to `--min_lr`
   at the run's last step (`cosine`). train.py wraps it in a `LambdaLR`, which a checkpoint saves.
@@ -25,12 +27,17 @@ def build_optimizer(model: torch.nn.Module, config: dict[str, Any]) -> torch.opt
                              eps=config["adam_eps"])
 
 
+def warmup_steps(config: dict[str, Any], total_steps: int) -> int:
+    """Steps of linear warmup: `warmup_steps`, else `warmup_fraction` of `total_steps` (0: none)."""
+    return config["warmup_steps"] or round(config["warmup_fraction"] * total_steps)
+
+
 def lr_factor(step: int, config: dict[str, Any], total_steps: int) -> float:
     """Multiplier of the peak lr after `step` optimizer steps: linear warmup, then the paper's
     inverse square root (from the first step when there is no warmup), or a cosine decay to
     min_lr at `total_steps`."""
     step += 1
-    warmup = config["warmup_steps"]
+    warmup = warmup_steps(config, total_steps)
     if warmup and step < warmup:
         return step / warmup
     if config["lr_schedule"] == "inverse_sqrt":

@@ -38,7 +38,8 @@ def _new_tokenizer(tokenizer_type: str, vocab_size: int, min_frequency: int,
     special = [*SPECIAL_TOKENS, *tags]
     if tokenizer_type == "wordlevel":
         tokenizer = Tokenizer(models.WordLevel(unk_token=UNK))
-        trainer = trainers.WordLevelTrainer(special_tokens=special, min_frequency=min_frequency)
+        trainer = trainers.WordLevelTrainer(special_tokens=special, vocab_size=vocab_size,
+                                            min_frequency=min_frequency, show_progress=False)
     elif tokenizer_type == "bpe":
         tokenizer = Tokenizer(models.BPE(unk_token=UNK))
         trainer = trainers.BpeTrainer(special_tokens=special, vocab_size=vocab_size,

@@ -40,8 +40,8 @@ def numbered_pairs(count: int, prefix: str) -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def three_corpora() -> CorpusMix:
     pairs = numbered_pairs(120, "w")
-    tok_src = train_tokenizer([s for s, _ in pairs], "wordlevel", 0, 1)
-    tok_tgt = train_tokenizer([t for _, t in pairs], "wordlevel", 0, 1)
+    tok_src = train_tokenizer([s for s, _ in pairs], "wordlevel", 10_000, 1)
+    tok_tgt = train_tokenizer([t for _, t in pairs], "wordlevel", 10_000, 1)
     return CorpusMix([BilingualDataset.from_pairs(pairs[start:end], tok_src, tok_tgt, seq_len=32)
                       for start, end in ((0, 50), (50, 90), (90, 120))])
 

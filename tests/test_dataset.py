@@ -384,8 +384,8 @@ def test_training_pairs_whose_source_is_held_out_are_removed(capsys: pytest.Capt
 @pytest.fixture(scope="module")
 def tokenizers():
     pairs = synthetic_pairs(200, 1)
-    return (train_tokenizer([s for s, _ in pairs], "wordlevel", 0, 1),
-            train_tokenizer([t for _, t in pairs], "wordlevel", 0, 1))
+    return (train_tokenizer([s for s, _ in pairs], "wordlevel", 10_000, 1),
+            train_tokenizer([t for _, t in pairs], "wordlevel", 10_000, 1))
 
 
 def test_pairs_longer_than_seq_len_are_dropped_and_counted(tokenizers, capsys: pytest.CaptureFixture) -> None:
@@ -576,8 +576,8 @@ def test_tatoeba_loads_whole_and_deterministically(tmp_path: Path) -> None:
     train = store.pairs("train")
     assert train == all_pairs(folder, "train")
     # the real lengths, batched as the cpu preset does, waste little on padding
-    tok_src = train_tokenizer([s for s, _ in train], "wordlevel", 0, 2)
-    tok_tgt = train_tokenizer([t for _, t in train], "wordlevel", 0, 2)
+    tok_src = train_tokenizer([s for s, _ in train], "wordlevel", 10_000, 2)
+    tok_tgt = train_tokenizer([t for _, t in train], "wordlevel", 10_000, 2)
     dataset = BilingualDataset.from_pairs(train, tok_src, tok_tgt, seq_len=128)
     for budget in (512, 3000, 4096):
         batches = token_batches(dataset.src_lens, dataset.tgt_lens, budget, np.random.default_rng(0))

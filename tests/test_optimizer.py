@@ -29,7 +29,7 @@ def test_weight_decay_applies_to_weight_matrices_only() -> None:
 
 
 def test_inverse_sqrt_schedule_without_warmup_decays_from_the_first_step() -> None:
-    config = dict(get_config(), lr=1e-3, warmup_steps=0)
+    config = dict(get_config(), lr=1e-3, warmup_steps=0, warmup_fraction=0.0)
     assert [lr_factor(step, config, 100) for step in (0, 3, 99)] == pytest.approx([1.0, 0.5, 0.1])
 
 
@@ -40,6 +40,14 @@ def test_inverse_sqrt_schedule_peaks_at_warmup() -> None:
     assert factors[0] == pytest.approx(0.01)
     assert factors[399] == pytest.approx((100 / 400) ** 0.5)
     assert max(factors) == pytest.approx(1.0)
+
+
+def test_warmup_is_a_fraction_of_the_run_unless_given_in_steps() -> None:
+    config = dict(get_config(), lr=1e-3)  # the defaults: warmup_steps 0, warmup_fraction 0.1
+    factors = [lr_factor(step, config, 4600) for step in range(4600)]
+    assert factors.index(max(factors)) == 459 and factors[459] == pytest.approx(1.0)
+    assert factors[-1] == pytest.approx((460 / 4600) ** 0.5)
+    assert lr_factor(99, dict(config, warmup_steps=100), 4600) == pytest.approx(1.0)
 
 
 def test_cosine_schedule_ends_at_min_lr() -> None:

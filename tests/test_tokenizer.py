@@ -38,7 +38,7 @@ def test_round_trip_gives_back_natural_text(kind: str) -> None:
 
 
 def test_punctuation_is_split_off_words() -> None:
-    tokenizer = train_tokenizer(SENTENCES, "wordlevel", 0, 1)
+    tokenizer = train_tokenizer(SENTENCES, "wordlevel", 10_000, 1)
     tokens = tokenizer.encode("Hello, world.", add_special_tokens=False).tokens
     assert len(tokens) == 4  # Hello , world .
     # so "world" and "world." share one entry instead of two
@@ -53,17 +53,24 @@ def test_special_ids_are_0_to_3_in_every_kind() -> None:
 
 def test_min_frequency_leaves_rare_words_unknown() -> None:
     corpus = ["the cat sleeps", "the cat eats", "a zebra runs"]
-    frequent_only = train_tokenizer(corpus, "wordlevel", 0, 2)
+    frequent_only = train_tokenizer(corpus, "wordlevel", 10_000, 2)
     assert encode_ids(frequent_only, "zebra") == [UNK_ID]
     assert encode_ids(frequent_only, "cat") != [UNK_ID]
     assert decode_ids(frequent_only, encode_ids(frequent_only, "the zebra")) == "the"  # [UNK] is skipped
-    everything = train_tokenizer(corpus, "wordlevel", 0, 1)
+    everything = train_tokenizer(corpus, "wordlevel", 10_000, 1)
     assert encode_ids(everything, "zebra") != [UNK_ID]
     assert frequent_only.get_vocab_size() < everything.get_vocab_size()
 
 
+def test_wordlevel_keeps_the_most_frequent_words_up_to_vocab_size() -> None:
+    corpus = ["a a a a b b b c c d", "a b c d e"]
+    capped = train_tokenizer(corpus, "wordlevel", len(SPECIAL_TOKENS) + 3, 1)
+    assert capped.get_vocab_size() == len(SPECIAL_TOKENS) + 3
+    assert UNK_ID not in encode_ids(capped, "a b c") and encode_ids(capped, "d e") == [UNK_ID, UNK_ID]
+
+
 def test_saved_tokenizer_loads_identically(tmp_path: Path) -> None:
-    tokenizer = train_tokenizer(SENTENCES, "wordlevel", 0, 1)
+    tokenizer = train_tokenizer(SENTENCES, "wordlevel", 10_000, 1)
     path = tmp_path / "tokenizer_en.json"
     path.write_text(tokenizer.to_str(), encoding="utf-8")
     loaded = load_tokenizer(path)
@@ -126,7 +133,7 @@ def test_a_run_reserves_its_tags_whole_after_the_fixed_ids_and_never_decodes_the
 
 
 def test_a_tag_the_tokenizer_does_not_reserve_is_one_line() -> None:
-    plain = train_tokenizer(["a <XX> b"], "wordlevel", 0, 1)  # the text's "<XX>" is split: no tag
+    plain = train_tokenizer(["a <XX> b"], "wordlevel", 10_000, 1)  # the text's "<XX>" is split: no tag
     with pytest.raises(TokenizerError) as refused:
         tag_id(plain, "<XX>", "weights/m/ckpt_00000010.pt")
     assert str(refused.value) == ("tag <XX> is not in the tokenizers of weights/m/ckpt_00000010.pt; reserve it with "
