@@ -2,7 +2,10 @@
 
 Translates every source sentence of the split in batches (greedy, or beam search with
 --beam_size), writes the translations one per line, and prints chrF and sacreBLEU with their
-signatures against the raw references; the last line of stdout is sacreBLEU's own `BLEU = ...`.
+signatures against the raw references; the last line of stdout is sacreBLEU's own `BLEU = ...`,
+every line against its own reference (`nrefs:1`), comparable with other toolkits. The line before
+it scores each distinct source once against all its references (`scoring.grouped_scores`): a
+split that repeats a source with several references (tatoeba's) counts it once there.
 
 The model is found like translate.py finds it: the newest good checkpoint of the experiment that
 --datasource and the language pair name (weights/<data>_<src>-<tgt>/). To score a model on another
@@ -29,7 +32,7 @@ from typing import Any
 from checkpoint import CheckpointError
 from config import ConfigError, build_parser, config_or_exit, corpus_entries, corpus_name
 from dataset import DataError, log
-from scoring import corpus_scores
+from scoring import corpus_scores, grouped_scores
 from store import eval_pairs
 from translator import DecodingOptions, TranslatorError, add_translator_arguments, load_translator
 
@@ -93,11 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     log(f"evaluate.py: wrote {len(hypotheses)} translations to {output}")
 
     scores = corpus_scores(hypotheses, references)
+    grouped = grouped_scores(sources, hypotheses, references)
     print(f"model: {translator.source} ({translator.engine})")
     print(f"data: {config['datasource']} {args.split}, {len(pairs)} sentences, beam size {config['beam_size']}, "
           f"length penalty {config['length_penalty']}, brevity penalty {config['brevity_penalty']} "
           f"(length_ratio {translator.length_ratio})")
     print(f"chrF2 = {scores['chrf']:.2f} ({scores['chrf_signature']})")
+    print(f"grouped by source: {grouped['sources']} distinct sources, {grouped['references']} references: "
+          f"BLEU {grouped['bleu']:.2f}, chrF2 {grouped['chrf']:.2f} ({grouped['bleu_signature']})")
     print(f"BLEU signature: {scores['bleu_signature']}")
     print(scores["bleu_text"])
     return 0

@@ -11,6 +11,7 @@ import sacrebleu
 import evaluate
 import train
 from config import get_config
+from scoring import grouped_scores
 from store import text_store
 from synthetic_data import synthetic_pairs, tiny_corpus, write_hub_dataset
 from test_translator import several_targets  # noqa: F401  (a fixture: an untrained model of en -> fr+it)
@@ -36,9 +37,9 @@ def run_evaluate(capsys, *argv: str) -> tuple[int, list[str], str]:
     return code, captured.out.splitlines(), captured.err
 
 
-def references(folder: Path, split: str) -> list[str]:
+def references(folder: Path, split: str, lang: str = "it") -> list[str]:
     import datasets
-    return [row["translation"]["it"] for row in datasets.load_dataset(str(folder), "en-it", split=split)]
+    return [row["translation"][lang] for row in datasets.load_dataset(str(folder), "en-it", split=split)]
 
 
 def test_bleu_equals_sacrebleu_on_the_written_hypotheses(trained, capsys, tmp_path) -> None:
@@ -55,6 +56,9 @@ def test_bleu_equals_sacrebleu_on_the_written_hypotheses(trained, capsys, tmp_pa
     chrf = sacrebleu.corpus_chrf(hypotheses, [refs])
     assert f"chrF2 = {chrf.score:.2f}" in "\n".join(out)
     assert any(line.startswith("BLEU signature: nrefs:1|case:mixed|eff:no|tok:13a") for line in out)
+    grouped = grouped_scores(references(trained["data"], "test", "en"), hypotheses, refs)
+    assert out[-3] == (f"grouped by source: {grouped['sources']} distinct sources, 40 references: BLEU "
+                       f"{grouped['bleu']:.2f}, chrF2 {grouped['chrf']:.2f} ({grouped['bleu_signature']})")
 
 
 def test_default_output_and_averaging(trained, capsys) -> None:

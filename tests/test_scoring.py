@@ -1,4 +1,5 @@
-"""scoring.py: BLEU and chrF are exactly sacrebleu's; CER and WER are edit-distance rates."""
+"""scoring.py: BLEU and chrF are exactly sacrebleu's; CER and WER are edit-distance rates; repeated
+sources grouped equal sacreBLEU's own multi-reference score."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -6,7 +7,7 @@ from typing import Sequence
 import pytest
 import sacrebleu
 
-from scoring import corpus_scores
+from scoring import corpus_scores, group_by_source, grouped_scores
 
 REFERENCES = [
     "Il gatto è sul tavolo.",
@@ -71,3 +72,28 @@ def test_bad_inputs_are_refused() -> None:
         corpus_scores(["a", "b"], ["a"])
     with pytest.raises(ValueError, match="no sentences"):
         corpus_scores([], [])
+
+
+def test_repeated_sources_scored_once_equal_sacrebleus_multi_reference_score() -> None:
+    # "Dov'è la stazione?" asked three times with three references, "Il gatto" twice, one single line.
+    sources = ["Where is the station?", "The cat.", "Where is the station?", "I know.", "The cat.",
+               "Where is the station?"]
+    hypotheses = ["Dov'è la stazione?", "Il gatto.", "Dov'è la stazione?", "Lo so.", "Il gatto.",
+                  "Dov'è la stazione?"]
+    references = ["Dove si trova la stazione?", "Il gatto.", "Dov'è la stazione?", "Io lo so.", "La gatta.",
+                  "Dov'è la fermata?"]
+    unique, streams = group_by_source(sources, hypotheses, references)
+    assert unique == ["Dov'è la stazione?", "Il gatto.", "Lo so."]
+    by_hand = [["Dove si trova la stazione?", "Il gatto.", "Io lo so."],
+               ["Dov'è la stazione?", "La gatta.", None],
+               ["Dov'è la fermata?", None, None]]
+    assert streams == by_hand
+    scores = grouped_scores(sources, hypotheses, references)
+    bleu = sacrebleu.metrics.BLEU()
+    expected = bleu.corpus_score(unique, by_hand)
+    assert scores["bleu"] == expected.score and scores["bleu_text"] == str(expected)
+    assert scores["chrf"] == sacrebleu.metrics.CHRF().corpus_score(unique, by_hand).score
+    assert "nrefs:var" in scores["bleu_signature"]
+    assert (scores["sources"], scores["references"]) == (3, 6)
+    # The station, right against one of its references, counts once: grouped BLEU is above line-by-line BLEU.
+    assert scores["bleu"] > corpus_scores(hypotheses, references)["bleu"]
