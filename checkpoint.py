@@ -28,6 +28,7 @@ import hashlib
 import json
 import pickle
 import re
+import statistics
 import sys
 import zipfile
 from pathlib import Path
@@ -58,9 +59,9 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     try:
         manifest = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return {"latest": None, "best": None, "best_bleu": None, "checkpoints": {}}
+        return {"latest": None, "best": None, "checkpoints": {}}
     if not isinstance(manifest, dict) or not isinstance(manifest.get("checkpoints"), dict):
-        return {"latest": None, "best": None, "best_bleu": None, "checkpoints": {}}
+        return {"latest": None, "best": None, "checkpoints": {}}
     return manifest
 
 
@@ -104,17 +105,17 @@ def _write_checkpoint(path: Path, state: dict[str, Any], manifest: dict[str, Any
 
 
 def save_checkpoint(folder: Path, state: dict[str, Any], global_step: int, keep: int,
-                    bleu: float | None = None) -> Path:
-    """Write `state` as the checkpoint of `global_step`, record it, and keep the last `keep`
-    checkpoints plus the best by validation BLEU, counting and removing only those the manifest
-    lists. Raises CheckpointError (the previous ones intact)."""
+                    metrics: dict[str, float] | None = None, best_metric: str = "bleu") -> Path:
+    """Write `state` as the checkpoint of `global_step`, record it with its validation `metrics`,
+    and keep the last `keep` checkpoints plus the best by `best_metric`, counting and removing only
+    those the manifest lists. Raises CheckpointError (the previous ones intact)."""
     folder = Path(folder)
     path = folder / checkpoint_name(global_step)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         manifest = read_manifest(folder)
         digest = _write_checkpoint(path, state, manifest)
-        _record(manifest, path, digest, global_step, state.get("epoch"), bleu)
+        _record(manifest, path, digest, global_step, state.get("epoch"), metrics or {}, best_metric)
         listed = sorted((folder / name for name in manifest["checkpoints"] if CHECKPOINT_PATTERN.match(name)),
                         key=_step_of)
         stale = [p for p in listed[:-keep] if p.name != manifest.get("best")] if keep else []
@@ -130,12 +131,32 @@ def save_checkpoint(folder: Path, state: dict[str, Any], global_step: int, keep:
 
 
 def _record(manifest: dict[str, Any], path: Path, digest: str, global_step: int, epoch: Any,
-            bleu: float | None) -> None:
-    """List `path` in `manifest` as the latest checkpoint, and as the best if its BLEU is."""
-    manifest["checkpoints"][path.name] = {"sha256": digest, "global_step": global_step, "epoch": epoch, "bleu": bleu}
+            metrics: dict[str, float], best_metric: str) -> None:
+    """List `path` in `manifest` as the latest checkpoint, with its metrics, and choose the best."""
+    manifest["checkpoints"][path.name] = {"sha256": digest, "global_step": global_step, "epoch": epoch,
+                                          "metrics": metrics}
     manifest["latest"] = path.name
-    if bleu is not None and (manifest.get("best_bleu") is None or bleu > manifest["best_bleu"]):
-        manifest["best"], manifest["best_bleu"] = path.name, bleu
+    _choose_best(manifest, best_metric)
+
+
+# Which way each validation metric improves; `--best_metric` is one of them.
+HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "loss": False}
+
+
+def improves(metric: str, value: float, best: float | None) -> bool:
+    """Whether `value` of `metric` beats `best` (None: nothing yet)."""
+    return best is None or (value > best if HIGHER_IS_BETTER[metric] else value < best)
+
+
+def _choose_best(manifest: dict[str, Any], metric: str) -> None:
+    """The best listed checkpoint by `metric`, the earliest on a tie. A manifest written before
+    metrics were recorded has each checkpoint's BLEU alone."""
+    best, value = None, None
+    for name, entry in sorted(manifest["checkpoints"].items(), key=lambda item: item[1].get("global_step", 0)):
+        recorded = entry.get("metrics") or ({"bleu": entry["bleu"]} if entry.get("bleu") is not None else {})
+        if CHECKPOINT_PATTERN.match(name) and metric in recorded and improves(metric, recorded[metric], value):
+            best, value = name, recorded[metric]
+    manifest["best"], manifest["best_metric"], manifest["best_value"] = best, metric, value
 
 
 def _unlisted(folder: Path, above: int = -1) -> list[Path]:
@@ -167,8 +188,8 @@ def adopt_unlisted(folder: Path, config: dict[str, Any],
             raise CheckpointError(f"checkpoint {path} does not hold the tokenizers of {folder} "
                                   f"({', '.join(sorted({file.name for file in files}))}), so it is not this run's")
         manifest = read_manifest(folder)
-        _record(manifest, path, sha256_of(path), state["global_step"], state.get("epoch"),
-                state.get("metrics", {}).get("bleu"))
+        _record(manifest, path, sha256_of(path), state["global_step"], state.get("epoch"), state.get("metrics", {}),
+                config["best_metric"])
         atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode("utf-8"))
     except (CheckpointError, ConfigError) as error:
         raise CheckpointError(f"{error}; it is the newest checkpoint in {folder} and {MANIFEST} does not list it, so "
@@ -314,15 +335,25 @@ def load_latest(folder: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
-def checkpoints_to_average(folder: Path, count: int, newest: Path | None = None) -> list[Path]:
-    """The `count` newest checkpoints of `folder` (ending at `newest` when given), newest first."""
+def checkpoints_to_average(folder: Path, count: int, newest: Path | None = None, min_gap: int = 0) -> list[Path]:
+    """The `count` newest checkpoints of `folder` (ending at `newest` when given), newest first, each
+    written at least `min_gap` steps before the one taken after it (0: half the median spacing of
+    the folder's checkpoints). A checkpoint a few steps from another (a clock stop just after an
+    epoch's end) is nearly its copy: averaging both would weigh one point twice."""
     candidates = checkpoint_candidates(folder)
     if newest is not None:
         candidates = [p for p in candidates if _step_of(p) <= _step_of(Path(newest))]
-    if len(candidates) < count:
-        raise CheckpointError(f"cannot average {count} checkpoints: {folder} holds {len(candidates)} "
-                              f"(raise --keep_checkpoints or --save_every_steps when training)")
-    return candidates[:count]
+    steps = [_step_of(p) for p in candidates]
+    gap = max(1, min_gap or (statistics.median(a - b for a, b in zip(steps, steps[1:])) // 2 if len(steps) > 1 else 1))
+    chosen: list[Path] = []
+    for path, step in zip(candidates, steps):
+        if len(chosen) < count and (not chosen or _step_of(chosen[-1]) - step >= gap):
+            chosen.append(path)
+    if len(chosen) < count:
+        raise CheckpointError(f"cannot average {count} checkpoints: {folder} holds {len(candidates)}, of which "
+                              f"{len(chosen)} are at least {gap} steps apart (raise --keep_checkpoints or "
+                              f"--save_every_steps when training, or lower --average_min_gap_steps)")
+    return chosen
 
 
 def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
@@ -354,13 +385,14 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     return newest
 
 
-def save_average(folder: Path, count: int) -> Path:
-    """Average the `count` newest checkpoints of `folder` into ckpt_<newest step>_avg<count>.pt:
+def save_average(folder: Path, count: int, min_gap: int = 0) -> Path:
+    """Average the `count` newest checkpoints of `folder`, `min_gap` steps apart
+    (`checkpoints_to_average`), into ckpt_<newest step>_avg<count>.pt:
     weights, config and tokenizers (no optimizer: it is for translating, not resuming; its name is
     not a resume candidate's). The manifest records it as the experiment's `average`, replacing an
     older one, so inference loads it while it belongs to the newest checkpoint."""
     folder = Path(folder)
-    paths = checkpoints_to_average(folder, count)
+    paths = checkpoints_to_average(folder, count, min_gap=min_gap)
     state = average_checkpoints(paths)
     averaged = {key: state[key] for key in ("model", "config", "tokenizers", "epoch", "global_step")}
     averaged["averaged_from"] = [p.name for p in paths]
@@ -398,13 +430,22 @@ def best_checkpoint(folder: Path) -> Path | None:
     return Path(folder) / best if best else None
 
 
-def load_for_inference(path: Path | None, folder: Path, device: torch.device, average: int = 1):
+def load_for_inference(path: Path | None, folder: Path, device: torch.device, average: int = 1,
+                       choice: str = "average", min_gap: int = 0):
     """(model in eval mode on `device`, source tokenizer, target tokenizer, its config, its path) from
-    the checkpoint at `path`, or else the newest good one in `folder` (its average, when training
-    ended by averaging the last checkpoints: `average_checkpoints`); with `average` N > 1, the mean
-    weights of the N newest checkpoints (ending at `path` when given)."""
+    the checkpoint at `path`, or else from `folder` by `choice`: `latest`, the newest good
+    checkpoint; `best`, the best by the run's --best_metric on validation; `average`, the average
+    training wrote of its last checkpoints while it belongs to the newest (else the newest). With
+    `average` N > 1, the mean weights of N checkpoints at least `min_gap` steps apart, ending at
+    `path` or at the best (`checkpoints_to_average`)."""
+    folder = Path(path).parent if path is not None else Path(folder)
+    if path is None and choice == "best":
+        path = best_checkpoint(folder)
+        if path is None:
+            raise CheckpointError(f"{folder} has no best checkpoint: no validation has scored one yet (use "
+                                  f"--checkpoint_choice latest)")
     if average > 1:
-        paths = checkpoints_to_average(Path(path).parent if path is not None else Path(folder), average, path)
+        paths = checkpoints_to_average(folder, average, path, min_gap)
         path, state = paths[0], average_checkpoints(paths)
     elif path is not None:
         state = load_checkpoint(path)
@@ -415,9 +456,9 @@ def load_for_inference(path: Path | None, folder: Path, device: torch.device, av
                                   f"--lang_src, --lang_tgt: all the target languages of a model of several, as in "
                                   f"--lang_tgt fr+it, with --target_lang fr to choose one) or pass --checkpoint PATH")
         path, state = found
-        average = current_average(folder, path)
-        if average is not None:
-            path, state = average, load_checkpoint(average)
+        averaged = current_average(folder, path) if choice == "average" else None
+        if averaged is not None:
+            path, state = averaged, load_checkpoint(averaged)
     try:
         # Keys added to the config after the checkpoint was written take their defaults.
         config = {**get_config(), **state["config"]}

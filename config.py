@@ -93,7 +93,8 @@ def get_config() -> dict[str, Any]:
         "target_lang": "",  # inference: the language a model of several target languages produces
         "val_beam_size": 1,  # validation decodes greedily unless raised
         "num_examples": 3,
-        "early_stopping_patience": 0,  # validations without a better BLEU before stopping; 0 = never
+        "early_stopping_patience": 0,  # validations without a better best_metric before stopping; 0 = never
+        "best_metric": "bleu",  # bleu | chrf | loss: the validation metric that picks the best checkpoint
         # checkpoints and logs
         "model_folder": "weights",
         "runs_folder": "runs",
@@ -102,6 +103,8 @@ def get_config() -> dict[str, Any]:
         "preload": "latest",  # latest (resume if there is a checkpoint) | new (refuse if there is one) | a path
         "keep_checkpoints": 3,
         "average_checkpoints": 0,  # at the end of training, average the newest N checkpoints for inference; 0 = off
+        "checkpoint_choice": "average",  # inference: latest | best (by best_metric) | average (training's average)
+        "average_min_gap_steps": 0,  # averaged checkpoints lie this many steps apart; 0 = half their median spacing
         "save_every_steps": 0,  # also checkpoint every N optimizer steps; 0 = epoch ends only
         "log_every": 20,
         # serving (serve.py): limits on one request, and how concurrent requests are batched
@@ -173,6 +176,8 @@ CHOICES = {
     "lr_schedule": ("inverse_sqrt", "cosine"),
     "amp": ("auto", "off", "bf16", "fp16"),
     "device": ("auto", "cpu", "cuda", "mps"),
+    "best_metric": ("bleu", "chrf", "loss"),
+    "checkpoint_choice": ("latest", "best", "average"),
 }
 
 
@@ -272,7 +277,7 @@ def validate_config(config: dict[str, Any]) -> None:
     non_negative = ("average_checkpoints", "no_repeat_ngram_size", "val_max_pairs", "test_max_pairs",
                     "filter_max_length_ratio", "max_steps", "max_minutes", "warmup_steps", "weight_decay",
                     "clip_grad", "val_max_sentences", "num_examples", "early_stopping_patience",
-                    "save_every_steps", "min_lr", "adam_eps", "length_penalty", "brevity_penalty", "length_ratio")
+                    "save_every_steps", "average_min_gap_steps", "min_lr", "adam_eps", "length_penalty", "brevity_penalty", "length_ratio")
     for key in non_negative:
         if config[key] < 0:
             raise ConfigError(f"--{key} must not be negative, got {config[key]}")

@@ -45,7 +45,8 @@ from tqdm import tqdm
 from atomic_files import atomic_write_bytes
 from attention_plot import attention_figure
 from checkpoint import (CheckpointError, RunLock, adopt_unlisted, check_unlisted_above, checkpoint_files,
-                        load_checkpoint, load_latest, load_weights, named, save_average, save_checkpoint)
+                        improves, load_checkpoint, load_latest, load_weights, named, read_manifest, save_average,
+                        save_checkpoint)
 from config import (IDENTITY_KEYS, MODEL_KEYS, ConfigError, build_parser, config_or_exit, corpora, corpus_name, get_config,
                     explicit_keys, runs_dir, validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
@@ -115,7 +116,7 @@ def take_model_from(config: dict[str, Any], explicit: set[str]) -> dict[str, Any
 # What a checkpoint holds for resuming: `Trainer.save` writes these keys (`Trainer.resume_value`) and
 # the metrics, `Trainer.restore` reads them back, and a checkpoint that lacks one cannot be resumed.
 RESUME_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "global_step", "batches_done", "step_in_epoch",
-               "best_bleu", "stale_validations", "batch_settings", "config", "tokenizers")
+               "best_value", "stale_validations", "batch_settings", "config", "tokenizers")
 
 # How to start over when a folder's checkpoints cannot be resumed: train.py removes none of them itself.
 START_OVER = "they are left as they are; to start over, move them out of the folder or choose another --experiment_name"
@@ -129,6 +130,8 @@ def check_resumable(state: dict[str, Any], config: dict[str, Any], path: Path) -
         raise ConfigError(f"{path} is {what}, for translating, not for resuming: use it with translate.py or "
                           f"evaluate.py --checkpoint, or fine-tune from it with --init_from and a new "
                           f"--experiment_name")
+    if "best_bleu" in state and "best_value" not in state:  # written before --best_metric, when the best was BLEU's
+        state["best_value"] = state.pop("best_bleu") if state["best_bleu"] >= 0 else None
     missing = [key for key in RESUME_KEYS if key not in state]
     if missing:
         raise CheckpointError(f"checkpoint {path} cannot be resumed: it lacks {', '.join(missing)} (written by another "
@@ -261,7 +264,7 @@ class Trainer:
         self.folder = weights_dir(config)
         # Where training is: the epoch, how many of its batches (all ranks) and steps are done.
         self.epoch = self.batches_done = self.step_in_epoch = self.global_step = 0
-        self.best_bleu, self.stale_validations = -1.0, 0
+        self.best_value, self.stale_validations = None, 0  # of --best_metric
         self.nonfinite_run, self.last_validation_seconds = 0, 0.0
         self.log_skipped = 0  # steps skipped since the last logged step
         self.writer = None
@@ -401,7 +404,11 @@ class Trainer:
             log(note)
         self.epoch, self.global_step = state["epoch"], state["global_step"]
         self.batches_done, self.step_in_epoch = state["batches_done"], state["step_in_epoch"]
-        self.best_bleu, self.stale_validations = state["best_bleu"], state["stale_validations"]
+        self.best_value, self.stale_validations = state["best_value"], state["stale_validations"]
+        saved_metric = state["config"].get("best_metric", "bleu")
+        if saved_metric != self.config["best_metric"]:
+            log(f"--best_metric {saved_metric} -> {self.config['best_metric']}: early stopping counts from here")
+            self.best_value, self.stale_validations = None, 0
         self.apply_optimizer_settings(state["config"])
         saved, current = state["batch_settings"], self.batch_settings()
         changed = [key for key in BATCH_SETTINGS if saved[key] != current[key]]
@@ -629,8 +636,9 @@ class Trainer:
                 dist.barrier()
             self.last_validation_seconds = time.monotonic() - validation_started
             if metrics is not None:
-                if metrics["bleu"] > self.best_bleu:
-                    self.best_bleu, self.stale_validations = metrics["bleu"], 0
+                metric = self.config["best_metric"]
+                if improves(metric, metrics[metric], self.best_value):
+                    self.best_value, self.stale_validations = metrics[metric], 0
                 else:
                     self.stale_validations += 1
                 patience = self.config["early_stopping_patience"]
@@ -647,8 +655,8 @@ class Trainer:
         if not self.ranks.is_main:
             return
         state = {key: self.resume_value(key) for key in RESUME_KEYS} | {"metrics": metrics or {}}
-        path = save_checkpoint(self.folder, state, self.global_step, self.config["keep_checkpoints"],
-                               metrics["bleu"] if metrics else None)
+        path = save_checkpoint(self.folder, state, self.global_step, self.config["keep_checkpoints"], metrics,
+                               self.config["best_metric"])
         log(f"saved {path}")
 
     def resume_value(self, key: str) -> Any:
@@ -668,8 +676,9 @@ class Trainer:
         config = self.config
         if self.ranks.is_main and config["average_checkpoints"] > 1 and stop not in ("signal", "nonfinite"):
             try:
-                log(f"saved {save_average(self.folder, config['average_checkpoints'])}, the average of the last "
-                    f"{config['average_checkpoints']} checkpoints, which translate.py and evaluate.py will use")
+                path = save_average(self.folder, config["average_checkpoints"], config["average_min_gap_steps"])
+                sources = read_manifest(self.folder)["checkpoints"][path.name]["averaged_from"]
+                log(f"saved {path}, the average of {', '.join(sources)}, which translate.py and evaluate.py will use")
             except CheckpointError as error:
                 log(f"warning: no average: {error}")
         if self.ranks.is_main:
@@ -678,7 +687,9 @@ class Trainer:
                 None: f"finished {config['num_epochs']} epochs ({self.global_step} steps)",
                 "max_steps": f"reached --max_steps {config['max_steps']}",
                 "max_minutes": f"reached --max_minutes {config['max_minutes']} ({self.global_step} steps)",
-                "early_stopping": f"stopped early: no better validation BLEU in {self.stale_validations} validations",
+                "early_stopping": f"stopped early: no better validation "
+                                  f"{dict(bleu='BLEU', chrf='chrF', loss='loss')[config['best_metric']]} in "
+                                  f"{self.stale_validations} validations",
                 "signal": f"stopped at step {self.global_step}; resume with: {command}",
                 "nonfinite": f"stopped after {self.nonfinite_run} non-finite steps in a row at step "
                              f"{self.global_step}; the checkpoint holds the last good weights (try a lower --lr or "

@@ -41,18 +41,40 @@ def test_atomic_write_leaves_the_old_file_when_the_writer_fails(tmp_path: Path) 
 def test_keeps_the_last_k_plus_the_best(tmp_path: Path) -> None:
     bleus = {1: 5.0, 2: 20.0, 3: 7.0, 4: 9.0, 5: 3.0, 6: None}
     for step, bleu in bleus.items():
-        save_checkpoint(tmp_path, state(step), step, keep=2, bleu=bleu)
+        save_checkpoint(tmp_path, state(step), step, keep=2, metrics={"bleu": bleu} if bleu is not None else None)
     names = sorted(p.name for p in tmp_path.glob("ckpt_*.pt"))
     assert names == [checkpoint_name(2), checkpoint_name(5), checkpoint_name(6)]
     manifest = json.loads((tmp_path / MANIFEST).read_text())
     assert sorted(manifest["checkpoints"]) == names
     assert manifest["latest"] == checkpoint_name(6)
-    assert manifest["best"] == checkpoint_name(2) and manifest["best_bleu"] == 20.0
+    assert manifest["best"] == checkpoint_name(2) and (manifest["best_metric"], manifest["best_value"]) == ("bleu", 20.0)
     assert best_checkpoint(tmp_path) == tmp_path / checkpoint_name(2)
     assert [p.name for p in checkpoint_candidates(tmp_path)] == names[::-1]
     # once the best is among the last K it is not counted twice
-    save_checkpoint(tmp_path, state(7), 7, keep=2, bleu=30.0)
+    save_checkpoint(tmp_path, state(7), 7, keep=2, metrics={"bleu": 30.0})
     assert sorted(p.name for p in tmp_path.glob("ckpt_*.pt")) == [checkpoint_name(6), checkpoint_name(7)]
+
+
+@pytest.mark.parametrize("metric, best_step", [("bleu", 2), ("chrf", 3), ("loss", 4)])
+def test_the_best_is_chosen_by_best_metric_and_kept_out_of_rotation(tmp_path: Path, metric: str,
+                                                                   best_step: int) -> None:
+    scored = {1: (5.0, 30.0, 4.0), 2: (20.0, 40.0, 3.0), 3: (19.0, 45.0, 2.5), 4: (18.0, 44.0, 2.0),
+              5: (3.0, 20.0, 5.0), 6: (2.0, 10.0, 6.0), 7: (1.0, 5.0, 7.0)}
+    for step, (bleu, chrf, loss) in scored.items():
+        save_checkpoint(tmp_path, state(step), step, keep=2, metrics={"bleu": bleu, "chrf": chrf, "loss": loss},
+                        best_metric=metric)
+    assert best_checkpoint(tmp_path) == tmp_path / checkpoint_name(best_step)
+    assert sorted(p.name for p in tmp_path.glob("ckpt_*.pt")) == [checkpoint_name(s) for s in (best_step, 6, 7)]
+
+
+def test_a_manifest_from_before_metrics_keeps_its_bleu_best(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, state(1), 1, keep=5, metrics={"bleu": 9.0})
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    manifest["checkpoints"][checkpoint_name(1)] = {**manifest["checkpoints"][checkpoint_name(1)], "bleu": 9.0}
+    del manifest["checkpoints"][checkpoint_name(1)]["metrics"]
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    save_checkpoint(tmp_path, state(2), 2, keep=5, metrics={"bleu": 8.0})
+    assert best_checkpoint(tmp_path) == tmp_path / checkpoint_name(1)
 
 
 def test_round_trip_on_the_cpu(tmp_path: Path) -> None:

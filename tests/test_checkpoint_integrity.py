@@ -276,7 +276,7 @@ def unrecord_newest(folder: Path) -> str:
     del manifest["checkpoints"]["ckpt_00000012.pt"]
     manifest["latest"] = max(manifest["checkpoints"])
     if manifest["best"] == "ckpt_00000012.pt":
-        manifest["best"] = manifest["best_bleu"] = None
+        manifest["best"] = manifest["best_value"] = None
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return (folder / MANIFEST).read_text()
 

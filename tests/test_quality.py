@@ -111,6 +111,33 @@ def test_averaging_takes_the_mean_of_the_newest_checkpoints(tmp_path, tokenizer)
         checkpoints_to_average(tmp_path, 4)
 
 
+def test_averaging_never_takes_a_checkpoint_written_steps_after_another(tmp_path, tokenizer) -> None:
+    """A clock stop at step 305, just after the epoch's end at 300: the two are nearly one point."""
+    size = tokenizer.get_vocab_size()
+    model = build_transformer(size, size, 16, 16, d_model=16, N=1, h=2, d_ff=32, tie_embeddings=True)
+    for step in (100, 200, 300, 305):
+        save_checkpoint(tmp_path, tiny_state(model, step, tokenizer), step, keep=5)
+    spaced = [p.name for p in checkpoints_to_average(tmp_path, 3)]  # half the median spacing: 50 steps
+    assert spaced == ["ckpt_00000305.pt", "ckpt_00000200.pt", "ckpt_00000100.pt"]
+    assert [p.name for p in checkpoints_to_average(tmp_path, 2, min_gap=5)] == ["ckpt_00000305.pt", "ckpt_00000300.pt"]
+    with pytest.raises(CheckpointError, match="of which 2 are at least 150 steps apart"):
+        checkpoints_to_average(tmp_path, 3, min_gap=150)
+    assert load_for_inference(None, tmp_path, torch.device("cpu"), average=3)[4] == tmp_path / "ckpt_00000305.pt"
+
+
+def test_best_latest_and_average_load_what_they_name(tmp_path, tokenizer) -> None:
+    size = tokenizer.get_vocab_size()
+    models = {}
+    for step, chrf in ((10, 30.0), (20, 50.0), (30, 40.0)):
+        models[step] = build_transformer(size, size, 16, 16, d_model=16, N=1, h=2, d_ff=32, tie_embeddings=True)
+        save_checkpoint(tmp_path, tiny_state(models[step], step, tokenizer), step, keep=1,
+                        metrics={"bleu": 1.0, "chrf": chrf, "loss": 2.0}, best_metric="chrf")
+    for choice, step in (("best", 20), ("latest", 30), ("average", 30)):  # no average written: the newest
+        loaded, *_, path = load_for_inference(None, tmp_path, torch.device("cpu"), choice=choice)
+        assert path.name == f"ckpt_{step:08d}.pt"
+        torch.testing.assert_close(loaded.state_dict(), models[step].state_dict(), rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------------------- attention plot
 
 def test_attention_weights_are_distributions_and_the_plot_is_a_png(tmp_path, tokenizer) -> None:

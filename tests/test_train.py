@@ -208,9 +208,12 @@ def test_a_checkpoint_from_before_the_corpus_keys_can_be_resumed(trained_run) ->
     """Config keys added since a checkpoint was written (valid_data, test_data, reserved_tags, ...)
     take their defaults when it is resumed, as they do for inference, instead of being missing."""
     path, state = trained_run.latest()
-    added = ("valid_data", "test_data", "reserved_tags", "target_lang")
+    added = ("valid_data", "test_data", "reserved_tags", "target_lang", "best_metric", "warmup_fraction")
     state["config"] = {key: value for key, value in state["config"].items() if key not in added}
+    best = state.pop("best_value")
+    state["best_bleu"] = best  # the key before --best_metric, when the best was always BLEU's
     train.check_resumable(state, parse_config(trained_run.args), path)
+    assert state["best_value"] == best and "best_bleu" not in state
 
 
 def test_preload_new_over_existing_checkpoints_is_refused(trained_run, capsys: pytest.CaptureFixture) -> None:
@@ -420,7 +423,7 @@ def test_the_last_checkpoints_are_averaged_for_inference(stopped_mid_epoch: list
     assert train.main(args) == 0
     folder = weights_dir(parse_config(args))
     averaged = folder / "ckpt_00000030_avg2.pt"
-    assert f"saved {averaged}, the average of the last 2 checkpoints" in capsys.readouterr().err
+    assert f"saved {averaged}, the average of ckpt_00000030.pt, ckpt_00000020.pt" in capsys.readouterr().err
     state = load_checkpoint(averaged)
     assert state["averaged_from"] == ["ckpt_00000030.pt", "ckpt_00000020.pt"] and "optimizer" not in state
     last, before = (load_checkpoint(folder / name)["model"] for name in state["averaged_from"])
