@@ -113,6 +113,8 @@ def take_model_from(config: dict[str, Any], explicit: set[str]) -> dict[str, Any
     return state
 
 
+CUDA_PAD_MULTIPLE = 8  # tensor cores take fp16/bf16 matrix sides in multiples of 8
+
 # What a checkpoint holds for resuming: `Trainer.save` writes these keys (`Trainer.resume_value`) and
 # the metrics, `Trainer.restore` reads them back, and a checkpoint that lacks one cannot be resumed.
 RESUME_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "global_step", "batches_done", "step_in_epoch",
@@ -494,7 +496,10 @@ class Trainer:
         workers = config["num_workers"] if config["num_workers"] >= 0 else (2 if device.type == "cuda" else 0)
         # Its own generator: a loader draws worker seeds from the global RNG otherwise, which
         # would shift the dropout stream of a run resumed mid-epoch.
-        loader = DataLoader(MicroBatches(self.train_ds, self.plan.micro_batches(self.epoch, self.batches_done)),
+        # On CUDA, lengths padded to a multiple of 8 for the tensor cores (collate's docstring).
+        micro_batches = MicroBatches(self.train_ds, self.plan.micro_batches(self.epoch, self.batches_done),
+                                     CUDA_PAD_MULTIPLE if device.type == "cuda" else 1, config["seq_len"])
+        loader = DataLoader(micro_batches,
                             batch_size=None, shuffle=False, num_workers=workers, pin_memory=device.type == "cuda",
                             generator=torch.Generator().manual_seed(config["seed"] + self.epoch))
         autocast = autocast_context(device, self.autocast_dtype)

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-from config import get_config
+from config import PRESETS, get_config
 from model import build_model
 from optimizer import build_optimizer, lr_factor
 
@@ -54,3 +55,18 @@ def test_cosine_schedule_ends_at_min_lr() -> None:
     config = dict(get_config(), lr=1e-3, warmup_steps=10, lr_schedule="cosine", min_lr=1e-5)
     assert lr_factor(9, config, 100) == pytest.approx(1.0)
     assert lr_factor(99, config, 100) == pytest.approx(1e-2)
+
+
+def test_adamw_is_fused_on_cuda_and_foreach_elsewhere() -> None:
+    """The parameters' device decides; on 'cuda' fake tensors (no GPU needed) the fused kernel is asked for."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    config = {**get_config(), **PRESETS["tiny"]}
+    model = build_model(config, 40, 50)
+    assert not build_optimizer(model, config).defaults["fused"]
+    mode = FakeTensorMode()
+    for module in model.modules():
+        for name, parameter in list(module._parameters.items()):
+            module._parameters[name] = torch.nn.Parameter(FakeTensor(mode, parameter.detach().to("meta"),
+                                                                     torch.device("cuda", 0)))
+    with mode:
+        assert build_optimizer(model, config).defaults["fused"] is True
