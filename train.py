@@ -169,6 +169,25 @@ BATCH_SETTINGS = ("world_size", "accum_steps", "batch_tokens", "seq_len", "filte
 OPTIMIZER_SETTINGS = ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps")
 
 
+class OutOfMemory(RuntimeError):
+    """The device ran out of memory in a step; the message names the batch and what to change."""
+
+
+@contextlib.contextmanager
+def out_of_memory_names(batch: dict[str, torch.Tensor], step: int, config: dict[str, Any]):
+    """Turn an out-of-memory error in a step's forward or backward into one line naming the batch.
+    The run stops (the last checkpoint intact) rather than skipping the batch, as fairseq can: a
+    skipped batch changes what the run trains on, and an exact resume could not repeat it."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        sentences, source = batch["encoder_input"].shape
+        raise OutOfMemory(f"out of device memory at step {step}, on a batch of {sentences} sentences x {source} "
+                          f"source and {batch['label'].size(1)} target positions (--batch_tokens "
+                          f"{config['batch_tokens']}): lower --batch_tokens, raising --accum_steps to keep the step's "
+                          f"size, and resume; the last checkpoint is intact") from None
+
+
 class GracefulStop:
     """First SIGINT/SIGTERM asks the loop to stop after the current step; a second SIGINT exits at once."""
 
@@ -520,7 +539,7 @@ class Trainer:
             last_micro = index % config["accum_steps"] == config["accum_steps"] - 1
             # DDP all-reduces gradients only on the last micro-batch of a step.
             sync = self.model.no_sync() if ranks.distributed and not last_micro else contextlib.nullcontext()
-            with sync:
+            with sync, out_of_memory_names(batch, self.global_step + 1, config):
                 with autocast:
                     logits = self.model(batch["encoder_input"], batch["decoder_input"], batch.get("src_mask"))
                 summed = loss_sum(logits, batch["label"], config["label_smoothing"])
@@ -738,7 +757,7 @@ def main(argv: list[str] | None = None, command_line: bool = False) -> int:
     try:
         keep_freed = command_line and config["keep_freed_memory"] and pick_device(config["device"]).type == "cpu"
         return train(config, started, explicit_keys(args), keep_freed)
-    except (ConfigError, DataError, CheckpointError, TokenizerError) as error:
+    except (ConfigError, DataError, CheckpointError, TokenizerError, OutOfMemory) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2 if isinstance(error, ConfigError) else 1
     except KeyboardInterrupt:

@@ -279,6 +279,33 @@ def newest(args: list[str]) -> dict:
     return load_checkpoint(max(weights_dir(config).glob("ckpt_*.pt")))
 
 
+def test_out_of_memory_in_a_step_is_one_line_naming_the_batch(stopped_mid_epoch: list[str],
+                                                               capsys: pytest.CaptureFixture,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The allocator's error is raised where a CUDA one would surface (the loss of step 7's batch);
+    what is tested is the handler: one error line, the batch's shape, exit 1, no traceback, the
+    checkpoint kept."""
+    real_loss_sum, calls = train.loss_sum, []
+
+    def running_out(logits, label, smoothing):
+        calls.append(label.shape)
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_loss_sum(logits, label, smoothing)
+
+    monkeypatch.setattr(train, "loss_sum", running_out)
+    capsys.readouterr()
+    assert train.main(stopped_mid_epoch + ["--max_steps", "9"]) == 1
+    err = capsys.readouterr().err
+    lines = [line for line in error_lines(err) if line.startswith("train.py")]
+    sentences, target = calls[1]
+    assert len(lines) == 1 and lines[0].startswith("train.py: error: out of device memory at step 7, on a batch of "
+                                                   f"{sentences} sentences x ") and \
+        f"and {target} target positions (--batch_tokens 256)" in lines[0], lines
+    assert "Traceback" not in err
+    assert newest(stopped_mid_epoch)["global_step"] == 5
+
+
 def test_other_optimizer_settings_on_resume_are_applied_and_logged(stopped_mid_epoch: list[str],
                                                                    capsys: pytest.CaptureFixture) -> None:
     capsys.readouterr()
