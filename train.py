@@ -169,6 +169,15 @@ BATCH_SETTINGS = ("world_size", "accum_steps", "batch_tokens", "seq_len", "filte
 OPTIMIZER_SETTINGS = ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps")
 
 
+def compile_for_training(model: torch.nn.Module, backend: str | Any = "inductor") -> torch.nn.Module:
+    """torch.compile for token-budget batches, whose every batch has its own sentence count and
+    lengths: dynamic shapes from the first batch (`dynamic=True`). torch's default compiles a static
+    graph first and recompiles on the next shapes, and past its recompile limit (8) runs the rest
+    uncompiled. What stays specialised is whether the batch has a source mask and a batch of one
+    sentence: at most four graphs per run, however many shapes (tests/test_compile.py)."""
+    return torch.compile(model, dynamic=True, backend=backend)
+
+
 class OutOfMemory(RuntimeError):
     """The device ran out of memory in a step; the message names the batch and what to change."""
 
@@ -338,7 +347,7 @@ class Trainer:
 
         self.raw_model = self.model
         if config["compile"]:
-            self.model = torch.compile(self.model)
+            self.model = compile_for_training(self.model)
         if ranks.distributed:
             self.model = DistributedDataParallel(self.model, device_ids=[self.device.index]
                                                  if self.device.type == "cuda" else None)
