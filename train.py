@@ -58,7 +58,7 @@ from optimizer import build_optimizer, lr_factor
 from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
 from scoring import corpus_scores
 from store import TextStore, TokenStore, text_stores, token_stores, tokenizer_sample
-from tokenizer import (PAD_ID, TokenizerError, load_tokenizers, save_tokenizers, tag_id, tokenizer_from_json,
+from tokenizer import (TokenizerError, load_tokenizers, save_tokenizers, tag_id, tokenizer_from_json,
                        train_tokenizers)
 from translator import DecodingOptions, TorchTranslator
 
@@ -220,19 +220,26 @@ class GracefulStop:
 
 
 @torch.no_grad()
-def run_validation(model: Transformer, val_ds: BilingualDataset, val_pairs: list[tuple[str, str]], tok_src, tok_tgt,
-                   config: dict[str, Any], device: torch.device, writer, global_step: int) -> dict[str, float]:
-    """Validation loss (teacher forced, plain cross-entropy), then decoding of the whole split
-    (or `val_max_sentences`) scored with sacreBLEU, chrF, CER and WER; logged and printed."""
-    model.eval()
-    total, tokens = torch.zeros((), device=device), 0
+def validation_loss(model: Transformer, val_ds: BilingualDataset, config: dict[str, Any],
+                    device: torch.device) -> torch.Tensor:
+    """Mean teacher-forced cross-entropy (no smoothing) per target token, as a tensor on `device`:
+    the token count comes from the lengths on the host, so no batch waits on a device read."""
+    total = torch.zeros((), device=device)
     plan = BatchPlan(val_ds, config["batch_tokens"], config["seed"])
     for indices in plan.epoch_batches(0):
         batch = {k: v.to(device) for k, v in val_ds.collate(indices).items()}
         logits = model(batch["encoder_input"], batch["decoder_input"], batch.get("src_mask"))
         total += loss_sum(logits, batch["label"], 0.0)
-        tokens += int((batch["label"] != PAD_ID).sum())
-    metrics = {"loss": float(total) / max(1, tokens)}
+    return total / max(1, int(val_ds.tgt_lens.sum()))
+
+
+@torch.no_grad()
+def run_validation(model: Transformer, val_ds: BilingualDataset, val_pairs: list[tuple[str, str]], tok_src, tok_tgt,
+                   config: dict[str, Any], device: torch.device, writer, global_step: int) -> dict[str, float]:
+    """Validation loss (teacher forced, plain cross-entropy), then decoding of the whole split
+    (or `val_max_sentences`) scored with sacreBLEU, chrF, CER and WER; logged and printed."""
+    model.eval()
+    metrics = {"loss": float(validation_loss(model, val_ds, config, device))}
     pairs = val_pairs[:config["val_max_sentences"]] if config["val_max_sentences"] else val_pairs
     sources, references = [p[0] for p in pairs], [p[1] for p in pairs]
     translator = TorchTranslator(model, tok_src, tok_tgt, config)
