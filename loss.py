@@ -15,11 +15,17 @@ the loss before anything is rounded to fp16. So for fp16 logits the gradient is 
 rounded to fp16 only in backward, after the scale (grad_output) is applied, as autograd does for
 F.cross_entropy. bf16 has fp32's exponent range and needs no scaler, so it is stored as bf16.
 
+On CUDA the loss is `F.cross_entropy` itself (on fp32 logits, as autocast runs it): one fused
+kernel forward and one backward, where the chunked loop launches a dozen small kernels per chunk.
+GPU memory holds the log-probabilities of a 4k-token batch easily (about 130 MB at an 8k
+vocabulary); the chunks were there for the CPU's peak RSS.
+
 Train normalises the sum by the target tokens of the whole optimizer step (train.py).
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from tokenizer import PAD_ID
 
@@ -61,7 +67,13 @@ class _SmoothedCrossEntropySum(torch.autograd.Function):
         return grad.mul_(grad_output.to(grad.dtype)).to(ctx.logits_dtype), None, None
 
 
-def loss_sum(logits: torch.Tensor, label: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+def loss_sum(logits: torch.Tensor, label: torch.Tensor, label_smoothing: float,
+             fused: bool | None = None) -> torch.Tensor:
     """Summed label-smoothed cross-entropy over the non-padding target tokens (fp32 softmax) of
-    logits (..., V) and labels (...)."""
-    return _SmoothedCrossEntropySum.apply(logits.reshape(-1, logits.size(-1)), label.reshape(-1), label_smoothing)
+    logits (..., V) and labels (...): torch's fused `F.cross_entropy` on CUDA (or when `fused`), the
+    chunked form elsewhere (module docstring)."""
+    logits, label = logits.reshape(-1, logits.size(-1)), label.reshape(-1)
+    if logits.is_cuda if fused is None else fused:
+        return F.cross_entropy(logits.float(), label, ignore_index=PAD_ID, label_smoothing=label_smoothing,
+                               reduction="sum")
+    return _SmoothedCrossEntropySum.apply(logits, label, label_smoothing)

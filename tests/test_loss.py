@@ -1,5 +1,6 @@
 """loss.py: the chunked label-smoothed loss equals F.cross_entropy in value and gradient, in fp32,
-bf16 and fp16 under a GradScaler (where tiny probabilities must survive the cast to fp16)."""
+bf16 and fp16 under a GradScaler (where tiny probabilities must survive the cast to fp16); CUDA
+takes torch's fused form, the CPU the chunked one."""
 from __future__ import annotations
 
 import pytest
@@ -62,3 +63,17 @@ def test_fp16_gradient_is_scaled_before_it_is_rounded(smoothing: float) -> None:
     tiny[5] = False  # the padding row has no gradient at all
     assert tiny.sum() > 20 and (expected[tiny] != 0).all(), "premise: the scaled gradient survives fp16"
     torch.testing.assert_close(ours.float(), expected.float(), rtol=1e-3, atol=1e-7)
+
+
+def test_the_chunked_form_off_cuda_and_torchs_fused_one_on_it() -> None:
+    """The device picks the form (`fused` None): chunked on the CPU; `fused=True`, what a CUDA tensor
+    takes, is torch's own F.cross_entropy, equal in value and gradient."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 4, 9, requires_grad=True)
+    label = torch.randint(4, 9, (3, 4))
+    label[2, 2:] = PAD_ID
+    chunked, fused = loss_sum(logits, label, 0.1), loss_sum(logits, label, 0.1, fused=True)
+    assert type(chunked.grad_fn).__name__ == "_SmoothedCrossEntropySumBackward"
+    assert "SmoothedCrossEntropySum" not in type(fused.grad_fn).__name__
+    torch.testing.assert_close(fused, chunked)
+    torch.testing.assert_close(torch.autograd.grad(fused, logits)[0], torch.autograd.grad(chunked, logits)[0])
