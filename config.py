@@ -71,6 +71,7 @@ def get_config() -> dict[str, Any]:
         "seed": 42,
         "amp": "auto",  # auto (bf16 on CUDA from compute capability 8.0, else fp16; off elsewhere) | off | bf16 | fp16
         "compile": False,
+        "deterministic": False,  # torch.use_deterministic_algorithms: bit-exact repeats and resumes on CUDA, slower
         "num_workers": -1,  # DataLoader workers; -1 = 2 on CUDA, 0 elsewhere
         "device": "auto",  # auto | cpu | cuda | mps
         # CPU, train.py's command line only: glibc keeps freed memory for reuse instead of page-faulting

@@ -747,6 +747,10 @@ def train(config: dict[str, Any], started: float | None = None, explicit: set[st
     initial = take_model_from(config, explicit)
     ranks = Ranks.from_environment()
     device = pick_device(config["device"], ranks.local_rank)
+    if config["deterministic"]:
+        # cuBLAS needs a fixed workspace for reproducible products; read when CUDA first runs one.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     if ranks.distributed:
         if device.type == "cuda":
             torch.cuda.set_device(device)

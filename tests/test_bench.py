@@ -158,13 +158,20 @@ def test_quick_run_reports_every_figure(quick_run: tuple[str, dict]) -> None:
                                                                   (6, True), (6, False)]
     assert all(row["identical"] for row in greedy if row["cache"])
     assert result["decoding"]["single_sentence"]["output_tokens"] > 0
-    assert len(result["targets"]) == 6
+    assert len(result["targets"]) == 7
     assert result["ratios"]["vs_tutorial"] > 0 and result["peak_gflops"]["float32"] > 0
+    translation = result["translation"]["rows"]
+    assert [row["engine"] for row in translation] == ["pytorch", "ctranslate2 int8"]  # ctranslate2 is a requirement
+    assert all(row["sentences_per_s"] > 0 and row["sentences"] == 6 for row in translation)
+    resume = result["resume"]
+    assert resume["killed_after"] in ("ckpt_00000010.pt", "ckpt_00000020.pt") and resume["steps"] == 30
+    assert resume["bit_identical"] and resume["max_abs_difference"] == 0.0
 
 
 def test_quick_table(quick_run: tuple[str, dict]) -> None:
     out = quick_run[0]
     assert "QUICK" in out and "torch.nn.Transformer" in out and "targets:" in out
+    assert "translation, beam 5" in out and "bit-identical to an unbroken run" in out
 
 
 def test_missing_datasource_is_one_line(tmp_path, capsys: pytest.CaptureFixture) -> None:
