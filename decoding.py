@@ -16,7 +16,8 @@ that end with [EOS] are finished (as in fairseq and CTranslate2) and the first b
 stay open. A sentence is done when no open hypothesis can still beat its `n_best`-th finished one:
 an open hypothesis's log-probability only falls as it grows, so the best score it can still reach
 is its log-probability divided by the longest length it may reach (`max_tokens`) ** length_penalty.
-At `max_tokens` the open hypotheses compete with the finished ones as they are.
+At `max_tokens` the open hypotheses compete with the finished ones as they are. The finished
+hypotheses stay on the device (`FinishedHypotheses`); the host reads one flag per sentence and step.
 
 A `brevity_penalty` λ > 0 adds λ times the logarithm of BLEU's brevity penalty,
 min(0, 1 - expected / length), to a hypothesis's score, as Sockeye's constant brevity penalty does:
@@ -140,18 +141,23 @@ def greedy_decode(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor,
 def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_tokens: int,
                 beam_size: int, length_penalty: float = 1.0, n_best: int = 1, no_repeat_ngram_size: int = 0,
                 brevity_penalty: float = 0.0, length_ratio: float = 0.0) -> list[Hypotheses]:
-    """The `n_best` best hypotheses of each row of `src` (see the module docstring)."""
+    """The `n_best` best hypotheses of each row of `src` (see the module docstring).
+
+    The search's state stays on the device: each sentence's `n_best` finished hypotheses (scores,
+    tokens, lengths), merged with each step's finished ones by a stable sort, in float64 so that
+    their scores are bit for bit `hypothesis_score`'s. The host reads one flag per sentence each
+    step (whether it can still improve), and the finished hypotheses once, at the end."""
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size {beam_size}, got {n_best}")
-    k, device = beam_size, src.device
-    expected = expected_lengths(src_mask, length_ratio)
+    k, device, count = beam_size, src.device, src.size(0)
+    expected = torch.tensor(expected_lengths(src_mask, length_ratio), dtype=torch.float64, device=device)
     memory = model.encode(src, src_mask)
     cache = model.new_cache()
-    sentences = torch.arange(src.size(0), device=device)  # original row of each sentence still searching
-    tokens = torch.full((src.size(0) * k, 1), SOS_ID, dtype=torch.long, device=device)
-    log_probs_so_far = torch.full((src.size(0), k), float("-inf"), device=device)
+    sentences = torch.arange(count, device=device)  # original row of each sentence still searching
+    tokens = torch.full((count * k, 1), SOS_ID, dtype=torch.long, device=device)
+    log_probs_so_far = torch.full((count, k), float("-inf"), device=device)
     log_probs_so_far[:, 0] = 0.0  # the beams start identical: extend only the first
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(src.size(0))]
+    finished = FinishedHypotheses(count, n_best, max_tokens, device)
     best_reachable_divisor = max_tokens ** length_penalty
     for step in range(max_tokens):
         logits = model.project(model.decode(memory, src_mask, tokens[:, -1:], None, cache))[:, -1]
@@ -168,35 +174,23 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, m
         origin = top_beam.gather(1, open_order) + torch.arange(len(sentences), device=device)[:, None] * k
         next_tokens = top_token.gather(1, open_order)
 
-        # Host side, once per step: record finished hypotheses and decide which sentences are done.
-        last_step = step == max_tokens - 1
-        ends_first_k = ends[:, :k].tolist()
-        scores_host, beams_host = top_scores.tolist(), top_beam.tolist()
-        open_best = next_scores[:, 0].tolist()
-        history = tokens[:, 1:].tolist()
-        keep: list[int] = []
-        for b, sentence in enumerate(sentences.tolist()):
-            for j in range(k):
-                if ends_first_k[b][j]:
-                    hypothesis = history[b * k + beams_host[b][j]]
-                    finished[sentence].append((hypothesis_score(scores_host[b][j], step + 1, length_penalty,
-                                                                expected[sentence], brevity_penalty), hypothesis))
-            ranked = sorted(finished[sentence], key=lambda item: item[0], reverse=True)[:n_best]
-            finished[sentence] = ranked
-            can_improve = math.isfinite(open_best[b]) and (
-                len(ranked) < n_best or open_best[b] / best_reachable_divisor > ranked[-1][0])
-            if last_step and can_improve:
-                # Out of steps: the open hypotheses compete with the finished ones as they are.
-                final_scores, final_origin = next_scores[b].tolist(), origin[b].tolist()
-                final_tokens = next_tokens[b].tolist()
-                for score, row, token in zip(final_scores, final_origin, final_tokens):
-                    if math.isfinite(score):
-                        finished[sentence].append((hypothesis_score(score, step + 1, length_penalty,
-                                                                    expected[sentence], brevity_penalty),
-                                                   history[row] + [token]))
-                finished[sentence] = sorted(finished[sentence], key=lambda item: item[0], reverse=True)[:n_best]
-            elif can_improve:
-                keep.append(b)
+        # Those of the first k extensions that end are finished: their tokens are their beam's so far.
+        history = tokens[:, 1:].view(len(sentences), k, step)
+        ended = history.gather(1, top_beam[:, :k, None].expand(-1, -1, step))
+        divisor = (step + 1) ** length_penalty
+        terms = brevity_terms(step + 1, expected[sentences], brevity_penalty)[:, None]
+        ended_scores = torch.where(ends[:, :k], top_scores[:, :k].double() / divisor + terms, float("-inf"))
+        finished.add(sentences, ended_scores, ended, step)
+        open_best = next_scores[:, 0].double()
+        can_improve = torch.isfinite(open_best) & (open_best / best_reachable_divisor > finished.worst(sentences))
+        if step == max_tokens - 1:
+            # Out of steps: the open hypotheses compete with the finished ones as they are.
+            grown = torch.cat([tokens[:, 1:][origin.reshape(-1)].view(len(sentences), k, step),
+                               next_tokens[:, :, None]], dim=2)
+            open_scores = torch.where(can_improve[:, None], next_scores.double() / divisor + terms, float("-inf"))
+            finished.add(sentences, open_scores, grown, step + 1)
+            break
+        keep = [b for b, improvable in enumerate(can_improve.tolist()) if improvable]  # the step's one read
         if not keep:
             break
         if len(keep) < len(sentences):
@@ -208,7 +202,48 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, m
         cache.reorder_hypotheses(flat_origin)
         tokens = torch.cat([tokens[flat_origin], next_tokens.reshape(-1, 1)], dim=1)
         log_probs_so_far = next_scores
-    return [[(hypothesis, score) for score, hypothesis in ranked] for ranked in finished]
+    return finished.ranked()
+
+
+def brevity_terms(length: int, expected: torch.Tensor, brevity_penalty: float) -> torch.Tensor:
+    """`brevity_term` of one length against each expected length (float64, as the host computes it)."""
+    return brevity_penalty * (1.0 - expected / length).clamp(max=0.0) if brevity_penalty else torch.zeros_like(expected)
+
+
+class FinishedHypotheses:
+    """Each sentence's `n_best` best finished hypotheses, best first, on the device: scores (-inf in
+    a slot not yet filled), tokens (without [SOS]/[EOS]) and their lengths."""
+
+    def __init__(self, sentences: int, n_best: int, max_tokens: int, device: torch.device) -> None:
+        self.scores = torch.full((sentences, n_best), float("-inf"), dtype=torch.float64, device=device)
+        self.tokens = torch.zeros((sentences, n_best, max_tokens), dtype=torch.long, device=device)
+        self.lengths = torch.zeros((sentences, n_best), dtype=torch.long, device=device)
+
+    def worst(self, sentences: torch.Tensor) -> torch.Tensor:
+        """The n_best-th finished score of each of `sentences` (-inf while fewer have finished)."""
+        return self.scores[sentences, -1]
+
+    def add(self, sentences: torch.Tensor, scores: torch.Tensor, tokens: torch.Tensor, length: int) -> None:
+        """Merge candidates (their `scores` -inf where they did not finish; `tokens` (rows, k, length))
+        into `sentences`' finished ones. The stable sort keeps earlier ones first on a tie, as a list
+        sorted on the host would."""
+        rows, n_best = len(sentences), self.scores.size(1)
+        padded = torch.zeros((rows, tokens.size(1), self.tokens.size(2)), dtype=torch.long, device=tokens.device)
+        padded[:, :, :length] = tokens
+        all_scores = torch.cat([self.scores[sentences], scores], dim=1)
+        order = all_scores.sort(dim=1, descending=True, stable=True).indices[:, :n_best]
+        lengths = torch.cat([self.lengths[sentences], torch.full_like(scores, length, dtype=torch.long)], dim=1)
+        all_tokens = torch.cat([self.tokens[sentences], padded], dim=1)
+        self.scores[sentences] = all_scores.gather(1, order)
+        self.lengths[sentences] = lengths.gather(1, order)
+        self.tokens[sentences] = all_tokens.gather(1, order[:, :, None].expand(-1, -1, all_tokens.size(2)))
+
+    def ranked(self) -> list[Hypotheses]:
+        """Every sentence's finished hypotheses, best first, read back once."""
+        scores, lengths, tokens = self.scores.tolist(), self.lengths.tolist(), self.tokens.tolist()
+        return [[(row_tokens[slot][:row_lengths[slot]], score) for slot, score in enumerate(row_scores)
+                 if math.isfinite(score)]
+                for row_scores, row_lengths, row_tokens in zip(scores, lengths, tokens)]
 
 
 @torch.no_grad()

@@ -387,3 +387,34 @@ def test_max_output_tokens() -> None:
     assert max_output_tokens(5, 256) == 20  # twice the source plus 10
     assert max_output_tokens(200, 256) == 255  # the decoder holds seq_len positions including [SOS]
     assert max_output_tokens(0, 2) == 1
+
+
+class HostReads(torch.overrides.TorchFunctionMode):
+    """Counts the reads of tensor values back to the host (on CUDA each one waits for the device)."""
+
+    READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.__int__,
+             torch.Tensor.__float__, torch.Tensor.numpy, torch.Tensor.cpu}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += func in self.READS
+        return func(*args, **(kwargs or {}))
+
+
+def test_beam_search_reads_one_flag_per_step_back_from_the_device() -> None:
+    """The finished hypotheses stay on the device: one read per step (which sentences can still
+    improve) plus a fixed few, however long the search; [EOS] suppressed, so it runs every step."""
+    torch.manual_seed(0)
+    model = build_transformer(30, 20, 32, 32, d_model=16, N=1, h=2, d_ff=32).eval()
+    with torch.no_grad():
+        model.projection_layer.proj.bias[EOS_ID] = -1e9
+    src = torch.randint(4, 30, (3, 6))
+    src_mask = (src != PAD_ID)[:, None, None, :]
+    for steps in (5, 20):
+        with HostReads() as reads:
+            hypotheses = beam_search(model, src, src_mask, steps, 4, n_best=2, brevity_penalty=0.2, length_ratio=1.0)
+        assert all(len(tokens) == steps for tokens, _ in hypotheses[0])
+        assert reads.count <= steps + 4, f"{reads.count} reads in {steps} steps"
