@@ -8,6 +8,8 @@
 - `grad_scaler`: the loss scaler, enabled for fp16 only (bf16 has fp32's exponent range).
 - `load_scaler_state`: a checkpoint's scaler state, across a change of `--amp` in either direction.
 - `allow_tf32`: fp32 matrix products on the tensor cores of CUDA GPUs that have TF32 (8.0 and up).
+- `inference_dtype`: what the PyTorch engine decodes in: bf16 on CUDA GPUs that have it natively,
+  fp16 on older ones, fp32 elsewhere (translator.py; the log-probabilities stay fp32).
 """
 from __future__ import annotations
 
@@ -33,6 +35,11 @@ def amp_dtype(config: dict[str, Any], device: torch.device) -> torch.dtype | Non
             return None
         return torch.bfloat16 if native_bf16_and_tf32(device) else torch.float16
     return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[choice]
+
+
+def inference_dtype(device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of decoding on `device`; None for fp32 (the CPU, MPS)."""
+    return amp_dtype({"amp": "auto"}, device)
 
 
 def autocast_context(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:

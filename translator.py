@@ -37,6 +37,7 @@ from config import get_config, target_languages, target_tag, validate_config, we
 from decoding import beam_search, brevity_term, expected_length, greedy_decode, max_output_tokens, sample
 from device import pick_device
 from model import Transformer
+from precision import autocast_context, inference_dtype
 from tokenizer import EOS_ID, PAD_ID, SOS_ID, TokenizerError, decode_ids, load_tokenizer
 
 ENGINES = ("pytorch", "ctranslate2")
@@ -238,23 +239,31 @@ class TorchTranslator(Translator):
         src_mask = (src != PAD_ID)[:, None, None, :]
         was_training = model.training
         model.eval()
+        # On a GPU in bf16/fp16 through autocast rather than by casting the weights: validation
+        # decodes the model being trained, whose weights stay fp32. Log-probabilities stay fp32.
         try:
-            if options.sampling:
-                if self.generator is None:
-                    self.generator = torch.Generator(device).manual_seed(self.seed)
-                return sample(model, src, src_mask, max_tokens, options.n_best, options.sampling_topk,
-                              options.sampling_topp, options.temperature, options.length_penalty, self.generator,
-                              options.no_repeat_ngram_size, options.brevity_penalty, self.length_ratio)
-            if options.beam_size == 1:
-                return [[hypothesis] for hypothesis in greedy_decode(
-                    model, src, src_mask, max_tokens, options.length_penalty,
-                    no_repeat_ngram_size=options.no_repeat_ngram_size, brevity_penalty=options.brevity_penalty,
-                    length_ratio=self.length_ratio)]
-            return beam_search(model, src, src_mask, max_tokens, options.beam_size, options.length_penalty,
-                               options.n_best, options.no_repeat_ngram_size, options.brevity_penalty,
-                               self.length_ratio)
+            with autocast_context(device, inference_dtype(device)):
+                return self.decode(src, src_mask, options, max_tokens)
         finally:
             model.train(was_training)
+
+    def decode(self, src: torch.Tensor, src_mask: torch.Tensor, options: DecodingOptions,
+               max_tokens: int) -> list[list[tuple[list[int], float]]]:
+        """decoding.py's search that `options` names, over the model."""
+        model = self.model
+        if options.sampling:
+            if self.generator is None:
+                self.generator = torch.Generator(src.device).manual_seed(self.seed)
+            return sample(model, src, src_mask, max_tokens, options.n_best, options.sampling_topk,
+                          options.sampling_topp, options.temperature, options.length_penalty, self.generator,
+                          options.no_repeat_ngram_size, options.brevity_penalty, self.length_ratio)
+        if options.beam_size == 1:
+            return [[hypothesis] for hypothesis in greedy_decode(
+                model, src, src_mask, max_tokens, options.length_penalty,
+                no_repeat_ngram_size=options.no_repeat_ngram_size, brevity_penalty=options.brevity_penalty,
+                length_ratio=self.length_ratio)]
+        return beam_search(model, src, src_mask, max_tokens, options.beam_size, options.length_penalty,
+                           options.n_best, options.no_repeat_ngram_size, options.brevity_penalty, self.length_ratio)
 
     def tagged_text(self, sentence: str, target_lang: str) -> str:
         """`sentence` as text for attention_plot.py, which tokenizes it itself: the tag written first

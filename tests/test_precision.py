@@ -31,11 +31,13 @@ def test_auto_amp_is_bf16_only_where_the_gpu_has_it_natively(capability: tuple[i
     # What torch says on every one of them: bf16 "supported", counting emulation.
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     assert precision.amp_dtype({"amp": "auto"}, torch.device("cuda", 0)) == expected
+    assert precision.inference_dtype(torch.device("cuda", 0)) == expected  # what the PyTorch engine decodes in
 
 
 def test_auto_amp_is_off_on_the_cpu_and_mps_and_explicit_choices_hold_everywhere() -> None:
     for device in (torch.device("cpu"), torch.device("mps")):
         assert precision.amp_dtype({"amp": "auto"}, device) is None
+        assert precision.inference_dtype(device) is None
         assert precision.amp_dtype({"amp": "fp16"}, device) == torch.float16
         assert precision.amp_dtype({"amp": "bf16"}, device) == torch.bfloat16
     cpu = torch.device("cpu")

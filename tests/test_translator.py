@@ -22,6 +22,7 @@ from checkpoint import save_checkpoint
 from config import PRESETS, get_config, validate_config, weights_dir
 from model import Transformer, build_model
 from tokenizer import EOS_ID, SOS_ID, SPECIAL_TOKENS, train_tokenizer
+import translator as translator_module
 from translator import CTranslate2Translator, DecodingOptions, TorchTranslator, TranslatorError
 
 TAGS = ["<2fr>", "<2it>"]
@@ -124,6 +125,27 @@ def test_batches_keep_the_input_order(toy_translator, mixed_lengths: list[str]) 
     assert sum(a == b for a, b in zip(beam, together)) >= 22
     assert translator.translate([], DecodingOptions()) == []
     assert not toy_translator.model.training
+
+
+def test_the_pytorch_engine_decodes_in_the_dtype_precision_chooses(toy_translator, mixed_lengths: list[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU that is bf16 (or fp16): asked for bf16 here, the CPU decodes under bf16 autocast, the
+    weights of the (validation's) model untouched, and the confident toy model translates the same."""
+    translator = toy_translator.translator()
+    fp32 = translator.translate_best(mixed_lengths, DecodingOptions(beam_size=3))
+    seen = []
+    real_decode = TorchTranslator.decode
+
+    def recording(self, src, *args):
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return real_decode(self, src, *args)
+
+    monkeypatch.setattr(translator_module, "inference_dtype", lambda device: torch.bfloat16)
+    monkeypatch.setattr(TorchTranslator, "decode", recording)
+    bf16 = translator.translate_best(mixed_lengths, DecodingOptions(beam_size=3))
+    assert seen and set(seen) == {torch.bfloat16}
+    assert next(toy_translator.model.parameters()).dtype == torch.float32
+    assert sum(a == b for a, b in zip(bf16, fp32)) >= 22
 
 
 def test_n_best_and_samples(toy_translator, mixed_lengths: list[str]) -> None:
