@@ -92,6 +92,7 @@ def get_config() -> dict[str, Any]:
         "temperature": 1.0,  # sampling: divide the logits by this first
         "no_repeat_ngram_size": 0,  # never produce an n-gram of this size twice in one output; 0 = off
         "target_lang": "",  # inference: the language a model of several target languages produces
+        "compute_type": "auto",  # --engine ctranslate2: auto (per machine: translator.ct2_setup) or a CTranslate2 type
         "val_beam_size": 1,  # validation decodes greedily unless raised
         "num_examples": 3,
         "early_stopping_patience": 0,  # validations without a better best_metric before stopping; 0 = never
@@ -179,6 +180,8 @@ CHOICES = {
     "device": ("auto", "cpu", "cuda", "mps"),
     "best_metric": ("bleu", "chrf", "loss"),
     "checkpoint_choice": ("latest", "best", "average"),
+    "compute_type": ("auto", "default", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
+                     "bfloat16", "float32"),
 }
 
 

@@ -21,7 +21,8 @@ written beside CTranslate2's files (translator.py reads them): the config's `lan
 model's target languages (fr+it), and the tags <2fr>, <2it> that translator.py puts before every
 source are tokens of the exported source vocabulary, which a model of several target languages
 must hold (refused otherwise). `--quantization` takes CTranslate2's names: int8, int16, float32,
-bfloat16.
+bfloat16, and for GPUs float16 and int8_float16 (on a CPU, CTranslate2 runs those in float32 and
+int8). translator.ct2_setup chooses the compute type a model runs with on each machine.
 
 `--output DIR` is never a folder export.py did not write. Each export holds a marker, `export.json`,
 listing the files it wrote; DIR may be new, an empty folder, or, with `--overwrite`
@@ -53,7 +54,7 @@ from model import Transformer
 from tokenizer import EOS, SOS, UNK
 from translator import CT2_PROJECT_CONFIG, CT2_SOURCE_TOKENIZER, CT2_TARGET_TOKENIZER, missing_target_tag
 
-QUANTIZATIONS = ("int8", "int16", "float32", "bfloat16")
+QUANTIZATIONS = ("int8", "int16", "float32", "bfloat16", "float16", "int8_float16")  # the last two for GPUs
 LAYER_NORM_EPSILON = 1e-5  # nn.LayerNorm's default, which model.py uses
 MARKER = "export.json"  # in every export: what --overwrite may replace, and which files are its own
 MARKER_NOTE = ("a model directory written by export.py, which may replace it when given --overwrite if it holds no "

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -283,14 +285,48 @@ CT2_SOURCE_TOKENIZER, CT2_TARGET_TOKENIZER, CT2_PROJECT_CONFIG = \
     "tokenizer_source.json", "tokenizer_target.json", "project.json"
 
 
+def cpu_family() -> tuple[str, bool]:
+    """This machine's CPU vendor ('GenuineIntel', 'AuthenticAMD', ...; '' where /proc/cpuinfo is
+    not) and whether it has AVX-512."""
+    try:
+        info = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "", False
+    vendor = re.search(r"^vendor_id\s*:\s*(\S+)", info, re.MULTILINE)
+    flags = re.search(r"^flags\s*:(.*)$", info, re.MULTILINE)
+    return (vendor[1] if vendor else ""), bool(flags and " avx512f" in f"{flags[1]} ")
+
+
+def ct2_setup(compute_type: str, device: str, quantization: str,
+              family: tuple[str, bool] | None = None) -> tuple[str, dict[str, str]]:
+    """The compute type and the CPU-backend environment CTranslate2 runs a model exported as
+    `quantization` with. `compute_type` other than `auto` is taken as given. `auto` is a fixed rule
+    per device, CPU family and instruction set (never a timing, so outputs never depend on one),
+    from the measurements in docs/serving.md, and never changes what the weights are:
+    - CUDA: 16-bit (float16, or the export's own bfloat16 or int8_float16; int8 as int8_float16);
+    - an Intel CPU with AVX-512: float32 on oneDNN (CT2_USE_MKL=0), from any export: there beam 5 ran
+      at 302 sentences/s against 173 for int8 and 146 for float32 on CTranslate2's default MKL;
+    - any other CPU (AMD: int8 on oneDNN, CTranslate2's default there, was 3.4x this project's
+      PyTorch engine): the export's own type (`default`)."""
+    if compute_type != "auto":
+        return compute_type, {}
+    if device == "cuda":
+        return {"bfloat16": "bfloat16", "int8": "int8_float16", "int8_float16": "int8_float16"}.get(
+            quantization, "float16"), {}
+    vendor, avx512 = family if family is not None else cpu_family()
+    if vendor == "GenuineIntel" and avx512:
+        return "float32", {"CT2_USE_MKL": "0"}
+    return "default", {}
+
+
 class CTranslate2Translator(Translator):
-    """A model directory written by export.py, run by CTranslate2. Its CPU backend is left to
-    CTranslate2 (oneDNN on AMD, MKL on Intel; CT2_USE_MKL overrides): on this project's AMD machine
-    MKL's int8 products ran at a quarter of oneDNN's speed for the same BLEU (docs/serving.md)."""
+    """A model directory written by export.py, run by CTranslate2 with the compute type and CPU
+    backend of `ct2_setup`. A CT2_USE_MKL the user set is never overridden."""
 
     engine = "ctranslate2"
 
-    def __init__(self, model_dir: Path, device: str = "cpu", seed: int = 0, threads: int = 0) -> None:
+    def __init__(self, model_dir: Path, device: str = "cpu", seed: int = 0, threads: int = 0,
+                 compute_type: str = "default") -> None:
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
             raise TranslatorError(f"model directory {model_dir} does not exist (write one with export.py)")
@@ -305,11 +341,15 @@ class CTranslate2Translator(Translator):
                                   f"{str(error).splitlines()[0]}") from None
         super().__init__(tok_src, tok_tgt, model_config, model_dir, str(model_dir))
         self.project = project
+        self.compute_type, backend = ct2_setup(compute_type, device, project.get("quantization", ""))
+        for name, value in backend.items():
+            os.environ.setdefault(name, value)  # read by CTranslate2 when it first runs on the CPU
+        self.cpu_backend = {"0": "oneDNN", "1": "MKL"}.get(os.environ.get("CT2_USE_MKL", ""), "CTranslate2's default")
         import ctranslate2  # only the programs that run this engine pay for the import
         # Its sampling RNG is per thread and seeded when a translator is made: seed first.
         ctranslate2.set_random_seed(seed)
         try:
-            self.ct2 = ctranslate2.Translator(str(model_dir), device=device,
+            self.ct2 = ctranslate2.Translator(str(model_dir), device=device, compute_type=self.compute_type,
                                               intra_threads=threads or torch.get_num_threads())
         except (RuntimeError, ValueError, OSError) as error:
             raise TranslatorError(f"cannot load the CTranslate2 model in {model_dir}: "
@@ -317,7 +357,8 @@ class CTranslate2Translator(Translator):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "checkpoint": self.project.get("checkpoint"),
-                "quantization": self.project.get("quantization")}
+                "quantization": self.project.get("quantization"), "compute_type": self.ct2.compute_type,
+                "cpu_backend": self.cpu_backend if self.ct2.device == "cpu" else None}
 
     def translate_batch(self, sources: list[Source], options: DecodingOptions,
                         max_tokens: int) -> list[list[tuple[list[int], float]]]:
@@ -389,7 +430,7 @@ def open_translator(args: argparse.Namespace, config: dict[str, Any]) -> Transla
         device = pick_device(config["device"])
         if device.type not in ("cpu", "cuda"):
             raise TranslatorError(f"CTranslate2 runs on cpu or cuda, not {device.type}")
-        return CTranslate2Translator(args.model_dir, device.type, config["seed"])
+        return CTranslate2Translator(args.model_dir, device.type, config["seed"], compute_type=config["compute_type"])
     if args.model_dir is not None:
         raise TranslatorError("--model_dir is a CTranslate2 model directory: add --engine ctranslate2")
     return TorchTranslator.load(args.checkpoint, weights_dir(config), pick_device(config["device"]), args.average,

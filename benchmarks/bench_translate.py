@@ -10,8 +10,9 @@ process so that its peak RSS (VmHWM) is its own: this project's PyTorch decoding
 float32 and CTranslate2 int8. A child loads the model, translates the first 64 sentences once to
 warm up, then times the whole split through the same `Translator.translate` batching translate.py
 uses (`--eval_batch_size` sentences per batch, sorted by length), on all the CPU threads torch
-uses. Reported: sentences/s, target tokens/s (tokens of the outputs, [EOS] not counted), peak RSS,
-and sacreBLEU/chrF of the outputs against the references, with the signatures. The target: int8
+uses, CTranslate2 with the compute type and CPU backend `--compute_type` gives (auto: the fixed
+rule per machine of translator.ct2_setup). Reported: the set-up of each row, sentences/s, target
+tokens/s (tokens of the outputs, [EOS] not counted), peak RSS, and sacreBLEU/chrF of the outputs against the references, with the signatures. The target: int8
 with beam 5 at least 3x this project's PyTorch beam 5 in sentences/s, and int8 within 0.5 BLEU of
 float32.
 """
@@ -66,8 +67,10 @@ def child(args: argparse.Namespace, config: dict[str, Any]) -> int:
     seconds = time.perf_counter() - started
     texts = [h[0].text for h in hypotheses]
     tokens = sum(len(e.ids) for e in translator.tok_tgt.encode_batch(texts, add_special_tokens=False))
+    described = translator.describe()
+    setup = ", ".join(f"{described[key]}" for key in ("compute_type", "cpu_backend") if described.get(key)) or "fp32"
     print(json.dumps({"seconds": seconds, "sentences_per_s": len(sources) / seconds, "tokens_per_s": tokens / seconds,
-                      "output_tokens": tokens, "peak_rss_gb": peak_rss_gb(), "translations": texts}))
+                      "output_tokens": tokens, "peak_rss_gb": peak_rss_gb(), "setup": setup, "translations": texts}))
     return 0
 
 
@@ -81,10 +84,10 @@ def run_child(argv: list[str]) -> dict[str, Any]:
 def table(result: dict[str, Any]) -> str:
     lines = [f"{result['split']} ({result['sentences']} sentences), {result['model']}, length penalty "
              f"{result['length_penalty']}, {result['threads']} threads",
-             "", "| engine | decoding | sentences/s | target tokens/s | peak RSS | BLEU | chrF2 |",
-             "|---|---|---|---|---|---|---|"]
+             "", "| engine | set-up | decoding | sentences/s | target tokens/s | peak RSS | BLEU | chrF2 |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
-        lines.append(f"| {row['engine']} | {'greedy' if row['beam'] == 1 else 'beam ' + str(row['beam'])} | "
+        lines.append(f"| {row['engine']} | {row['setup']} | {'greedy' if row['beam'] == 1 else 'beam ' + str(row['beam'])} | "
                      f"{row['sentences_per_s']:.1f} | {row['tokens_per_s']:.0f} | {row['peak_rss_gb']:.2f} GB | "
                      f"{row['bleu']:.2f} | {row['chrf']:.2f} |")
     lines += ["", f"BLEU signature: {result['bleu_signature']}", f"chrF signature: {result['chrf_signature']}"]
