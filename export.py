@@ -303,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_output(args.output, args.overwrite)  # before the checkpoint is loaded: refused at once
         model, tok_src, tok_tgt, model_config, path = load_for_inference(
-            args.checkpoint, weights_dir(config), torch.device("cpu"), args.average)
+            args.checkpoint, weights_dir(config), torch.device("cpu"), args.average, config["checkpoint_choice"],
+            config["average_min_gap_steps"])
         source = str(path) + (f" (average of {args.average} ending here)" if args.average > 1 else "")
         output = export_model(model, model_config, tok_src, tok_tgt, args.output, args.quantization, source,
                               args.overwrite)

@@ -223,10 +223,12 @@ class TorchTranslator(Translator):
 
     @classmethod
     def load(cls, checkpoint: Path | None, folder: Path, device: torch.device, average: int = 1,
-             seed: int = 0) -> "TorchTranslator":
-        """From the checkpoint at `checkpoint`, or the newest good one in `folder`; `average` > 1
-        averages the weights of that many newest checkpoints (checkpoint.load_for_inference)."""
-        model, tok_src, tok_tgt, config, path = load_for_inference(checkpoint, folder, device, average)
+             seed: int = 0, choice: str = "average", min_gap: int = 0) -> "TorchTranslator":
+        """From the checkpoint at `checkpoint`, or the one of `folder` that `choice` names (latest, best
+        or average); `average` > 1 averages that many checkpoints at least `min_gap` steps apart
+        (checkpoint.load_for_inference)."""
+        model, tok_src, tok_tgt, config, path = load_for_inference(checkpoint, folder, device, average, choice,
+                                                                   min_gap)
         source = str(path) + (f" (average of {average} ending here)" if average > 1 else "")
         return cls(model, tok_src, tok_tgt, config, path, source, seed)
 
@@ -401,9 +403,10 @@ def add_translator_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model_dir", type=Path, default=None, help="the CTranslate2 model directory (--engine "
                                                                      "ctranslate2)")
     parser.add_argument("--checkpoint", type=Path, default=None,
-                        help="checkpoint file (default: the newest good one of the experiment)")
+                        help="checkpoint file (default: the one of the experiment that --checkpoint_choice names)")
     parser.add_argument("--average", type=int, default=1,
-                        help="average the weights of this many newest checkpoints, ending at --checkpoint")
+                        help="average the weights of this many checkpoints (--average_min_gap_steps apart), ending at "
+                             "--checkpoint or at the chosen one")
 
 
 def load_translator(args: argparse.Namespace, config: dict[str, Any]) -> Translator:
@@ -434,7 +437,7 @@ def open_translator(args: argparse.Namespace, config: dict[str, Any]) -> Transla
     if args.model_dir is not None:
         raise TranslatorError("--model_dir is a CTranslate2 model directory: add --engine ctranslate2")
     return TorchTranslator.load(args.checkpoint, weights_dir(config), pick_device(config["device"]), args.average,
-                                config["seed"])
+                                config["seed"], config["checkpoint_choice"], config["average_min_gap_steps"])
 
 
 def check_pair(args: argparse.Namespace, translator: Translator) -> None:

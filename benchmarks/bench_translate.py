@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         return child(args, config)
     from export import export_model
     try:
-        model, tok_src, tok_tgt, model_config, path = load_for_inference(args.checkpoint, weights_dir(config),
-                                                                         torch.device("cpu"))
+        model, tok_src, tok_tgt, model_config, path = load_for_inference(
+            args.checkpoint, weights_dir(config), torch.device("cpu"), choice=config["checkpoint_choice"])
         pairs = eval_pairs(config, args.split, model_config)
     except (CheckpointError, DataError) as error:
         print(f"bench_translate.py: error: {error}", file=sys.stderr)

@@ -3,6 +3,7 @@ evaluation-only data set, with the printed BLEU checked against sacrebleu on the
 model of several target languages needs --target_lang, which names the default output."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import sacrebleu
 
 import evaluate
 import train
+from checkpoint import MANIFEST
 from config import get_config
 from scoring import grouped_scores
 from store import text_store
@@ -71,6 +73,17 @@ def test_default_output_and_averaging(trained, capsys) -> None:
     assert out[-1] == str(sacrebleu.corpus_bleu(written[0].read_text(encoding="utf-8").splitlines(),
                                                 [references(trained["data"], "validation")]))
     assert "average of 3" in out[0]
+
+
+def test_checkpoint_choice_best_loads_the_best_by_validation(trained, capsys) -> None:
+    manifest = json.loads((trained["weights"] / "toy_en-it" / MANIFEST).read_text())
+    newest = max(name for name in manifest["checkpoints"] if "avg" not in name)
+    assert manifest["best"] != newest, "premise: the best is not the newest"
+    for choice, expected in (("best", manifest["best"]), ("latest", newest)):
+        code, out, err = run_evaluate(capsys, "--datasource", str(trained["data"]), "--model_folder",
+                                      str(trained["weights"]), "--runs_folder", str(trained["runs"]),
+                                      "--split", "validation", "--checkpoint_choice", choice)
+        assert code == 0 and out[0].startswith(f"model: {trained['weights'] / 'toy_en-it' / expected} "), (out, err)
 
 
 def test_scores_an_evaluation_only_set_with_another_experiments_model(trained, capsys, tmp_path) -> None:
