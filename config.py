@@ -78,6 +78,7 @@ def get_config() -> dict[str, Any]:
         # large blocks in afresh every step (faster steps; the process keeps its peak heap until it exits)
         "keep_freed_memory": True,
         "max_nonfinite_steps": 10,  # consecutive skipped steps before the run stops
+        "rank_timeout_s": 60.0,  # torchrun: how long a rank may show no sign of life before every rank stops
         # validation and decoding
         "val_max_sentences": 0,  # cap on decoded validation sentences; 0 = whole split
         "eval_batch_size": 64,  # sentences per decoding batch
@@ -169,6 +170,10 @@ HELP = {
                  "experiment (fresh optimizer, schedule and step count; any datasource); the same command again "
                  "resumes the fine-tuned run",
     "device": "auto: CUDA, else MPS, else CPU; naming a device that is not there is an error",
+    "rank_timeout_s": "under torchrun, seconds without a sign of life from another rank (a heartbeat, the store's "
+                      "answer, a collective's completion, the rendezvous) before every rank stops with one line "
+                      "naming it; waits for rank 0's data build, validation and checkpoints last as long as its "
+                      "heartbeat beats",
     "amp": "mixed precision: auto is bf16 on CUDA GPUs of compute capability 8.0 and up (A100, H100), fp16 with a "
            "GradScaler on older ones (V100, T4), off on CPU and MPS; fp16 and bf16 run on any device",
 }
@@ -274,7 +279,7 @@ def validate_config(config: dict[str, Any]) -> None:
             raise ConfigError(f"--{key} must be one of {', '.join(allowed)}, got {config[key]!r}")
     positive = ("d_model", "num_layers", "num_heads", "d_ff", "batch_tokens", "accum_steps", "num_epochs",
                 "eval_batch_size", "beam_size", "val_beam_size", "keep_checkpoints", "log_every", "vocab_size",
-                "min_frequency", "max_nonfinite_steps", "tokenizer_max_sentences")
+                "min_frequency", "max_nonfinite_steps", "tokenizer_max_sentences", "rank_timeout_s")
     for key in positive:
         if config[key] < 1:
             raise ConfigError(f"--{key} must be at least 1, got {config[key]}")

@@ -20,18 +20,18 @@ Checkpoints are also written every `save_every_steps`, and on SIGINT/SIGTERM.
 
 Under `torchrun --nproc_per_node N train.py ...` each rank trains on a disjoint share of every
 global step (DistributedDataParallel); rank 0 alone writes tokenizers, checkpoints, TensorBoard and
-the progress bar, and runs validation while the others wait.
+the progress bar, and runs validation while the others wait (`Trainer.from_rank0`). ranks.py makes
+the ranks fail and stop together: a failure or hang on any rank ends every rank within
+--rank_timeout_s (plus seconds), with one line naming it; a stop signal on any rank stops all of
+them with a checkpoint, and a SIGTERM abandons a validation under way.
 """
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
-import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ from loss import loss_sum
 from model import Transformer, build_model, train_flops
 from optimizer import build_optimizer, lr_factor
 from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
+from ranks import GracefulStop, RankFailed, Ranks, RankWatch, StopRequested, join_ranks
 from scoring import corpus_scores
 from store import TextStore, TokenStore, text_stores, token_stores, tokenizer_sample
 from tokenizer import (TokenizerError, load_tokenizers, save_tokenizers, tag_id, tokenizer_from_json,
@@ -197,28 +198,6 @@ def out_of_memory_names(batch: dict[str, torch.Tensor], step: int, config: dict[
                           f"size, and resume; the last checkpoint is intact") from None
 
 
-class GracefulStop:
-    """First SIGINT/SIGTERM asks the loop to stop after the current step; a second SIGINT exits at once."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def __enter__(self) -> "GracefulStop":
-        self.previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def handle(self, signum: int, frame: Any) -> None:
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = True
-        log(f"received {signal.Signals(signum).name}: stopping after this step and saving a checkpoint "
-            f"(press Ctrl-C again to quit at once)")
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-
 @torch.no_grad()
 def validation_loss(model: Transformer, val_ds: BilingualDataset, config: dict[str, Any],
                     device: torch.device) -> torch.Tensor:
@@ -266,36 +245,16 @@ def run_validation(model: Transformer, val_ds: BilingualDataset, val_pairs: list
     return metrics
 
 
-@dataclass(frozen=True)
-class Ranks:
-    """Where this process sits in a torchrun job; a plain run is rank 0 of 1."""
-
-    world_size: int = 1
-    rank: int = 0
-    local_rank: int = 0
-
-    @classmethod
-    def from_environment(cls) -> "Ranks":
-        return cls(int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0")),
-                   int(os.environ.get("LOCAL_RANK", "0")))
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
 # ---------------------------------------------------------------------------- the run
 
 class Trainer:
     """One training run, phase by phase (see the module docstring)."""
 
     def __init__(self, config: dict[str, Any], device: torch.device, ranks: Ranks, started: float,
-                 initial: dict[str, Any] | None = None, keep_freed: bool = False) -> None:
+                 initial: dict[str, Any] | None = None, keep_freed: bool = False,
+                 watch: RankWatch | None = None) -> None:
         self.config, self.device, self.ranks, self.started = config, device, ranks, started
+        self.watch = watch  # under torchrun: how the ranks wait on rank 0 and stop together (ranks.py)
         self.keep_freed = keep_freed  # apply cpu_kernels.keep_freed_memory once the data is ready
         self.initial = initial  # the --init_from checkpoint, if any
         self.folder = weights_dir(config)
@@ -420,8 +379,7 @@ class Trainer:
             tokens = token_stores(config, texts, tok_src, tok_tgt)
             held_out = texts[0]
             folders = [str(held_out.folder), *(str(store.folder) for store in tokens)]
-        if ranks.distributed:
-            dist.broadcast_object_list(folders, src=0)  # the other ranks wait here while rank 0 builds
+        folders = self.from_rank0(folders)  # the other ranks wait here while rank 0 builds
         if not ranks.is_main:
             held_out = TextStore.open(folders[0], verify=False)
             tokens = [TokenStore.open(folder, verify=False) for folder in folders[1:]]
@@ -501,26 +459,27 @@ class Trainer:
     # ------------------------------------------------------------------ 2. training
 
     def run(self) -> int:
-        self.start_or_resume()
-        if self.keep_freed:
-            # After data preparation, whose freed heap is handed back first: kept, it would stay in
-            # the process's memory for the whole run (at 1M pairs, tiny preset: RSS 0.82 GB after the
-            # text store with the setting from start-up, 0.67 GB without).
-            keep_freed_memory()
-        config = self.config
-        if config["max_steps"] and self.global_step >= config["max_steps"]:
-            log(f"already trained {self.global_step} steps (--max_steps {config['max_steps']}); raise --max_steps "
-                f"to go on")
-            return 0
-        if self.epoch >= config["num_epochs"]:
-            log(f"already trained {self.epoch} epochs; raise --num_epochs to go on")
-            return 0
-        self.model.train()
-        stop = None
-        with GracefulStop() as graceful:
+        with GracefulStop(self.watch) as graceful:
+            with graceful.at_once():  # before the first step there is nothing to save
+                self.start_or_resume()
+            if self.keep_freed:
+                # After data preparation, whose freed heap is handed back first: kept, it would stay in
+                # the process's memory for the whole run (at 1M pairs, tiny preset: RSS 0.82 GB after the
+                # text store with the setting from start-up, 0.67 GB without).
+                keep_freed_memory()
+            config = self.config
+            if config["max_steps"] and self.global_step >= config["max_steps"]:
+                log(f"already trained {self.global_step} steps (--max_steps {config['max_steps']}); raise "
+                    f"--max_steps to go on")
+                return 0
+            if self.epoch >= config["num_epochs"]:
+                log(f"already trained {self.epoch} epochs; raise --num_epochs to go on")
+                return 0
+            self.model.train()
+            stop = None
             while self.epoch < config["num_epochs"] and stop is None:
                 stop = self.train_epoch(graceful)
-                stop = self.end_of_epoch(stop)
+                stop = self.end_of_epoch(stop, graceful)
         return self.finish(stop)
 
     def train_epoch(self, graceful: GracefulStop) -> str | None:
@@ -639,6 +598,11 @@ class Trainer:
             self.log_skipped = 0
         return signal_seen, out_of_time
 
+    def from_rank0(self, value: Any = None) -> Any:
+        """Rank 0's `value` on every rank once rank 0 gets here, the others waiting on its heartbeat
+        (ranks.RankWatch.from_rank0): the waits for rank 0's long work; `value` in a single process."""
+        return self.watch.from_rank0(value) if self.watch is not None else value
+
     def on_any_rank(self, *flags: bool | torch.Tensor) -> list[bool]:
         """Each flag (a bool, or a one-element tensor on the device) OR-ed over all ranks in one
         all-reduce, and read back to the host once; a single process's own flags."""
@@ -663,17 +627,21 @@ class Trainer:
 
     # ------------------------------------------------------------------ 3. end of an epoch
 
-    def end_of_epoch(self, stop: str | None) -> str | None:
-        """Validation (unless a signal or non-finite steps stopped the run), early stopping, and a
-        checkpoint; returns the stop reason, which early stopping may set."""
+    def end_of_epoch(self, stop: str | None, graceful: GracefulStop) -> str | None:
+        """Validation (unless a signal or non-finite steps stopped the run; a SIGTERM abandons it),
+        early stopping, and a checkpoint; returns the stop reason, which early stopping or a stop
+        signal during validation may set."""
         metrics = None
         if stop not in ("signal", "nonfinite"):
             validation_started = time.monotonic()
             if self.ranks.is_main and self.val_pairs:
-                metrics = run_validation(self.raw_model, self.val_ds, self.val_pairs, self.tok_src, self.tok_tgt,
-                                         self.config, self.device, self.writer, self.global_step)
-            if self.ranks.distributed:
-                dist.barrier()
+                try:
+                    with graceful.abandoning():
+                        metrics = run_validation(self.raw_model, self.val_ds, self.val_pairs, self.tok_src,
+                                                 self.tok_tgt, self.config, self.device, self.writer, self.global_step)
+                except StopRequested:
+                    log(f"validation at step {self.global_step} abandoned")
+            self.from_rank0()  # the others wait for rank 0's validation
             self.last_validation_seconds = time.monotonic() - validation_started
             if metrics is not None:
                 metric = self.config["best_metric"]
@@ -684,20 +652,21 @@ class Trainer:
                 patience = self.config["early_stopping_patience"]
                 if patience and self.stale_validations >= patience:
                     stop = "early_stopping"
-            [early] = self.on_any_rank(stop == "early_stopping")  # rank 0 validated: it decides
-            stop = stop or ("early_stopping" if early else None)
+            # Rank 0 validated: it decides early stopping. A stop signal seen during validation on
+            # any rank stops every rank now, before another step.
+            early, signal_seen = self.on_any_rank(stop == "early_stopping", graceful.requested)
+            stop = stop or ("early_stopping" if early else "signal" if signal_seen else None)
         self.save(metrics)
-        if self.ranks.distributed:
-            dist.barrier()
         return stop
 
     def save(self, metrics: dict[str, float] | None = None) -> None:
-        if not self.ranks.is_main:
-            return
-        state = {key: self.resume_value(key) for key in RESUME_KEYS} | {"metrics": metrics or {}}
-        path = save_checkpoint(self.folder, state, self.global_step, self.config["keep_checkpoints"], metrics,
-                               self.config["best_metric"])
-        log(f"saved {path}")
+        """Rank 0 writes a checkpoint while the others wait."""
+        if self.ranks.is_main:
+            state = {key: self.resume_value(key) for key in RESUME_KEYS} | {"metrics": metrics or {}}
+            path = save_checkpoint(self.folder, state, self.global_step, self.config["keep_checkpoints"], metrics,
+                                   self.config["best_metric"])
+            log(f"saved {path}")
+        self.from_rank0()
 
     def resume_value(self, key: str) -> Any:
         """What a checkpoint holds under `key`, one of RESUME_KEYS: the state of the model, optimizer,
@@ -751,20 +720,24 @@ def train(config: dict[str, Any], started: float | None = None, explicit: set[st
         # cuBLAS needs a fixed workspace for reproducible products; read when CUDA first runs one.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
-    if ranks.distributed:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        # Long timeout: ranks wait at a barrier while rank 0 validates.
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=60))
+    watch = join_ranks(ranks, device, config["rank_timeout_s"])
     lock = RunLock(weights_dir(config))
-    if ranks.is_main:
-        lock.acquire()
+    clean = False
     try:
-        return Trainer(config, device, ranks, started, initial, keep_freed).run()
+        if ranks.is_main:
+            lock.acquire()
+        code = Trainer(config, device, ranks, started, initial, keep_freed, watch).run()
+        clean = True
+        return code
+    except BaseException as error:
+        # Posted for the other ranks, unless another rank's failure explains it.
+        if watch is not None and (blamed := watch.blame(error)) is not None:
+            raise blamed from None
+        raise
     finally:
         lock.release()
-        if ranks.distributed:
-            dist.destroy_process_group()
+        if watch is not None:
+            watch.close(clean)
 
 
 def main(argv: list[str] | None = None, command_line: bool = False) -> int:
@@ -777,7 +750,7 @@ def main(argv: list[str] | None = None, command_line: bool = False) -> int:
     try:
         keep_freed = command_line and config["keep_freed_memory"] and pick_device(config["device"]).type == "cpu"
         return train(config, started, explicit_keys(args), keep_freed)
-    except (ConfigError, DataError, CheckpointError, TokenizerError, OutOfMemory) as error:
+    except (ConfigError, DataError, CheckpointError, TokenizerError, OutOfMemory, RankFailed) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2 if isinstance(error, ConfigError) else 1
     except KeyboardInterrupt:

@@ -16,22 +16,34 @@ noise, which eps 1e-9 would turn into full-size, order-dependent updates.
    run ends: each rank's dropout stream is a function of (seed, rank, step).
 3. A NaN loss on one rank only makes both ranks skip that step (their weights stay identical), and
    a stop by --max_minutes, judged on rank 0's clock, ends both ranks with exit 0 and a checkpoint.
+4. Ranks that never hang (ranks.py), while rank 1 waits for rank 0's validation: rank 0 raising
+   there ends both ranks within seconds, rank 1 naming rank 0 in one line; rank 1 stopped with
+   SIGSTOP ends rank 0 after --rank_timeout_s, naming rank 1, and rank 1 itself once it runs
+   again; a SIGTERM to rank 1 abandons rank 0's validation and stops both with a checkpoint. These
+   jobs start their ranks as a launcher without torchrun's agent would (srun, mpirun, a script):
+   no agent ends the others when one exits, and rank 0 hosts the job's store. The three run side
+   by side, one thread per rank, forked from one interpreter (`rank_faults.py --launch`).
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Callable, NamedTuple
 
+import pytest
 import torch
 
-from synthetic_data import tiny_corpus
+from synthetic_data import synthetic_pairs, tiny_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -154,3 +166,129 @@ def test_nan_on_one_rank_skips_on_both_and_max_minutes_stops_both(tmp_path: Path
     for name in rank0:
         assert torch.equal(rank0[name], rank1[name]), name
         assert torch.equal(rank0[name], final["model"][name]), name
+
+
+class Faulted(NamedTuple):
+    """A two-rank job after its fault: each rank's exit code (None: still running at the deadline)
+    and stderr, and the seconds from the fault to each rank's exit."""
+
+    codes: list[int | None]
+    stderr: list[str]
+    seconds: list[float]
+    out: Path
+
+
+SCENARIOS = {  # fault in rank 0's validation, --rank_timeout_s, what the test does to the ranks (pids) then
+    "raise": ("raise", 10, lambda pids: None),
+    "stop": ("sleep", 4, lambda pids: os.kill(pids[1], signal.SIGSTOP)),
+    "sigterm": ("sleep", 10, lambda pids: os.kill(pids[1], signal.SIGTERM)),
+}
+
+
+def rank_specs(data: Path, out: Path, fault: str, limit: float) -> list[dict]:
+    """Rank 0 and rank 1 of one job, from the environment variables alone (rank 0 hosts the store)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out.mkdir(parents=True)
+    return [{"env": {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": str(rank),
+                     "LOCAL_RANK": str(rank)},
+             "argv": ["--validation_fault", fault, *train_args(data, out, "--rank_timeout_s", str(limit))[1:]],
+             "log": str(out / f"rank{rank}.log")} for rank in (0, 1)]
+
+
+def fault_and_wait(pids: list[int], out: Path, act: Callable[[list[int]], None],
+                   exits: dict[int, tuple[int, float]]) -> Faulted:
+    """Once rank 0 starts validating (rank 1 waits for it), `act` on the ranks; then wait, a minute
+    at most, for rank 0 to exit, run rank 1 again if it is stopped, and wait for it likewise."""
+    deadline = time.monotonic() + 120
+    while "rank_faults: validating" not in (out / "rank0.log").read_text():
+        assert pids[0] not in exits and time.monotonic() < deadline, (out / "rank0.log").read_text()[-3000:]
+        time.sleep(0.05)
+    act(pids)
+    faulted, seconds = time.monotonic(), [0.0, 0.0]
+    for rank, pid in enumerate(pids):
+        deadline = time.monotonic() + 60
+        while pid not in exits and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seconds[rank] = (exits[pid][1] if pid in exits else time.monotonic()) - faulted
+        if rank == 0 and pids[1] not in exits:
+            os.kill(pids[1], signal.SIGCONT)  # a stopped rank 1 runs again once rank 0 has ended
+            faulted = time.monotonic()
+    return Faulted([exits[pid][0] if pid in exits else None for pid in pids],
+                   [(out / f"rank{rank}.log").read_text() for rank in (0, 1)], seconds, out)
+
+
+@pytest.fixture(scope="module")
+def faulted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Faulted]:
+    """The three jobs side by side, their six ranks forked by one launcher (tests/rank_faults.py)."""
+    root = tmp_path_factory.mktemp("faulted")
+    data = root / "data"  # plain files: opening them needs no `datasets` import
+    data.mkdir()
+    for split, pairs in (("train", synthetic_pairs(400, 1)), ("validation", synthetic_pairs(8, 2))):
+        (data / f"{split}.tsv").write_text("".join(f"{source}\t{target}\n" for source, target in pairs))
+    specs = [spec for name, (fault, limit, _) in SCENARIOS.items() for spec in rank_specs(data, root / name, fault, limit)]
+    (root / "ranks.json").write_text(json.dumps(specs))
+    launcher = subprocess.Popen([sys.executable, "tests/rank_faults.py", "--launch", str(root / "ranks.json")],
+                                cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    pids = [int(launcher.stdout.readline().split()[1]) for _ in specs]
+    exits: dict[int, tuple[int, float]] = {}  # pid: (exit code, when)
+
+    def read_exits() -> None:
+        for line in launcher.stdout:
+            _, pid, code = line.split()
+            exits[int(pid)] = (int(code), time.monotonic())
+
+    threading.Thread(target=read_exits, daemon=True).start()
+    results: dict[str, Faulted] = {}
+    drivers = [threading.Thread(target=lambda name=name, job=job: results.update(
+        {name: fault_and_wait(pids[2 * job:2 * job + 2], root / name, SCENARIOS[name][2], exits)}))
+        for job, name in enumerate(SCENARIOS)]
+    try:
+        for driver in drivers:
+            driver.start()
+        for driver in drivers:
+            driver.join(timeout=300)
+    finally:
+        for pid in pids:
+            if pid not in exits:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        launcher.wait(timeout=60)
+    return results
+
+
+def test_a_rank_that_raises_during_validation_ends_both_at_once_naming_it(faulted: dict[str, Faulted]) -> None:
+    job = faulted["raise"]
+    assert job.codes[0] not in (0, None) and job.codes[1] not in (0, None), job.stderr
+    assert "RuntimeError: planted fault in validation" in job.stderr[0]  # rank 0's own traceback
+    assert [line for line in job.stderr[1].splitlines() if "error" in line] == [
+        "train.py: error: rank 0 failed: RuntimeError: planted fault in validation"], job.stderr[1]
+    assert "Traceback" not in job.stderr[1]
+    assert max(job.seconds) < 10, f"{job.seconds}: ended by a timeout, not by rank 0's posted failure"
+
+
+def test_a_rank_that_stops_responding_ends_every_rank(faulted: dict[str, Faulted]) -> None:
+    """Rank 1 is stopped (SIGSTOP) while it waits: rank 0, still validating, ends after the limit
+    (4 s) with one line naming rank 1; rank 1, run again, ends too."""
+    job = faulted["stop"]
+    assert job.codes[0] == 1, job.stderr[0]
+    assert job.stderr[0].strip().splitlines()[-1] == "train.py: error: rank 1 stopped responding (no heartbeat for 4 s)"
+    assert 4 <= job.seconds[0] < 20
+    assert job.codes[1] not in (0, None) and job.seconds[1] < 20, job.stderr[1]
+    assert "Traceback" not in job.stderr[0] + job.stderr[1]
+
+
+def test_sigterm_to_a_waiting_rank_stops_both_with_a_checkpoint(faulted: dict[str, Faulted]) -> None:
+    """Rank 1 gets SIGTERM while it waits for rank 0's (two-minute) validation: rank 0 abandons it,
+    and both stop with exit 0 and a checkpoint within seconds."""
+    job = faulted["sigterm"]
+    assert job.codes == [0, 0], job.stderr
+    assert max(job.seconds) < 20
+    assert "rank 1 received SIGTERM: stopping after this step" in job.stderr[0]
+    last = job.stderr[0].strip().splitlines()[-1]
+    assert last.startswith("stopped at step "), job.stderr[0]
+    step = int(last.split()[3].rstrip(";"))
+    checkpoint = torch.load(next((job.out / "w").iterdir()) / f"ckpt_{step:08d}.pt", weights_only=True)
+    assert checkpoint["global_step"] == step
+    assert "Traceback" not in job.stderr[0] + job.stderr[1]
