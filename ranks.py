@@ -43,7 +43,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from dataset import log
+from dataset import _first_line as first_line, log  # one error, one line, as the data errors
 
 PEER_SIGNAL = signal.SIGUSR1  # the watch thread's way to raise RankFailed or relay a stop in the main thread
 JOIN_S = 100.0  # the rendezvous's limit, unless --rank_timeout_s is longer
@@ -81,11 +81,6 @@ class Ranks:
         return self.rank == 0
 
 
-def first_line(error: BaseException, limit: int = 300) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:limit] if text else ""
-
-
 def join_ranks(ranks: Ranks, device: torch.device, timeout_s: float) -> "RankWatch | None":
     """The process group and this rank's watch; None for a single process."""
     if not ranks.distributed:
@@ -110,6 +105,8 @@ class RankWatch:
 
     def __init__(self, ranks: Ranks, store: dist.Store, limit_s: float) -> None:
         self.ranks, self.limit_s = ranks, limit_s
+        # torchrun's agent hosts the job's store; without it rank 0 does (torch's env:// rendezvous).
+        self.store_host = "torchrun's agent" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else "rank 0"
         self.beat_s = min(limit_s / 10, 2.0)
         self.poll_s = max(0.1, self.beat_s / 4)  # the longest pause of a wait for rank 0
         # Its own connection: a request that hangs blocks only the watch thread.
@@ -244,8 +241,7 @@ class RankWatch:
             raise RankFailed(self.silence())
 
     def silence(self) -> str:
-        where = "torchrun's agent" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else "rank 0"
-        return (f"{where} stopped responding (the job's store at {os.environ.get('MASTER_ADDR')}:"
+        return (f"{self.store_host} stopped responding (the job's store at {os.environ.get('MASTER_ADDR')}:"
                 f"{os.environ.get('MASTER_PORT')} answered nothing for {self.limit_s:g} s)")
 
     def from_rank0(self, value: Any = None) -> Any:
@@ -298,14 +294,16 @@ class RankWatch:
             time.sleep(0.01)
 
     def close(self, clean: bool) -> None:
-        """Leave: post it, and on rank 0 (which may host the store) wait, at most the limit, for the
-        others to leave or be found dead, so that they can read what it posted. The process group
-        is destroyed after a clean run only: NCCL's teardown can hang on a dead peer."""
+        """Leave: post it, and on the rank that hosts the store wait, at most the limit, for the
+        others to leave or be found dead, so that they can read what it posted (under torchrun, the
+        rank that failed first exits first, and the agent names it). The process group is destroyed
+        after a clean run only: NCCL's teardown can hang on a dead peer."""
         self.closing = self.leaving = True
         self.next_round()
         others = set(range(self.ranks.world_size)) - {self.ranks.rank}
+        hosting = self.ranks.is_main and self.store_host == "rank 0"
         deadline = time.monotonic() + self.limit_s
-        while self.ranks.is_main and time.monotonic() < deadline and not others <= self.left | self.stale and \
+        while hosting and time.monotonic() < deadline and not others <= self.left | self.stale and \
                 time.monotonic() - self.last_round < self.limit_s:
             self.wake.set()
             time.sleep(self.poll_s)
