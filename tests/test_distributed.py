@@ -274,7 +274,7 @@ def test_a_rank_that_stops_responding_ends_every_rank(faulted: dict[str, Faulted
     job = faulted["stop"]
     assert job.codes[0] == 1, job.stderr[0]
     assert job.stderr[0].strip().splitlines()[-1] == "train.py: error: rank 1 stopped responding (no heartbeat for 4 s)"
-    assert 4 <= job.seconds[0] < 20
+    assert 3 <= job.seconds[0] < 20  # the limit, less the heartbeat that may have passed before the stop
     assert job.codes[1] not in (0, None) and job.seconds[1] < 20, job.stderr[1]
     assert "Traceback" not in job.stderr[0] + job.stderr[1]
 
