@@ -610,14 +610,15 @@ def decoding_rows(dataset: BilingualDataset, tok_src: Any, tok_tgt: Any, setting
 # ---------------------------------------------------------------------------- translation, beam 5
 
 def translation_rows(dataset: BilingualDataset, tok_src: Any, tok_tgt: Any, settings: dict[str, Any],
-                     vocab: tuple[int, int], device: torch.device, seed: int) -> dict[str, Any]:
+                     device: torch.device, seed: int) -> dict[str, Any]:
     """Sentences per second translating `translate_sentences` source sentences of the data with beam 5,
     as translate.py does: this project's PyTorch engine (`TorchTranslator`) and CTranslate2 on the same
     model exported by export.py (float16 on CUDA, int8 on the CPU). The model is untrained with its
     [EOS] suppressed, so both engines generate the same number of tokens (2 x source + 10)."""
     config = settings["config"]
     torch.manual_seed(seed)
-    model = build_model(config, *vocab).to(device).eval()
+    # The tokenizers' own sizes, not the training legs' floor: an export's vocabularies are the tokenizers'.
+    model = build_model(config, tok_src.get_vocab_size(), tok_tgt.get_vocab_size()).to(device).eval()
     with torch.no_grad():
         model.projection_layer.proj.bias[EOS_ID] = -1e9
     rng = np.random.default_rng(seed)
@@ -737,7 +738,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     result["ratios"] = {"vs_tutorial": project / rows["tutorial"]["tokens_per_s"],
                         "vs_nn_transformer": project / rows["torch.nn.Transformer"]["tokens_per_s"]}
     result["decoding"] = decoding_rows(dataset, tok_src, tok_tgt, settings, vocab, device, args.seed)
-    result["translation"] = translation_rows(dataset, tok_src, tok_tgt, settings, vocab, device, args.seed)
+    result["translation"] = translation_rows(dataset, tok_src, tok_tgt, settings, device, args.seed)
     result["resume"] = resume_check(settings, device, args.seed)
     result["targets"] = targets(result, settings)
     result["seconds"] = time.monotonic() - STARTED

@@ -136,6 +136,10 @@ def test_best_latest_and_average_load_what_they_name(tmp_path, tokenizer) -> Non
         loaded, *_, path = load_for_inference(None, tmp_path, torch.device("cpu"), choice=choice)
         assert path.name == f"ckpt_{step:08d}.pt"
         torch.testing.assert_close(loaded.state_dict(), models[step].state_dict(), rtol=0, atol=0)
+    unscored = tmp_path / "unscored"
+    save_checkpoint(unscored, tiny_state(models[10], 10, tokenizer), 10, keep=1)
+    with pytest.raises(CheckpointError, match="no best checkpoint: no validation has scored one yet"):
+        load_for_inference(None, unscored, torch.device("cpu"), choice="best")
 
 
 # ---------------------------------------------------------------------------- attention plot
