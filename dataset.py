@@ -72,7 +72,7 @@ def _hub_reachable(timeout: float = 5.0) -> bool:
         return False
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     """An error's message in one line (its type's name when it has none)."""
     return (str(error).splitlines() or [type(error).__name__])[0]
 
@@ -146,7 +146,7 @@ class Source:
                                else [{}] * batch.num_rows)
                     del table
             except (pa.ArrowException, OSError) as error:
-                raise DataError(f"cannot read {path}: {_first_line(error)}") from None
+                raise DataError(f"cannot read {path}: {first_line(error)}") from None
 
     def _streamed_rows(self, split: str) -> Iterator[list[dict]]:
         """Any other source (the Hub, JSON, CSV) through `datasets` in streaming mode, as Arrow
@@ -166,7 +166,7 @@ class Source:
                 values = (wanted.decode_batch(columns) if wanted is not None else columns)["translation"]
                 yield [{"translation": value} for value in values]
         except (ValueError, OSError, datasets.exceptions.DatasetGenerationError) as error:
-            detail = _first_bad_json_line(self.datasource) or _first_line(error)
+            detail = _first_bad_json_line(self.datasource) or first_line(error)
             raise DataError(f"cannot read {self.datasource!r} ({self.pair}) {split}: {detail}") from None
 
 
@@ -203,7 +203,7 @@ def _text_lines(path: str) -> Iterator[str | None]:
                 except UnicodeDecodeError:
                     yield None
     except (OSError, EOFError, zlib.error, lzma.LZMAError) as error:
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else _first_line(error)
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else first_line(error)
         raise DataError(f"cannot read {path}: {reason}") from None
 
 
@@ -381,9 +381,8 @@ def open_source(datasource: str, pair: str) -> Source:
             raise DataError(f"{datasource!r} has no {pair} language pair (available: {available})") from None
         raise DataError(f"cannot load {datasource!r} ({pair}): {error}") from None
     except (ConnectionError, OSError, datasets.exceptions.DatasetNotFoundError) as error:
-        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         where = "" if local else f"; no local files either ({_tried(datasource, lang_src, lang_tgt)})"
-        raise DataError(f"cannot load {datasource!r} ({pair}): {first_line}{where}") from None
+        raise DataError(f"cannot load {datasource!r} ({pair}): {first_line(error)}{where}") from None
     files = sorted((split, str(name)) for split, names in (builder.config.data_files or {}).items() for name in names)
     digest = hashlib.sha256(f"{pair}\n".encode())
     for split, name in files:
