@@ -9,8 +9,9 @@ joins the process group (NCCL on GPUs, gloo on the CPU) and starts a `RankWatch`
   other, so a collective still waiting after a minute has a dead or hung peer. (Ranks wait
   JOIN_S for each other to start: importing torch on a busy node can take most of a minute.)
 - The long waits are on rank 0 (`RankWatch.from_rank0`): while it builds the data stores and
-  tokenizers, validates or writes a checkpoint, the others wait for its result in the job's c10d
-  store, with no limit but rank 0's heartbeat.
+  tokenizers or writes a checkpoint, the others wait for its result in the job's c10d store, with
+  no limit but rank 0's heartbeat. Validation is decoded by every rank, each its share, and rank 0
+  waits for the others' in the store likewise (`RankWatch.gather_to_rank0`).
 - Heartbeats: each rank's watch thread bumps its counter in the store every tenth of the limit
   (every 2 s at most) and reads every rank's counter and the job's failure and stop keys in one
   request. A counter that has not moved for the limit ends every rank with "rank R stopped
@@ -117,7 +118,7 @@ class RankWatch:
         self.store.set(self.keys[ranks.rank], "0")
         self.store.wait(self.keys[:ranks.world_size])  # each key exists before one request reads them all
         self.outbox: collections.deque[tuple[str, str]] = collections.deque()  # posts for the next round
-        self.awaited: str | None = None  # the key of rank 0's result the main thread waits for
+        self.awaited: str | None = None  # the key of another rank's result the main thread waits for
         self.arrived: dict[str, str] = {}
         self.waits = 0  # from_rank0 calls so far, which name their keys
         self.failure: str | None = None  # why this rank must stop: another rank's failure, or silence
@@ -250,16 +251,34 @@ class RankWatch:
         key = f"rank0/{self.waits}"
         self.waits += 1
         if self.ranks.is_main:
-            self.outbox.append((key, json.dumps(value)))
-            self.wake.set()
+            self.post(key, value)
             return value
+        return self.wait_for(key)
+
+    def gather_to_rank0(self, name: str, value: Any) -> list[Any] | None:
+        """Every rank's `value` (JSON), in rank order, on rank 0, which waits for each as long as its
+        rank's heartbeat beats; None on the others, which post theirs and go on. `name` is unique to
+        the exchange (validation: its step), so a rank that abandoned one cannot shift the next."""
+        if not self.ranks.is_main:
+            self.post(f"gather/{name}/{self.ranks.rank}", value)
+            return None
+        return [value] + [self.wait_for(f"gather/{name}/{rank}") for rank in range(1, self.ranks.world_size)]
+
+    def post(self, key: str, value: Any) -> None:
+        self.outbox.append((key, json.dumps(value)))
+        self.wake.set()
+
+    def wait_for(self, key: str) -> Any:
+        """The value another rank posts under `key`, looked for by the watch thread between its rounds."""
         self.arrival.clear()
         self.awaited = key
         self.wake.set()
-        while key not in self.arrived:
-            self.check()
-            self.arrival.wait(0.1)
-        self.awaited = None
+        try:
+            while key not in self.arrived:
+                self.check()
+                self.arrival.wait(0.1)
+        finally:  # also when a stop abandons the wait
+            self.awaited = None
         return json.loads(self.arrived.pop(key))
 
     def blame(self, error: BaseException) -> RankFailed | None:

@@ -14,13 +14,15 @@ The run reads top to bottom, one named phase after another:
    (clipping, skipping a non-finite step, an fp16 overflow included); then `Trainer.stop_decision`
    (max_steps, max_minutes, a signal, too many non-finite steps in a row). precision.py decides
    autocast, the loss scaler and TF32; optimizer.py builds AdamW and its learning-rate schedule.
-4. `Trainer.end_of_epoch`: validation, early stopping and a checkpoint, at each epoch's end and
-   when training stops.
+4. `Trainer.validate`: every `validate_every_steps`, at each epoch's end and when training stops,
+   the loss and the decoding of a fixed subset of validation, scored with each distinct source once
+   (its references together), then early stopping by `best_metric`, and a checkpoint
+   (`Trainer.end_of_epoch` at the epoch's end).
 Checkpoints are also written every `save_every_steps`, and on SIGINT/SIGTERM.
 
 Under `torchrun --nproc_per_node N train.py ...` each rank trains on a disjoint share of every
 global step (DistributedDataParallel); rank 0 alone writes tokenizers, checkpoints, TensorBoard and
-the progress bar, and runs validation while the others wait (`Trainer.from_rank0`). ranks.py makes
+the progress bar; every rank decodes its share of validation, and rank 0 scores them. ranks.py makes
 the ranks fail and stop together: a failure or hang on any rank ends every rank within
 --rank_timeout_s (plus seconds), with one line naming it; a stop signal on any rank stops all of
 them with a checkpoint, and a SIGTERM abandons a validation under way.
@@ -57,7 +59,7 @@ from model import Transformer, build_model, train_flops
 from optimizer import build_optimizer, lr_factor
 from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
 from ranks import GracefulStop, RankFailed, Ranks, RankWatch, StopRequested, join_ranks
-from scoring import corpus_scores
+from scoring import corpus_scores, grouped_scores
 from store import TextStore, TokenStore, text_stores, token_stores, tokenizer_sample
 from tokenizer import (TokenizerError, load_tokenizers, save_tokenizers, tag_id, tokenizer_from_json,
                        train_tokenizers)
@@ -198,37 +200,64 @@ def out_of_memory_names(batch: dict[str, torch.Tensor], step: int, config: dict[
                           f"size, and resume; the last checkpoint is intact") from None
 
 
+def validation_subset(pairs: list[tuple[str, str]], cap: int, seed: int) -> list[tuple[str, str]]:
+    """The validation pairs that are decoded: those of at most `cap` distinct sources (all when 0),
+    drawn once with the seed, in the split's order. A source that the split repeats with several
+    references comes with all of them: it is decoded once and scored against them all."""
+    sources = list(dict.fromkeys(source for source, _ in pairs))
+    if not cap or len(sources) <= cap:
+        return list(pairs)
+    chosen = {sources[i] for i in np.random.default_rng(seed).choice(len(sources), cap, replace=False)}
+    return [pair for pair in pairs if pair[0] in chosen]
+
+
 @torch.no_grad()
-def validation_loss(model: Transformer, val_ds: BilingualDataset, config: dict[str, Any],
-                    device: torch.device) -> torch.Tensor:
-    """Mean teacher-forced cross-entropy (no smoothing) per target token, as a tensor on `device`:
-    the token count comes from the lengths on the host, so no batch waits on a device read."""
-    total = torch.zeros((), device=device)
+def validation_loss(model: Transformer, val_ds: BilingualDataset, config: dict[str, Any], device: torch.device,
+                    rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, int]:
+    """Teacher-forced cross-entropy (no smoothing) summed over every `world_size`-th batch of the
+    split from `rank`'s, as a tensor on `device`, and those batches' target tokens: the count comes
+    from the lengths on the host, so no batch waits on a device read."""
+    total, tokens = torch.zeros((), device=device), 0
     plan = BatchPlan(val_ds, config["batch_tokens"], config["seed"])
-    for indices in plan.epoch_batches(0):
+    for indices in plan.epoch_batches(0)[rank::world_size]:
         batch = {k: v.to(device) for k, v in val_ds.collate(indices).items()}
         logits = model(batch["encoder_input"], batch["decoder_input"], batch.get("src_mask"))
         total += loss_sum(logits, batch["label"], 0.0)
-    return total / max(1, int(val_ds.tgt_lens.sum()))
+        tokens += int(val_ds.tgt_lens[indices].sum())
+    return total, tokens
 
 
 @torch.no_grad()
-def run_validation(model: Transformer, val_ds: BilingualDataset, val_pairs: list[tuple[str, str]], tok_src, tok_tgt,
-                   config: dict[str, Any], device: torch.device, writer, global_step: int) -> dict[str, float]:
-    """Validation loss (teacher forced, plain cross-entropy), then decoding of the whole split
-    (or `val_max_sentences`) scored with sacreBLEU, chrF, CER and WER; logged and printed."""
+def validation_share(model: Transformer, val_ds: BilingualDataset, sources: list[str], tok_src, tok_tgt,
+                     config: dict[str, Any], device: torch.device, rank: int = 0, world_size: int = 1) -> dict[str, Any]:
+    """One rank's share of a validation, as plain data for rank 0: its share of the loss, and its
+    translations of every `world_size`-th of the distinct `sources`, decoded as inference decodes
+    (`val_beam_size`, with the length and brevity penalties of the config)."""
     model.eval()
-    metrics = {"loss": float(validation_loss(model, val_ds, config, device))}
-    pairs = val_pairs[:config["val_max_sentences"]] if config["val_max_sentences"] else val_pairs
-    sources, references = [p[0] for p in pairs], [p[1] for p in pairs]
+    total, tokens = validation_loss(model, val_ds, config, device, rank, world_size)
     translator = TorchTranslator(model, tok_src, tok_tgt, config)
     # The held-out splits are the first corpus's: in a model of several target languages, its language.
-    hypotheses = translator.translate_best(sources, DecodingOptions.from_config(
+    hypotheses = translator.translate_best(sources[rank::world_size], DecodingOptions.from_config(
         config, beam_size=config["val_beam_size"], sampling_topk=0, sampling_topp=0.0,
         target_lang=corpora(config)[0].lang_tgt))
-    scores = corpus_scores(hypotheses, references)
-    metrics.update({k: scores[k] for k in ("bleu", "chrf", "cer", "wer")})
     model.train()
+    return {"loss_sum": float(total), "tokens": tokens, "hypotheses": hypotheses}
+
+
+def validation_metrics(shares: list[dict[str, Any]], pairs: list[tuple[str, str]], model: Transformer, tok_src,
+                       tok_tgt, config: dict[str, Any], writer, global_step: int) -> dict[str, float]:
+    """Rank 0's scores of the ranks' shares, logged to TensorBoard at the step and printed. BLEU and
+    chrF score each distinct source once against all its references (`scoring.grouped_scores`):
+    what `best_metric` and early stopping follow. Beside them, the line-by-line scores (nrefs:1),
+    CER and WER, each line of a repeated source carrying that source's one translation."""
+    distinct = list(dict.fromkeys(source for source, _ in pairs))
+    translation = {source: shares[i % len(shares)]["hypotheses"][i // len(shares)] for i, source in enumerate(distinct)}
+    sources, references = [p[0] for p in pairs], [p[1] for p in pairs]
+    hypotheses = [translation[source] for source in sources]
+    lines, grouped = corpus_scores(hypotheses, references), grouped_scores(sources, hypotheses, references)
+    metrics = {"loss": sum(s["loss_sum"] for s in shares) / max(1, sum(s["tokens"] for s in shares)),
+               "bleu": grouped["bleu"], "chrf": grouped["chrf"], "bleu_nrefs1": lines["bleu"],
+               "chrf_nrefs1": lines["chrf"], "cer": lines["cer"], "wer": lines["wer"]}
     for name, value in metrics.items():
         writer.add_scalar(f"val/{name}", value, global_step)
     examples = []
@@ -237,12 +266,21 @@ def run_validation(model: Transformer, val_ds: BilingualDataset, val_pairs: list
     if examples:
         writer.add_text("val/examples", "\n\n".join(e.replace("\n", "  \n") for e in examples), global_step)
         writer.add_figure("val/attention", attention_figure(model, tok_src, tok_tgt, sources[0]), global_step)
-    print(f"step {global_step}: val loss {metrics['loss']:.3f} | BLEU {metrics['bleu']:.2f} | "
-          f"chrF {metrics['chrf']:.2f} | CER {metrics['cer']:.3f} | WER {metrics['wer']:.3f} "
-          f"on {len(pairs)} sentences ({scores['bleu_signature']})", flush=True)
+    print(f"step {global_step}: val loss {metrics['loss']:.3f} | BLEU {metrics['bleu']:.2f} | chrF {metrics['chrf']:.2f} "
+          f"on {len(distinct)} distinct sources with {len(pairs)} references | line by line: BLEU "
+          f"{metrics['bleu_nrefs1']:.2f}, chrF {metrics['chrf_nrefs1']:.2f}, CER {metrics['cer']:.3f}, WER "
+          f"{metrics['wer']:.3f} ({lines['bleu_signature']})", flush=True)
     for example in examples:
         print(example, flush=True)
     return metrics
+
+
+def run_validation(model: Transformer, val_ds: BilingualDataset, pairs: list[tuple[str, str]], tok_src, tok_tgt,
+                   config: dict[str, Any], device: torch.device, writer, global_step: int) -> dict[str, float]:
+    """A whole validation in one process: `pairs` decoded (each distinct source once) and scored."""
+    sources = list(dict.fromkeys(source for source, _ in pairs))
+    share = validation_share(model, val_ds, sources, tok_src, tok_tgt, config, device)
+    return validation_metrics([share], pairs, model, tok_src, tok_tgt, config, writer, global_step)
 
 
 # ---------------------------------------------------------------------------- the run
@@ -262,6 +300,7 @@ class Trainer:
         self.epoch = self.batches_done = self.step_in_epoch = self.global_step = 0
         self.best_value, self.stale_validations = None, 0  # of --best_metric
         self.nonfinite_run, self.last_validation_seconds = 0, 0.0
+        self.saved_step = -1  # the step of this process's last checkpoint
         self.log_skipped = 0  # steps skipped since the last logged step
         self.writer = None
 
@@ -287,7 +326,8 @@ class Trainer:
             self.folder.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(self.folder / "config.json", json.dumps(config, indent=1).encode("utf-8"))
         self.val_ds = self.tokens[0].dataset("validation") if "validation" in self.text.splits() else None
-        self.val_pairs = self.text.pairs("validation")
+        self.val_pairs = validation_subset(self.text.pairs("validation"), config["val_max_sentences"], config["seed"])
+        self.val_sources = list(dict.fromkeys(source for source, _ in self.val_pairs))
         if len(self.train_ds) == 0:
             raise DataError(f"no training pairs fit in --seq_len {config['seq_len']}")
         self.plan = BatchPlan(self.train_ds, config["batch_tokens"], config["seed"], ranks.world_size, ranks.rank,
@@ -505,36 +545,46 @@ class Trainer:
         stop = None
         if ranks.is_main:
             self.log_corpus_pairs()
-        for index, batch in enumerate(loader):
-            if index % config["accum_steps"] == 0:
-                torch.manual_seed(step_seed(config["seed"], ranks.rank, self.global_step))
-            # Token counts stay on the host: reading them back from the device would sync.
-            step_tokens, num_tokens = int(batch.pop("step_tokens")), int(batch.pop("num_tokens"))
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            last_micro = index % config["accum_steps"] == config["accum_steps"] - 1
-            # DDP all-reduces gradients only on the last micro-batch of a step.
-            sync = self.model.no_sync() if ranks.distributed and not last_micro else contextlib.nullcontext()
-            with sync, out_of_memory_names(batch, self.global_step + 1, config):
-                with autocast:
-                    logits = self.model(batch["encoder_input"], batch["decoder_input"], batch.get("src_mask"))
-                summed = loss_sum(logits, batch["label"], config["label_smoothing"])
-                del logits  # backward needs only the gradient the loss stored: free the logits
-                # Normalised by the whole global step's target tokens; DDP averages over ranks.
-                self.scaler.scale(summed * (ranks.world_size / step_tokens)).backward()
-            step_loss += summed.detach()
-            self.log_tokens += num_tokens
-            if not last_micro:
-                continue
-            signal_seen, out_of_time = self.optimizer_step(step_loss, graceful)
-            step_loss = torch.zeros((), device=device)
-            progress.update(1)
-            stop = self.stop_decision(signal_seen, out_of_time)
-            if stop:
-                break
-            if config["save_every_steps"] and self.global_step % config["save_every_steps"] == 0 \
-                    and self.step_in_epoch < epoch_steps:
-                self.save()
-        progress.close()
+        # Closed also on an error: the bar's line ends before the error's one-line message.
+        try:
+            for index, batch in enumerate(loader):
+                if index % config["accum_steps"] == 0:
+                    torch.manual_seed(step_seed(config["seed"], ranks.rank, self.global_step))
+                # Token counts stay on the host: reading them back from the device would sync.
+                step_tokens, num_tokens = int(batch.pop("step_tokens")), int(batch.pop("num_tokens"))
+                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+                last_micro = index % config["accum_steps"] == config["accum_steps"] - 1
+                # DDP all-reduces gradients only on the last micro-batch of a step.
+                sync = self.model.no_sync() if ranks.distributed and not last_micro else contextlib.nullcontext()
+                with sync, out_of_memory_names(batch, self.global_step + 1, config):
+                    with autocast:
+                        logits = self.model(batch["encoder_input"], batch["decoder_input"], batch.get("src_mask"))
+                    summed = loss_sum(logits, batch["label"], config["label_smoothing"])
+                    del logits  # backward needs only the gradient the loss stored: free the logits
+                    # Normalised by the whole global step's target tokens; DDP averages over ranks.
+                    self.scaler.scale(summed * (ranks.world_size / step_tokens)).backward()
+                step_loss += summed.detach()
+                self.log_tokens += num_tokens
+                if not last_micro:
+                    continue
+                signal_seen, out_of_time = self.optimizer_step(step_loss, graceful)
+                step_loss = torch.zeros((), device=device)
+                progress.update(1)
+                stop = self.stop_decision(signal_seen, out_of_time)
+                if stop:
+                    break
+                if self.step_in_epoch >= epoch_steps:
+                    continue  # the epoch's end validates and saves
+                if config["validate_every_steps"] and self.global_step % config["validate_every_steps"] == 0:
+                    progress.clear()  # validation's and the checkpoint's lines start on a line of their own
+                    metrics, stop = self.validate(graceful)
+                    self.save(metrics)
+                    if stop:
+                        break
+                elif config["save_every_steps"] and self.global_step % config["save_every_steps"] == 0:
+                    self.save()
+        finally:
+            progress.close()
         if self.step_in_epoch >= epoch_steps:
             if ranks.is_main:
                 log(f"epoch {self.epoch} trained in {time.monotonic() - epoch_started:.1f} s")
@@ -598,6 +648,11 @@ class Trainer:
             self.log_skipped = 0
         return signal_seen, out_of_time
 
+    def gather_to_rank0(self, name: str, value: Any) -> list[Any] | None:
+        """Every rank's `value` on rank 0, in rank order (ranks.RankWatch.gather_to_rank0); None on
+        the others; `[value]` in a single process."""
+        return self.watch.gather_to_rank0(name, value) if self.watch is not None else [value]
+
     def from_rank0(self, value: Any = None) -> Any:
         """Rank 0's `value` on every rank once rank 0 gets here, the others waiting on its heartbeat
         (ranks.RankWatch.from_rank0): the waits for rank 0's long work; `value` in a single process."""
@@ -628,36 +683,49 @@ class Trainer:
     # ------------------------------------------------------------------ 3. end of an epoch
 
     def end_of_epoch(self, stop: str | None, graceful: GracefulStop) -> str | None:
-        """Validation (unless a signal or non-finite steps stopped the run; a SIGTERM abandons it),
-        early stopping, and a checkpoint; returns the stop reason, which early stopping or a stop
-        signal during validation may set."""
+        """Validation (unless a signal or non-finite steps stopped the run: a SIGTERM abandons it)
+        and a checkpoint, unless the step schedule has just done both; returns the stop reason,
+        which early stopping or a stop signal during validation may set."""
+        if self.saved_step == self.global_step:
+            return stop
         metrics = None
         if stop not in ("signal", "nonfinite"):
-            validation_started = time.monotonic()
-            if self.ranks.is_main and self.val_pairs:
-                try:
-                    with graceful.abandoning():
-                        metrics = run_validation(self.raw_model, self.val_ds, self.val_pairs, self.tok_src,
-                                                 self.tok_tgt, self.config, self.device, self.writer, self.global_step)
-                except StopRequested:
-                    log(f"validation at step {self.global_step} abandoned")
-            self.from_rank0()  # the others wait for rank 0's validation
-            self.last_validation_seconds = time.monotonic() - validation_started
-            if metrics is not None:
-                metric = self.config["best_metric"]
-                if improves(metric, metrics[metric], self.best_value):
-                    self.best_value, self.stale_validations = metrics[metric], 0
-                else:
-                    self.stale_validations += 1
-                patience = self.config["early_stopping_patience"]
-                if patience and self.stale_validations >= patience:
-                    stop = "early_stopping"
-            # Rank 0 validated: it decides early stopping. A stop signal seen during validation on
-            # any rank stops every rank now, before another step.
-            early, signal_seen = self.on_any_rank(stop == "early_stopping", graceful.requested)
-            stop = stop or ("early_stopping" if early else "signal" if signal_seen else None)
+            metrics, stop = self.validate(graceful, stop)
         self.save(metrics)
         return stop
+
+    def validate(self, graceful: GracefulStop, stop: str | None = None) -> tuple[dict[str, float] | None, str | None]:
+        """Every rank decodes its share of the validation subset, rank 0 scores the shares (a
+        SIGTERM abandons it on every rank) and decides early stopping by `best_metric`; returns
+        the metrics (None if abandoned, and on ranks other than 0) and the stop reason."""
+        metrics, ranks = None, self.ranks
+        validation_started = time.monotonic()
+        if self.val_pairs:
+            try:
+                with graceful.abandoning():
+                    share = validation_share(self.raw_model, self.val_ds, self.val_sources, self.tok_src, self.tok_tgt,
+                                             self.config, self.device, ranks.rank, ranks.world_size)
+                    shares = self.gather_to_rank0(f"validation/{self.global_step}", share)
+                    if ranks.is_main:
+                        metrics = validation_metrics(shares, self.val_pairs, self.raw_model, self.tok_src,
+                                                     self.tok_tgt, self.config, self.writer, self.global_step)
+            except StopRequested:
+                log(f"validation at step {self.global_step} abandoned")
+        self.from_rank0()  # the others wait for rank 0's scores
+        self.last_validation_seconds = time.monotonic() - validation_started
+        if metrics is not None:
+            metric = self.config["best_metric"]
+            if improves(metric, metrics[metric], self.best_value):
+                self.best_value, self.stale_validations = metrics[metric], 0
+            else:
+                self.stale_validations += 1
+            patience = self.config["early_stopping_patience"]
+            if patience and self.stale_validations >= patience:
+                stop = "early_stopping"
+        # Rank 0 scored: it decides early stopping. A stop signal seen during validation on any
+        # rank stops every rank now, before another step.
+        early, signal_seen = self.on_any_rank(stop == "early_stopping", graceful.requested)
+        return metrics, stop or ("early_stopping" if early else "signal" if signal_seen else None)
 
     def save(self, metrics: dict[str, float] | None = None) -> None:
         """Rank 0 writes a checkpoint while the others wait."""
@@ -666,6 +734,7 @@ class Trainer:
             path = save_checkpoint(self.folder, state, self.global_step, self.config["keep_checkpoints"], metrics,
                                    self.config["best_metric"])
             log(f"saved {path}")
+        self.saved_step = self.global_step
         self.from_rank0()
 
     def resume_value(self, key: str) -> Any:

@@ -8,9 +8,11 @@ leaving its gradient as it is: only that rank can see the problem, so the ranks 
 they decide together. With `--weights_out`, each rank writes its own final weights to
 PREFIX.rankN.pt after training, so a test can check that the ranks' weights never drifted apart.
 
-`--validation_fault` acts in rank 0's first validation, after printing "rank_faults: validating"
-on stderr: `raise` raises a RuntimeError, `sleep` sleeps for two minutes (a stand-in for a long
-validation, which a signal handler may interrupt).
+Each rank prints "rank_faults: rank R validated N of M sources" after decoding its share of a
+validation. `--validation_fault` then acts in rank 0's first validation, after printing
+"rank_faults: validating" on stderr (rank 1 has decoded its share and waits for rank 0's scores):
+`raise` raises a RuntimeError, `sleep` sleeps for two minutes (a stand-in for a long validation,
+which a signal handler may interrupt).
 
     python tests/rank_faults.py --launch SPEC.json
 
@@ -68,14 +70,20 @@ def run_rank(argv: list[str]) -> int:
 
     train.Trainer.finish = finish
 
-    def faulty_validation(*args_, **kwargs):
-        print("rank_faults: validating", file=sys.stderr, flush=True)
-        if args.validation_fault == "raise":
-            raise RuntimeError("planted fault in validation")
-        time.sleep(120)
+    real_share = train.validation_share
 
-    if args.validation_fault:
-        train.run_validation = faulty_validation
+    def validation_share(model, val_ds, sources, *rest):
+        share = real_share(model, val_ds, sources, *rest)
+        print(f"rank_faults: rank {rank} validated {len(share['hypotheses'])} of {len(sources)} sources",
+              file=sys.stderr, flush=True)
+        if rank == 0 and args.validation_fault:
+            print("rank_faults: validating", file=sys.stderr, flush=True)
+            if args.validation_fault == "raise":
+                raise RuntimeError("planted fault in validation")
+            time.sleep(120)
+        return share
+
+    train.validation_share = validation_share
     return train.main(train_argv)
 
 

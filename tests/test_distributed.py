@@ -1,7 +1,8 @@
 """Real torchrun, 2 CPU processes (gloo): ranks that cannot disagree.
 
 1. Two ranks equal one process with the same global batch, on a weighted mix of two corpora (the
-   second tagged and drawn at half its size each epoch).
+   second tagged and drawn at half its size each epoch). Validation is shared: each rank decodes
+   half the sources, and rank 0's validation loss equals the single process's.
 
 Each global step holds world_size * accum_steps micro-batches; rank r trains on every
 world_size-th one. So 2 ranks x accum 1 and 1 rank x accum 2 see the same micro-batches per step,
@@ -16,8 +17,9 @@ noise, which eps 1e-9 would turn into full-size, order-dependent updates.
    run ends: each rank's dropout stream is a function of (seed, rank, step).
 3. A NaN loss on one rank only makes both ranks skip that step (their weights stay identical), and
    a stop by --max_minutes, judged on rank 0's clock, ends both ranks with exit 0 and a checkpoint.
-4. Ranks that never hang (ranks.py), while rank 1 waits for rank 0's validation: rank 0 raising
-   there ends both ranks within seconds, rank 1 naming rank 0 in one line; rank 1 stopped with
+4. Ranks that never hang (ranks.py), while rank 1, its share of validation decoded, waits for rank
+   0's scores: rank 0 raising there ends both ranks within seconds, rank 1 naming rank 0 in one
+   line; rank 1 stopped with
    SIGSTOP ends rank 0 after --rank_timeout_s, naming rank 1, and rank 1 itself once it runs
    again; a SIGTERM to rank 1 abandons rank 0's validation and stops both with a checkpoint. These
    jobs start their ranks as a launcher without torchrun's agent would (srun, mpirun, a script):
@@ -57,8 +59,12 @@ def train_args(data: Path, out: Path, *extra: str, dropout: str = "0") -> list[s
             "--model_folder", str(out / "w"), "--runs_folder", str(out / "r"), "--store_folder", str(out / "s"), *extra]
 
 
+def checkpoint(out: Path, step: int) -> dict:
+    return torch.load(next((out / "w").iterdir()) / f"ckpt_{step:08d}.pt", weights_only=True)
+
+
 def weights(out: Path, step: int) -> dict[str, torch.Tensor]:
-    return torch.load(next((out / "w").iterdir()) / f"ckpt_{step:08d}.pt", weights_only=True)["model"]
+    return checkpoint(out, step)["model"]
 
 
 def test_two_rank_ddp_equals_single_process_with_same_global_batch(tmp_path: Path) -> None:
@@ -68,8 +74,8 @@ def test_two_rank_ddp_equals_single_process_with_same_global_batch(tmp_path: Pat
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     subprocess.run([sys.executable, *train_args(data, single, "--max_steps", "6", "--accum_steps", "2")], cwd=ROOT,
                    check=True, capture_output=True, timeout=240)
-    result = subprocess.run([*TORCHRUN, *train_args(data, ddp, "--max_steps", "6")], cwd=ROOT,
-                            capture_output=True, text=True, timeout=240)
+    result = subprocess.run([*TORCHRUN, "tests/rank_faults.py", *train_args(data, ddp, "--max_steps", "6")[1:]],
+                            cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 ranks" in result.stderr
 
@@ -77,6 +83,14 @@ def test_two_rank_ddp_equals_single_process_with_same_global_batch(tmp_path: Pat
     assert expected.keys() == actual.keys()
     for name in expected:
         torch.testing.assert_close(actual[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    # Validation was shared: each rank decoded half the sources and its half of the loss's batches,
+    # and rank 0's loss of the two halves is the single process's. (Its BLEU need not be: a batch
+    # of two sentences pads otherwise than one of four, and a 6-step model's outputs hang on ties.)
+    for rank in (0, 1):
+        assert f"rank_faults: rank {rank} validated 2 of 4 sources" in result.stderr
+    alone, shared = (checkpoint(out, 6)["metrics"] for out in (single, ddp))
+    assert shared["loss"] == pytest.approx(alone["loss"], rel=1e-4)
+    assert 0 <= shared["bleu"] <= 100 and shared["chrf"] > 0
 
 
 def process_tree(root: int) -> list[int]:

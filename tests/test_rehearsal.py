@@ -90,7 +90,7 @@ def test_two_training_steps_and_the_validation_loss_run_on_the_meta_device(data:
     state = trainer.optimizer.state[next(trainer.raw_model.parameters())]
     assert state["exp_avg"].is_meta and int(state["step"]) == 2  # AdamW stepped (its step count lives on the host)
     assert trainer.scheduler.last_epoch == 2
-    assert train.validation_loss(trainer.raw_model, trainer.val_ds, trainer.config, trainer.device).is_meta
+    assert train.validation_loss(trainer.raw_model, trainer.val_ds, trainer.config, trainer.device)[0].is_meta
 
 
 def test_a_training_step_on_the_cpu_makes_no_host_tensor_in_project_code(data: Path, tmp_path: Path) -> None:

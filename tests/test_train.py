@@ -31,7 +31,7 @@ from tokenizer import PAD_ID, tokenizer_from_json
 from translator import DecodingOptions, TorchTranslator
 
 SCALARS = {"train/loss", "train/lr", "train/tokens_per_second", "train/skipped_steps", "val/loss", "val/bleu",
-           "val/chrf", "val/cer", "val/wer"}
+           "val/chrf", "val/bleu_nrefs1", "val/chrf_nrefs1", "val/cer", "val/wer"}
 
 
 def steps_per_epoch(stderr: str) -> int:
@@ -67,7 +67,7 @@ def test_first_run_stops_at_max_steps_with_a_checkpoint(trained_run) -> None:
     assert json.loads((run.folder / "config.json").read_text())["max_steps"] == run.SECOND_MAX_STEPS
     assert (run.folder / "tokenizer_en.json").read_text() == state["tokenizers"]["src"]
     assert (run.folder / "tokenizer_it.json").read_text() == state["tokenizers"]["tgt"]
-    assert set(state["metrics"]) == {"loss", "bleu", "chrf", "cer", "wer"}  # validated before saving
+    assert set(state["metrics"]) == {"loss", "bleu", "chrf", "bleu_nrefs1", "chrf_nrefs1", "cer", "wer"}  # validated
 
 
 def test_resume_continues_the_global_step_schedule_and_epoch(trained_run) -> None:
@@ -135,32 +135,43 @@ def test_pipeline_bleu_equals_sacrebleu_on_its_own_outputs(trained_run) -> None:
 def test_validation_scores_raw_text_and_teacher_forced_loss(trained_run, monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     """With known hypotheses (some right, some not), the pipeline's numbers equal sacrebleu's on
-    the raw references, and its loss equals the per-sentence cross-entropy."""
+    the raw references, and its loss equals the per-sentence cross-entropy. A source given twice
+    with two references is decoded once; BLEU and chrF score it once against both (sacreBLEU's
+    multi-reference score), the line-by-line scores once per line."""
     run = trained_run
     path, _ = run.latest()
     model, tok_src, tok_tgt, config, _ = load_for_inference(path, run.folder, torch.device("cpu"))
     text = text_store(config)
-    pairs = text.pairs("validation")
-    references = [t for _, t in pairs]
-    hypotheses = [ref if i % 3 == 0 else " ".join(ref.split()[:-1]) + "." if i % 3 == 1 else "Il gatto."
-                  for i, ref in enumerate(references)]
+    split = text.pairs("validation")
+    pairs = split + [(split[1][0], "Un altro riferimento."), (split[4][0], split[4][1])]
+    sources = list(dict.fromkeys(s for s, _ in pairs))
+    assert len(sources) == len(split)
+    fixed = {s: t if i % 3 == 0 else " ".join(t.split()[:-1]) + "." if i % 3 == 1 else "Il gatto."
+             for i, (s, t) in enumerate(split)}
     seen_sources = []
 
     def fixed_translations(translator, sentences, options):
         seen_sources.extend(sentences)
-        return hypotheses[:len(sentences)]
+        return [fixed[s] for s in sentences]
 
     monkeypatch.setattr(TorchTranslator, "translate_best", fixed_translations)
     val_ds = token_store(config, text, tok_src, tok_tgt).dataset("validation")
     writer = SummaryWriter(str(tmp_path))
     metrics = train.run_validation(model, val_ds, pairs, tok_src, tok_tgt, config, torch.device("cpu"), writer, 77)
     writer.close()
-    assert seen_sources == [s for s, _ in pairs]
-    expected = corpus_scores(hypotheses, references)
-    assert metrics["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references]).score
-    assert 0 < metrics["bleu"] < 100
-    assert metrics["chrf"] == sacrebleu.corpus_chrf(hypotheses, [references]).score
+    assert seen_sources == sources
+    lines = [fixed[s] for s, _ in pairs]
+    references = [t for _, t in pairs]
+    expected = corpus_scores(lines, references)
+    assert metrics["bleu_nrefs1"] == sacrebleu.corpus_bleu(lines, [references]).score
+    assert metrics["chrf_nrefs1"] == sacrebleu.corpus_chrf(lines, [references]).score
     assert (metrics["cer"], metrics["wer"]) == (expected["cer"], expected["wer"])
+    # The second stream holds the repeated sources' second references, None elsewhere.
+    second = [dict(pairs[len(split):]).get(s) for s in sources]
+    streams = [[t for _, t in split], second]
+    assert metrics["bleu"] == sacrebleu.corpus_bleu([fixed[s] for s in sources], streams).score
+    assert metrics["chrf"] == sacrebleu.corpus_chrf([fixed[s] for s in sources], streams).score
+    assert 0 < metrics["bleu"] < 100 and metrics["bleu"] != metrics["bleu_nrefs1"]
     events = EventAccumulator(str(tmp_path))
     events.Reload()
     for name, value in metrics.items():
@@ -382,6 +393,37 @@ def test_max_minutes_stops_with_a_validated_checkpoint(stopped_mid_epoch: list[s
     # Not too late: at the check of the step before (after step stop - 2 was logged), they had not.
     if stop >= 3:
         assert logged[stop - 2] + last_validation(stop - 1)[0] < budget + 0.25, (logged, validated)
+
+
+def test_validation_on_a_step_schedule_also_after_a_mid_epoch_resume(stopped_mid_epoch: list[str],
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    """--validate_every_steps 3, 10 steps per epoch: validated at the multiples of 3, the epoch's end
+    (10) and the stop (14), each once, with BLEU in TensorBoard at each; the run stopped at step 5
+    (mid-epoch, not a multiple) and resumed validates where the unbroken one does from there on."""
+    schedule = ["--validate_every_steps", "3", "--max_steps", "14"]
+
+    def validated(out: str) -> list[int]:
+        return [int(step) for step in re.findall(r"^step (\d+): val loss", out, re.M)]
+
+    capsys.readouterr()
+    assert train.main(stopped_mid_epoch + schedule + ["--experiment_name", "unbroken"]) == 0
+    assert validated(capsys.readouterr().out) == [3, 6, 9, 10, 12, 14]
+    assert train.main(stopped_mid_epoch + schedule) == 0
+    assert validated(capsys.readouterr().out) == [6, 9, 10, 12, 14]
+    events = EventAccumulator(str(runs_dir(parse_config(stopped_mid_epoch))), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("val/bleu")] == [5, 6, 9, 10, 12, 14]
+    assert newest(stopped_mid_epoch)["global_step"] == 14
+
+
+def test_the_validation_subset_is_fixed_by_the_seed_and_keeps_every_reference() -> None:
+    pairs = [(f"source {i % 7}", f"reference {i}") for i in range(20)]  # 7 distinct sources, 2 or 3 references each
+    chosen = train.validation_subset(pairs, 3, seed=1)
+    sources = {source for source, _ in chosen}
+    assert len(sources) == 3 and chosen == [pair for pair in pairs if pair[0] in sources]
+    assert train.validation_subset(pairs, 3, seed=1) == chosen
+    assert {s for s, _ in train.validation_subset(pairs, 3, seed=2)} != sources
+    assert train.validation_subset(pairs, 0, seed=1) == train.validation_subset(pairs, 7, seed=1) == pairs
 
 
 def test_early_stopping_after_patience_validations_without_a_better_bleu(stopped_mid_epoch: list[str],
