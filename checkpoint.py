@@ -431,19 +431,17 @@ def best_checkpoint(folder: Path) -> Path | None:
 
 
 def load_for_inference(path: Path | None, folder: Path, device: torch.device, average: int = 1,
-                       choice: str = "average", min_gap: int = 0):
+                       choice: str = "best", min_gap: int = 0):
     """(model in eval mode on `device`, source tokenizer, target tokenizer, its config, its path) from
     the checkpoint at `path`, or else from `folder` by `choice`: `latest`, the newest good
-    checkpoint; `best`, the best by the run's --best_metric on validation; `average`, the average
-    training wrote of its last checkpoints while it belongs to the newest (else the newest). With
+    checkpoint; `best`, the best by the run's --best_metric on validation (the newest, with a note, where
+    no validation has scored one); `average`, the average training wrote of its last checkpoints while
+    it belongs to the newest (else the newest). With
     `average` N > 1, the mean weights of N checkpoints at least `min_gap` steps apart, ending at
     `path` or at the best (`checkpoints_to_average`)."""
     folder = Path(path).parent if path is not None else Path(folder)
     if path is None and choice == "best":
         path = best_checkpoint(folder)
-        if path is None:
-            raise CheckpointError(f"{folder} has no best checkpoint: no validation has scored one yet (use "
-                                  f"--checkpoint_choice latest)")
     if average > 1:
         paths = checkpoints_to_average(folder, average, path, min_gap)
         path, state = paths[0], average_checkpoints(paths)
@@ -456,6 +454,9 @@ def load_for_inference(path: Path | None, folder: Path, device: torch.device, av
                                   f"--lang_src, --lang_tgt: all the target languages of a model of several, as in "
                                   f"--lang_tgt fr+it, with --target_lang fr to choose one) or pass --checkpoint PATH")
         path, state = found
+        if choice == "best":
+            print(f"{folder} has no best checkpoint (no validation has scored one yet): using the newest",
+                  file=sys.stderr, flush=True)
         averaged = current_average(folder, path) if choice == "average" else None
         if averaged is not None:
             path, state = averaged, load_checkpoint(averaged)

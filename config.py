@@ -107,7 +107,9 @@ def get_config() -> dict[str, Any]:
         "preload": "latest",  # latest (resume if there is a checkpoint) | new (refuse if there is one) | a path
         "keep_checkpoints": 3,
         "average_checkpoints": 0,  # at the end of training, average the newest N checkpoints for inference; 0 = off
-        "checkpoint_choice": "average",  # inference: latest | best (by best_metric) | average (training's average)
+        # inference: latest | best (by best_metric; the best on tatoeba validation, docs/quality.md) | average
+        # (training's average)
+        "checkpoint_choice": "best",
         "average_min_gap_steps": 0,  # averaged checkpoints lie this many steps apart; 0 = half their median spacing
         "save_every_steps": 0,  # also checkpoint every N optimizer steps; 0 = epoch ends only
         "log_every": 20,
@@ -138,8 +140,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "d_model": 256, "num_layers": 3, "num_heads": 4, "d_ff": 512, "dropout": 0.1,
         "tokenizer_type": "bpe", "vocab_size": 4000, "joint_vocab": True, "tie_embeddings": True,
         "batch_tokens": 1500, "lr": 1.4e-3, "warmup_steps": 100, "lr_schedule": "cosine",
-        "num_epochs": 16, "seq_len": 128, "eval_batch_size": 128, "keep_checkpoints": 5,
-        "average_checkpoints": 3, "val_beam_size": 1,
+        "num_epochs": 16, "seq_len": 128, "eval_batch_size": 128, "keep_checkpoints": 5, "val_beam_size": 1,
     },
     # For tests and smoke runs: seconds, not minutes.
     "tiny": {

@@ -125,7 +125,7 @@ def test_averaging_never_takes_a_checkpoint_written_steps_after_another(tmp_path
     assert load_for_inference(None, tmp_path, torch.device("cpu"), average=3)[4] == tmp_path / "ckpt_00000305.pt"
 
 
-def test_best_latest_and_average_load_what_they_name(tmp_path, tokenizer) -> None:
+def test_best_latest_and_average_load_what_they_name(tmp_path, tokenizer, capsys) -> None:
     size = tokenizer.get_vocab_size()
     models = {}
     for step, chrf in ((10, 30.0), (20, 50.0), (30, 40.0)):
@@ -138,8 +138,9 @@ def test_best_latest_and_average_load_what_they_name(tmp_path, tokenizer) -> Non
         torch.testing.assert_close(loaded.state_dict(), models[step].state_dict(), rtol=0, atol=0)
     unscored = tmp_path / "unscored"
     save_checkpoint(unscored, tiny_state(models[10], 10, tokenizer), 10, keep=1)
-    with pytest.raises(CheckpointError, match="no best checkpoint: no validation has scored one yet"):
-        load_for_inference(None, unscored, torch.device("cpu"), choice="best")
+    assert load_for_inference(None, unscored, torch.device("cpu"), choice="best")[4] == unscored / "ckpt_00000010.pt"
+    assert capsys.readouterr().err == f"{unscored} has no best checkpoint (no validation has scored one yet): using " \
+                                      f"the newest\n"
 
 
 # ---------------------------------------------------------------------------- attention plot

@@ -498,9 +498,10 @@ def test_the_last_checkpoints_are_averaged_for_inference(stopped_mid_epoch: list
     last, before = (load_checkpoint(folder / name)["model"] for name in state["averaged_from"])
     for name, tensor in state["model"].items():
         torch.testing.assert_close(tensor, (last[name] + before[name]) / 2)
-    assert load_for_inference(None, folder, torch.device("cpu"))[4] == averaged  # what translate.py uses
+    # what translate.py uses with --checkpoint_choice average
+    assert load_for_inference(None, folder, torch.device("cpu"), choice="average")[4] == averaged
     assert load_latest(folder)[0].name == "ckpt_00000030.pt"  # what a resume uses
     # training on: a new average replaces the old one, which no longer belongs to the newest checkpoint
     assert train.main(stopped_mid_epoch + ["--num_epochs", "4", "--average_checkpoints", "2"]) == 0
     assert not averaged.exists() and (folder / "ckpt_00000040_avg2.pt").is_file()
-    assert load_for_inference(None, folder, torch.device("cpu"))[4] == folder / "ckpt_00000040_avg2.pt"
+    assert load_for_inference(None, folder, torch.device("cpu"), choice="average")[4] == folder / "ckpt_00000040_avg2.pt"
