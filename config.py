@@ -69,7 +69,7 @@ def get_config() -> dict[str, Any]:
         "max_steps": 0,  # optimizer steps; 0 = no limit
         "max_minutes": 0.0,  # wall-clock budget including validation; 0 = no limit
         "seed": 42,
-        "amp": "auto",  # auto (bf16 on CUDA from compute capability 8.0, else fp16; off elsewhere) | off | bf16 | fp16
+        "amp": "auto",  # auto (CUDA: bf16 from capability 8.0, else fp16; bf16 on CPUs that have it) | off | bf16 | fp16
         "compile": False,
         "deterministic": False,  # torch.use_deterministic_algorithms: bit-exact repeats and resumes on CUDA, slower
         "num_workers": -1,  # DataLoader workers; -1 = 2 on CUDA, 0 elsewhere
@@ -142,11 +142,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "batch_tokens": 1500, "lr": 1.4e-3, "warmup_steps": 100, "lr_schedule": "cosine",
         "num_epochs": 16, "seq_len": 128, "eval_batch_size": 128, "keep_checkpoints": 5, "val_beam_size": 1,
     },
-    # For tests and smoke runs: seconds, not minutes.
+    # For tests and smoke runs: seconds, not minutes. fp32 on every CPU (--amp auto would be bf16 on
+    # some), so that a run gives the same numbers on every machine; its products are too small to gain.
     "tiny": {
         "d_model": 32, "num_layers": 1, "num_heads": 2, "d_ff": 64, "dropout": 0.0,
         "batch_tokens": 512, "lr": 3e-3, "warmup_steps": 20, "seq_len": 64, "min_frequency": 1,
-        "num_epochs": 2, "log_every": 5, "val_beam_size": 1,
+        "num_epochs": 2, "log_every": 5, "val_beam_size": 1, "amp": "off",
     },
 }
 
@@ -177,7 +178,8 @@ HELP = {
                       "naming it; waits for rank 0's data build, validation and checkpoints last as long as its "
                       "heartbeat beats",
     "amp": "mixed precision: auto is bf16 on CUDA GPUs of compute capability 8.0 and up (A100, H100), fp16 with a "
-           "GradScaler on older ones (V100, T4), off on CPU and MPS; fp16 and bf16 run on any device",
+           "GradScaler on older ones (V100, T4), bf16 on CPUs with AVX-512 BF16 or AMX (AMD Zen 4, Intel Sapphire "
+           "Rapids and later), off on other CPUs and MPS; fp16 and bf16 run on any device",
 }
 
 CHOICES = {

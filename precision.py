@@ -2,14 +2,17 @@
 
 - `amp_dtype`: `--amp auto` is bf16 on CUDA GPUs that have it natively (compute capability 8.0 and
   up: A100, H100, RTX 30xx/40xx), fp16 with a GradScaler on older CUDA GPUs (V100 sm_70, T4 sm_75:
-  their bf16 is emulated and slow, which `torch.cuda.is_bf16_supported()` counts as support), and
-  off on the CPU and on Apple's MPS (fp32 is the path tested there; `--amp fp16`/`bf16` ask for
-  autocast on any device, CPU included, where both run for real).
+  their bf16 is emulated and slow, which `torch.cuda.is_bf16_supported()` counts as support), bf16
+  on CPUs with bf16 instructions (AVX-512 BF16 or AMX: AMD Zen 4, Intel Sapphire Rapids and later;
+  the cpu preset's step takes about two thirds of its fp32 time there, docs/speed.md), and off on
+  other CPUs, where bf16 is emulated and slower than fp32, and on Apple's MPS (fp32 is the path
+  tested there). `--amp fp16`/`bf16` ask for autocast on any device, where both run for real.
 - `grad_scaler`: the loss scaler, enabled for fp16 only (bf16 has fp32's exponent range).
 - `load_scaler_state`: a checkpoint's scaler state, across a change of `--amp` in either direction.
 - `allow_tf32`: fp32 matrix products on the tensor cores of CUDA GPUs that have TF32 (8.0 and up).
 - `inference_dtype`: what the PyTorch engine decodes in: bf16 on CUDA GPUs that have it natively,
-  fp16 on older ones, fp32 elsewhere (translator.py; the log-probabilities stay fp32).
+  fp16 on older ones, fp32 elsewhere, CPUs with bf16 included (translator.py; the log-probabilities
+  stay fp32; the CPU's decoding steps are small, and its fp32 path is the one measured).
 """
 from __future__ import annotations
 
@@ -27,10 +30,18 @@ def native_bf16_and_tf32(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
+def native_bf16_cpu() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX tiles), as ATen's cpuinfo
+    reports it; oneDNN emulates bf16 elsewhere, at a loss against fp32."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 def amp_dtype(config: dict[str, Any], device: torch.device) -> torch.dtype | None:
     """The autocast dtype of the `amp` config value on `device`; None for fp32."""
     choice = config["amp"]
     if choice == "auto":
+        if device.type == "cpu":
+            return torch.bfloat16 if native_bf16_cpu() else None
         if device.type != "cuda":
             return None
         return torch.bfloat16 if native_bf16_and_tf32(device) else torch.float16
@@ -38,7 +49,9 @@ def amp_dtype(config: dict[str, Any], device: torch.device) -> torch.dtype | Non
 
 
 def inference_dtype(device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of decoding on `device`; None for fp32 (the CPU, MPS)."""
+    """The autocast dtype of decoding on `device`; None for fp32 (any CPU, MPS)."""
+    if device.type != "cuda":
+        return None
     return amp_dtype({"amp": "auto"}, device)
 
 

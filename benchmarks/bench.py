@@ -88,7 +88,7 @@ from device import pick_device  # noqa: E402
 from loss import loss_sum  # noqa: E402
 from model import PositionalEncoding, build_model, train_flops  # noqa: E402
 from optimizer import build_optimizer  # noqa: E402
-from precision import amp_dtype, autocast_context  # noqa: E402
+from precision import amp_dtype, autocast_context, native_bf16_cpu  # noqa: E402
 from tokenizer import EOS_ID, PAD_ID, SOS_ID, TokenizerError, decode_ids, train_tokenizer  # noqa: E402
 from translator import DecodingOptions, TorchTranslator  # noqa: E402
 
@@ -179,8 +179,8 @@ class PeakMemory:
 
 
 def native_bf16(device: torch.device) -> bool:
-    """Whether bf16 products run natively: on CPU, what oneDNN reports (AVX-512 BF16 or AMX)."""
-    return device.type != "cpu" or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    """Whether bf16 products run natively: on CPU, AVX-512 BF16 or AMX (precision.py's rule)."""
+    return device.type != "cpu" or native_bf16_cpu()
 
 
 def matmul_peak(device: torch.device, size: int, dtype: torch.dtype) -> dict[str, float]:

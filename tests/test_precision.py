@@ -1,6 +1,6 @@
-"""precision.py: `--amp auto` by compute capability, TF32 where the GPU has it, resumes across any two
-`--amp` settings, and fp16 overflows that skip their step, are counted, logged, and stop a run that
-keeps overflowing. Training runs for real under CPU autocast with `GradScaler("cpu")`."""
+"""precision.py: `--amp auto` by compute capability and CPU instructions, TF32 where the GPU has it,
+resumes across any two `--amp` settings, and fp16 overflows that skip their step, are counted,
+logged, and stop a run that keeps overflowing. Training runs for real under CPU autocast with `GradScaler("cpu")`."""
 from __future__ import annotations
 
 import shutil
@@ -34,9 +34,25 @@ def test_auto_amp_is_bf16_only_where_the_gpu_has_it_natively(capability: tuple[i
     assert precision.inference_dtype(torch.device("cuda", 0)) == expected  # what the PyTorch engine decodes in
 
 
-def test_auto_amp_is_off_on_the_cpu_and_mps_and_explicit_choices_hold_everywhere() -> None:
+@pytest.mark.parametrize("avx512_bf16, amx, expected", [
+    (False, False, None),  # AVX2 or AVX-512 without BF16: bf16 would be emulated, slower than fp32
+    (True, False, torch.bfloat16),  # AMD Zen 4
+    (False, True, torch.bfloat16),  # Intel with AMX
+])
+def test_auto_amp_on_the_cpu_is_bf16_only_with_bf16_instructions(avx512_bf16: bool, amx: bool,
+                                                                 expected: torch.dtype | None,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    cpu = torch.device("cpu")
+    assert precision.amp_dtype({"amp": "auto"}, cpu) == expected
+    assert precision.inference_dtype(cpu) is None  # decoding on a CPU stays fp32
+    assert precision.amp_dtype({"amp": "off"}, cpu) is None
+
+
+def test_auto_amp_is_off_on_mps_and_explicit_choices_hold_everywhere() -> None:
+    assert precision.amp_dtype({"amp": "auto"}, torch.device("mps")) is None
     for device in (torch.device("cpu"), torch.device("mps")):
-        assert precision.amp_dtype({"amp": "auto"}, device) is None
         assert precision.inference_dtype(device) is None
         assert precision.amp_dtype({"amp": "fp16"}, device) == torch.float16
         assert precision.amp_dtype({"amp": "bf16"}, device) == torch.bfloat16
