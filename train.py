@@ -69,23 +69,26 @@ from translator import DecodingOptions, TorchTranslator
 # ---------------------------------------------------------------------------- the parts of a run
 
 def cpu_epoch_estimate(config: dict[str, Any], batches: list[np.ndarray], dataset: BilingualDataset,
-                       tgt_vocab: int) -> float:
-    """Roughly how many seconds one epoch takes on this CPU: the epoch's FLOPs over half the
-    GFLOP/s of the model's own matrix product, timed here in about a tenth of a second (whole
-    training steps reach about 50-60% of it at the paper-base size; benchmarks/bench.py)."""
+                       tgt_vocab: int, dtype: torch.dtype | None) -> float:
+    """Roughly how many seconds one epoch takes on this CPU: the epoch's FLOPs over a share of the
+    GFLOP/s of the model's own matrix product in the run's precision (`dtype`: autocast's, None for
+    fp32), timed here in about a tenth of a second. Whole fp32 steps reach about half of it
+    (benchmarks/bench.py); bf16 speeds the products more than the rest of a step, and the cpu
+    preset's bf16 epochs on a Zen 4 reached about a third (34 s an epoch against 24 s at half)."""
     flops = sum(train_flops(len(b), int(dataset.src_lens[b].max()), int(dataset.tgt_lens[b].max()), config,
                             tgt_vocab) for b in batches)
     rows, width = 1024, config["d_model"]
     generator = torch.Generator().manual_seed(0)  # not the global RNG: that drives dropout
-    x = torch.randn(rows, width, generator=generator)
-    weight = torch.randn(config["d_ff"], width, generator=generator)
-    linear(x, weight)  # warm-up
+    x = torch.randn(rows, width, generator=generator).to(dtype or torch.float32)
+    weight = torch.randn(config["d_ff"], width, generator=generator).to(dtype or torch.float32)
+    product = linear if dtype is None else torch.nn.functional.linear  # autocast skips cpu_kernels' fp32 path
+    product(x, weight)  # warm-up
     started, repeats = time.perf_counter(), 0
     while time.perf_counter() - started < 0.1:
-        linear(x, weight)
+        product(x, weight)
         repeats += 1
     flops_per_second = 2 * rows * width * config["d_ff"] * repeats / (time.perf_counter() - started)
-    return flops / (0.5 * flops_per_second)
+    return flops / ((0.5 if dtype is None else 0.35) * flops_per_second)
 
 
 def take_model_from(config: dict[str, Any], explicit: set[str]) -> dict[str, Any] | None:
@@ -491,7 +494,8 @@ class Trainer:
             + (f", autocast {str(self.autocast_dtype).replace('torch.', '')}" if self.autocast_dtype else "")
             + (", TF32 matrix products" if self.tf32 else ""))
         if self.device.type == "cpu":
-            minutes = cpu_epoch_estimate(config, batches, self.train_ds, self.tok_tgt.get_vocab_size()) / 60
+            minutes = cpu_epoch_estimate(config, batches, self.train_ds, self.tok_tgt.get_vocab_size(),
+                                         self.autocast_dtype) / 60
             hint = ("; --preset cpu trains a small model in minutes" if minutes > 10 else "")
             log(f"no GPU: one epoch will take roughly {minutes:.0f} min on this CPU{hint}"
                 if minutes >= 1 else f"no GPU: one epoch will take roughly {minutes * 60:.0f} s on this CPU")
