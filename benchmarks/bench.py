@@ -512,8 +512,9 @@ def training_rows(dataset: BilingualDataset, settings: dict[str, Any], vocab: tu
     # (name, model, autocast dtype, the model's CPU fast paths on)
     variants: list[tuple[str, Callable[[], nn.Module], torch.dtype | None, bool]] = [
         ("project", lambda: build_model(config, *vocab), default_dtype, True)]
-    if device.type == "cpu" and native_bf16(device):
-        variants.append(("project, bf16 autocast", lambda: build_model(config, *vocab), torch.bfloat16, True))
+    if device.type == "cpu" and default_dtype == torch.bfloat16:
+        # A CPU with bf16 instructions, where train.py takes bf16: the fp32 step beside it.
+        variants.append(("project, fp32", lambda: build_model(config, *vocab), None, True))
     if device.type == "cpu":
         variants.append(("project, stock PyTorch kernels", lambda: build_model(config, *vocab), None, False))
     variants.append(("torch.nn.Transformer", lambda: TorchTransformer(*vocab, config), default_dtype, True))
