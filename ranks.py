@@ -388,10 +388,27 @@ class GracefulStop:
         if self.terminated:
             raise StopRequested("SIGTERM")
         self.abandonable = True
+        previous_hook = sys.unraisablehook
+
+        def ask_again(unraisable: Any) -> None:
+            # A signal handled inside a callback that Python runs for itself (a weakref's, a
+            # finalizer's) has its exception printed as a traceback and dropped: the work would go
+            # on. Send the signal again, 10 ms from now, so that it is handled once this hook and the
+            # callback have returned (sent at once, it would be handled in here, and dropped again).
+            if isinstance(unraisable.exc_value, StopRequested):
+                self.abandonable = True
+                again = threading.Timer(0.01, signal.pthread_kill, (threading.main_thread().ident, signal.SIGTERM))
+                again.daemon = True
+                again.start()
+            else:
+                previous_hook(unraisable)
+
+        sys.unraisablehook = ask_again
         try:
             yield
         finally:
             self.abandonable = False
+            sys.unraisablehook = previous_hook
 
     def __exit__(self, *exc: Any) -> None:
         if self.watch is not None:
