@@ -347,9 +347,27 @@ class GracefulStop:
 
     def __enter__(self) -> "GracefulStop":
         self.previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        self.previous_hook, sys.unraisablehook = sys.unraisablehook, self.signal_again
         if self.watch is not None:
             self.watch.attach(self)
         return self
+
+    def signal_again(self, unraisable: Any) -> None:
+        """sys.unraisablehook while this is entered. A signal handled inside a callback that Python
+        runs for itself (a weakref's, a finalizer's) has the handler's exception printed as a
+        traceback and dropped: the work would go on. The signal is sent again 10 ms from now, to be
+        handled once this hook and the callback have returned (sent at once, it would be handled in
+        here, and dropped again): SIGTERM for an abandoned work, SIGINT for a quit at once."""
+        if isinstance(unraisable.exc_value, StopRequested):
+            self.abandonable, again = True, signal.SIGTERM  # still inside abandoning(): it resets this
+        elif isinstance(unraisable.exc_value, KeyboardInterrupt):
+            again = signal.SIGINT
+        else:
+            self.previous_hook(unraisable)
+            return
+        timer = threading.Timer(0.01, signal.pthread_kill, (threading.main_thread().ident, again))
+        timer.daemon = True
+        timer.start()
 
     def handle(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
@@ -388,30 +406,14 @@ class GracefulStop:
         if self.terminated:
             raise StopRequested("SIGTERM")
         self.abandonable = True
-        previous_hook = sys.unraisablehook
-
-        def ask_again(unraisable: Any) -> None:
-            # A signal handled inside a callback that Python runs for itself (a weakref's, a
-            # finalizer's) has its exception printed as a traceback and dropped: the work would go
-            # on. Send the signal again, 10 ms from now, so that it is handled once this hook and the
-            # callback have returned (sent at once, it would be handled in here, and dropped again).
-            if isinstance(unraisable.exc_value, StopRequested):
-                self.abandonable = True
-                again = threading.Timer(0.01, signal.pthread_kill, (threading.main_thread().ident, signal.SIGTERM))
-                again.daemon = True
-                again.start()
-            else:
-                previous_hook(unraisable)
-
-        sys.unraisablehook = ask_again
         try:
             yield
         finally:
             self.abandonable = False
-            sys.unraisablehook = previous_hook
 
     def __exit__(self, *exc: Any) -> None:
         if self.watch is not None:
             self.watch.attach(None)
+        sys.unraisablehook = self.previous_hook
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
