@@ -135,14 +135,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     "base": {},
     "big": {"d_model": 1024, "num_heads": 16, "d_ff": 4096, "dropout": 0.3},
     # The best tatoeba BLEU in 15 minutes on a 2-core CPU (README: measured figures). On a
-    # compute-bound CPU a small, cheap model taking many small steps beats a wider one. 22 epochs
+    # compute-bound CPU a small, cheap model taking many small steps beats a wider one. 21 epochs
     # fit the 15 minutes where --amp auto trains in bf16 (AVX-512 BF16, AMX); the longer run needs
-    # more dropout than 0.1 (docs/quality.md). An fp32-only CPU is stopped by the clock earlier.
+    # more dropout than 0.1, and a joint BPE of 6k beat 4k, 3k and 2k on validation (docs/quality.md).
+    # An fp32-only CPU is stopped by the clock earlier.
     "cpu": {
         "d_model": 256, "num_layers": 3, "num_heads": 4, "d_ff": 512, "dropout": 0.15,
-        "tokenizer_type": "bpe", "vocab_size": 4000, "joint_vocab": True, "tie_embeddings": True,
+        "tokenizer_type": "bpe", "vocab_size": 6000, "joint_vocab": True, "tie_embeddings": True,
         "batch_tokens": 1500, "lr": 1.4e-3, "warmup_steps": 100, "lr_schedule": "cosine",
-        "num_epochs": 22, "seq_len": 128, "eval_batch_size": 128, "keep_checkpoints": 5, "val_beam_size": 1,
+        "num_epochs": 21, "seq_len": 128, "eval_batch_size": 128, "keep_checkpoints": 5, "val_beam_size": 1,
     },
     # For tests and smoke runs: seconds, not minutes. fp32 on every CPU (--amp auto would be bf16 on
     # some), so that a run gives the same numbers on every machine; its products are too small to gain.
