@@ -114,7 +114,7 @@ STARTED = time.monotonic()
 def bench_settings(quick: bool) -> dict[str, Any]:
     """Sizes of one run: the paper-base model of config.py, or tiny ones for a smoke test."""
     config = get_config()
-    settings = {"train_steps": 4, "tutorial_steps": 1, "tutorial_seq_len": TUTORIAL_SEQ_LEN,
+    settings = {"quick": quick, "train_steps": 4, "tutorial_steps": 1, "tutorial_seq_len": TUTORIAL_SEQ_LEN,
                 "decode_lengths": (10, 50, 150), "decode_batch": 16, "peak_size": 4096, "synthetic_pairs": 20000,
                 "vocab_floor": VOCAB_FLOOR, "translate_sentences": 64, "resume_preset": "cpu", "resume_steps": 200,
                 "resume_every": 50}
@@ -126,6 +126,20 @@ def bench_settings(quick: bool) -> dict[str, Any]:
                          "translate_sentences": 6, "resume_preset": "tiny", "resume_steps": 30, "resume_every": 10})
     settings["config"] = config
     return settings
+
+
+def on_cuda(settings: dict[str, Any]) -> dict[str, Any]:
+    """A GPU's steps take milliseconds: more of them are timed."""
+    return {**settings, "train_steps": 24, "peak_size": 8192} if not settings["quick"] else settings
+
+
+# Dense bf16 tensor-core peaks from the vendors' datasheets (SXM parts, no sparsity), TFLOP/s: MFU is
+# also reported against these, beside the peak measured in the run.
+SPEC_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0}
+
+
+def spec_peak_tflops(device_name: str) -> float | None:
+    return next((peak for name, peak in SPEC_BF16_TFLOPS.items() if name in device_name), None)
 
 
 # ---------------------------------------------------------------------------- device helpers
@@ -457,6 +471,22 @@ def on_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
     return moved
 
 
+def padded_to(batch: dict[str, torch.Tensor], multiple: int, source: str) -> dict[str, torch.Tensor]:
+    """`batch` with its target positions padded to a multiple of `multiple`, and its source too:
+    always (`source` "always": train.py's CUDA batches until this was measured) or only where some
+    source is padded already, so that a batch without a source mask keeps none ("if_masked")."""
+    def widen(tensor: torch.Tensor) -> torch.Tensor:
+        extra = -tensor.size(1) % multiple
+        return torch.nn.functional.pad(tensor, (0, extra), value=PAD_ID) if extra else tensor
+
+    padded = {**batch, "decoder_input": widen(batch["decoder_input"]), "label": widen(batch["label"])}
+    if source == "always" or "src_mask" in batch:
+        padded["encoder_input"] = widen(batch["encoder_input"])
+        if padded["encoder_input"].size(1) != batch["encoder_input"].size(1) or "src_mask" in batch:
+            padded["src_mask"] = (padded["encoder_input"] != PAD_ID)[:, None, None, :]
+    return padded
+
+
 def real_flops(batch: dict[str, torch.Tensor], config: dict[str, Any], tgt_vocab: int) -> int:
     """train_flops of each sentence at its own lengths: what the batch would cost without padding."""
     src = (batch["encoder_input"] != PAD_ID).sum(1).tolist()
@@ -509,19 +539,27 @@ def training_rows(dataset: BilingualDataset, settings: dict[str, Any], vocab: tu
                            batch["decoder_input"].size(1), config, vocab[1])
 
     default_dtype = amp_dtype(config, device)
-    # (name, model, autocast dtype, the model's CPU fast paths on)
-    variants: list[tuple[str, Callable[[], nn.Module], torch.dtype | None, bool]] = [
-        ("project", lambda: build_model(config, *vocab), default_dtype, True)]
+    exact = (warmups, timed_batches)
+    # (name, model, autocast dtype, the model's CPU fast paths on, (warm-up batches, timed batches))
+    variants: list[tuple[str, Callable[[], nn.Module], torch.dtype | None, bool, tuple[list, list]]] = [
+        ("project", lambda: build_model(config, *vocab), default_dtype, True, exact)]
     if device.type == "cpu" and default_dtype == torch.bfloat16:
         # A CPU with bf16 instructions, where train.py takes bf16: the fp32 step beside it.
-        variants.append(("project, fp32", lambda: build_model(config, *vocab), None, True))
+        variants.append(("project, fp32", lambda: build_model(config, *vocab), None, True, exact))
     if device.type == "cpu":
-        variants.append(("project, stock PyTorch kernels", lambda: build_model(config, *vocab), None, False))
-    variants.append(("torch.nn.Transformer", lambda: TorchTransformer(*vocab, config), default_dtype, True))
+        variants.append(("project, stock PyTorch kernels", lambda: build_model(config, *vocab), None, False, exact))
+    else:
+        # Tensor cores take matrix sides in multiples of 8; a padded source needs a mask, which takes
+        # attention off FlashAttention. Both ways of padding, beside the exact widths above.
+        for source in ("always", "if_masked"):
+            padded = tuple([padded_to(b, 8, source) for b in part] for part in exact)
+            variants.append((f"project, padded to 8 ({source})", lambda: build_model(config, *vocab), default_dtype,
+                             True, padded))
+    variants.append(("torch.nn.Transformer", lambda: TorchTransformer(*vocab, config), default_dtype, True, exact))
 
     rows: dict[str, Any] = {}
     memory: dict[str, Any] = {}
-    for name, build, dtype, fast in variants:
+    for name, build, dtype, fast, (warm, timed_set) in variants:
         torch.manual_seed(seed)
         model = build().to(device).train()
         optimizer = build_optimizer(model, config)
@@ -529,7 +567,7 @@ def training_rows(dataset: BilingualDataset, settings: dict[str, Any], vocab: tu
         try:
             with PeakMemory(device) as peak:
                 step = functools.partial(project_step, model, optimizer, config=config, dtype=dtype, device=device)
-                rows[name] = measure_training(name, step, warmups, timed_batches, flops, config, vocab[1], device)
+                rows[name] = measure_training(name, step, warm, timed_set, flops, config, vocab[1], device)
         finally:
             cpu_kernels.CPU_FAST_PATHS = True
         rows[name].update({"dtype": str(dtype or torch.float32).replace("torch.", ""),
@@ -644,7 +682,11 @@ def translation_rows(dataset: BilingualDataset, tok_src: Any, tok_tgt: Any, sett
         return {"rows": rows, "skipped": f"ctranslate2 {quantization}: {error}"}
     with tempfile.TemporaryDirectory() as work:
         folder = export_model(model.cpu(), config, tok_src, tok_tgt, Path(work) / quantization, quantization)
-        rows.append(measure(f"ctranslate2 {quantization}", CTranslate2Translator(folder, device=device.type)))
+        try:
+            translator = CTranslate2Translator(folder, device=device.type)
+            rows.append(measure(f"ctranslate2 {quantization}", translator))
+        except (RuntimeError, OSError, ValueError) as error:  # e.g. its CUDA build missing cuBLAS 12
+            return {"rows": rows, "skipped": f"ctranslate2 {quantization} on {device.type}: {error}"}
     rows[-1]["vs_pytorch"] = rows[-1]["sentences_per_s"] / rows[0]["sentences_per_s"]
     return {"rows": rows}
 
@@ -699,6 +741,8 @@ def resume_check(settings: dict[str, Any], device: torch.device, seed: int) -> d
 
 def run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     settings = bench_settings(args.quick)
+    if device.type == "cuda":
+        settings = on_cuda(settings)
     config = settings["config"]
     result: dict[str, Any] = {
         "command": " ".join(["python", "benchmarks/bench.py", *sys.argv[1:]]),
@@ -734,6 +778,11 @@ def run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         peak = result["peak_gflops"][str(compute).replace("torch.", "")]
         row["peak_fraction"], row["real_peak_fraction"] = row["flops_per_s"] / 1e9 / peak, row["real_flops_per_s"] / 1e9 / peak
     result["training"] = rows
+    if device.type == "cuda" and (spec := spec_peak_tflops(result["device"])):
+        result["peak_gflops"]["bfloat16_spec"] = 1000 * spec
+        for row in rows.values():
+            if row["dtype"] == "bfloat16":
+                row["spec_peak_fraction"] = row["flops_per_s"] / 1e12 / spec
     result["training_memory"] = memory
     project = rows["project"]["tokens_per_s"]
     result["ratios"] = {"vs_tutorial": project / rows["tutorial"]["tokens_per_s"],
