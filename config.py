@@ -1,133 +1,276 @@
-"""The one config dict that drives every program, its presets and its command line.
+"""The one config dict that drives every program: its schema, presets, command lines and files.
 
-`get_config()` returns the defaults (the paper's base model on the Hub's opus_books en->it).
-`parse_config(argv)` applies `--preset NAME`, then every `--key value` override (typed from the
-default), validates the result and exits with one line naming the key when something is wrong.
-Paths of run artefacts are derived here and nowhere else, and so are the training corpora that
-`datasource` names (`corpora`), their tags and a model's target languages.
+Every key is declared once, in `OPTIONS`: its default, its one line of help, its group, its allowed
+values or range, and the programs that use it. Everything else is derived from that table:
+`get_config()` (the defaults: the paper's base model on the Hub's opus_books en->it), the keys that
+make a model (`MODEL_KEYS`) and a run (`IDENTITY_KEYS`), validation, each program's command line
+(only the keys it uses, grouped, each with its help, default and choices) and the table of options
+in docs/options.md.
+
+`parse_args(program, argv)` applies, in order: the defaults, `--config FILE` (a run's config.json,
+or a JSON or TOML file of keys), `--preset NAME`, then every `--key value`; validates the result, and
+exits with one line naming the key when something is wrong. Paths of run artefacts are derived here
+and nowhere else, and so are the training corpora that `datasource` names (`corpora`), their tags
+and a model's target languages.
 """
 from __future__ import annotations
 
 import argparse
+import difflib
+import json
 import math
 import os
 import re
 import sys
-from dataclasses import dataclass
+import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
+
+VERSION = "1.0.0"
+
+TRAIN, TRANSLATE, EVALUATE, SERVE, EXPORT = "train", "translate", "evaluate", "serve", "export"
+PROGRAMS = (TRAIN, TRANSLATE, EVALUATE, SERVE, EXPORT)
+DECODERS = frozenset({TRANSLATE, EVALUATE, SERVE})  # the programs that translate with a trained model
+EVERY = frozenset(PROGRAMS)
+
+# Groups in the order --help shows them, each with its heading.
+GROUPS = {
+    "data": "data: the corpora, their languages and how they are split",
+    "tokenizers": "tokenizers: trained on the training split of a new run",
+    "model": "model: the Transformer's sizes",
+    "optimisation": "optimisation: batches, AdamW and the learning-rate schedule",
+    "run": "run: length, precision, device and randomness",
+    "validation": "validation: how training scores itself and picks its best checkpoint",
+    "checkpoints": "checkpoints: where a run lives, which checkpoint to start from or to translate with",
+    "decoding": "decoding: how translations are searched",
+    "serving": "serving (serve.py): request limits, batching and overload",
+}
+
+
+@dataclass(frozen=True)
+class Range:
+    """Allowed numbers: at least `low` (above it when `low_open`), at most `high` (below it when
+    `high_open`); None is no bound."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def admits(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        return f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+AT_LEAST_ONE, NON_NEGATIVE, POSITIVE = Range(1), Range(0), Range(0, low_open=True)
+FRACTION = Range(0, 1, high_open=True)  # [0, 1)
+SECONDS = Range(0, math.inf, low_open=True, high_open=True)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One config key: its default (whose type is the key's type), one line of help, its group,
+    its allowed values (`choices`) or `range`, the programs whose command line takes it, and whether
+    it is part of what a model is made of (`model`: --init_from takes it from the checkpoint) or of
+    what a run is (`identity`: resuming with another value is refused)."""
+
+    default: Any
+    help: str
+    group: str
+    programs: frozenset[str] = frozenset({TRAIN})
+    choices: tuple[Any, ...] = ()
+    range: Range | None = None
+    model: bool = False
+    identity: bool = False
+    kind: type = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", type(self.default))
+
+
+O = Option
+OPTIONS: dict[str, Option] = {
+    # ---- data
+    "datasource": O("Helsinki-NLP/opus_books", "the training corpora: a Hub id, a folder in Hub layout, a PREFIX of "
+                    "PREFIX.SRC + PREFIX.TGT, a TSV file, or several as SOURCE[:WEIGHT[:TAG]],... (docs/data.md); "
+                    "translate.py and the other programs take it to name the run it trained", "data", EVERY,
+                    identity=True),
+    "lang_src": O("en", "source language code", "data", EVERY, model=True, identity=True),
+    "lang_tgt": O("it", "target language code; several joined with + (fr+it) for one model of several target "
+                  "languages", "data", EVERY, model=True, identity=True),
+    "valid_data": O("", "validation pairs given apart (a PREFIX or a TSV file); empty: the datasource's own",
+                    "data", frozenset({TRAIN, EVALUATE}), identity=True),
+    "test_data": O("", "test pairs given apart (a PREFIX or a TSV file); empty: the datasource's own", "data",
+                   frozenset({TRAIN, EVALUATE}), identity=True),
+    "reserved_tags": O("<BT>", "tag tokens reserved in the tokenizers beside those the corpora carry, comma-separated",
+                       "data", model=True),
+    "val_fraction": O(0.05, "share of a train-only source carved out for validation", "data", range=FRACTION,
+                      identity=True),
+    "test_fraction": O(0.05, "share of a train-only source carved out for test", "data", range=FRACTION,
+                       identity=True),
+    "val_max_pairs": O(3000, "at most this many carved validation pairs", "data", range=NON_NEGATIVE, identity=True),
+    "test_max_pairs": O(3000, "at most this many carved test pairs", "data", range=NON_NEGATIVE, identity=True),
+    "filter_duplicates": O(False, "drop training pairs that repeat an earlier pair exactly", "data"),
+    "filter_max_length_ratio": O(0.0, "drop training pairs whose token lengths differ by more than this factor; 0: off",
+                                 "data", range=NON_NEGATIVE),
+    "store_folder": O("stores", "where the tokenized data stores live, reused by restarts, resumes and every rank",
+                      "data", frozenset({TRAIN, EVALUATE})),
+    "seq_len": O(256, "longest sentence in tokens, [SOS] and [EOS] included; longer training pairs are dropped",
+                 "data", range=Range(3)),
+    # ---- tokenizers
+    "tokenizer_type": O("wordlevel", "the tokenizers' model", "tokenizers", choices=("wordlevel", "bpe", "unigram"),
+                        model=True, identity=True),
+    "vocab_size": O(8000, "entries per tokenizer (wordlevel: the most frequent words seen min_frequency times)",
+                    "tokenizers", range=AT_LEAST_ONE, model=True, identity=True),
+    "min_frequency": O(2, "a token must occur this often in the training sample", "tokenizers", range=AT_LEAST_ONE,
+                       model=True, identity=True),
+    "tokenizer_max_sentences": O(1_000_000, "the tokenizers train on a seeded sample of at most this many pairs",
+                                 "tokenizers", range=AT_LEAST_ONE),
+    "joint_vocab": O(False, "one tokenizer for both languages", "tokenizers", model=True, identity=True),
+    # ---- model
+    "d_model": O(512, "width of every layer", "model", range=AT_LEAST_ONE, model=True, identity=True),
+    "num_layers": O(6, "encoder layers, and as many decoder layers", "model", range=AT_LEAST_ONE, model=True,
+                    identity=True),
+    "num_heads": O(8, "attention heads; must divide d_model", "model", range=AT_LEAST_ONE, model=True, identity=True),
+    "d_ff": O(2048, "inner width of the feed-forward blocks", "model", range=AT_LEAST_ONE, model=True, identity=True),
+    "dropout": O(0.1, "dropout on embeddings, attention weights and sublayer outputs", "model", range=FRACTION),
+    "norm_first": O(True, "pre-norm (true: trains stably without a finely tuned warmup) or the paper's post-norm",
+                    "model", model=True, identity=True),
+    "tie_embeddings": O(False, "share the embeddings and the output projection; needs joint_vocab", "model",
+                        model=True, identity=True),
+    # ---- optimisation
+    "batch_tokens": O(4096, "token budget of one batch (padded; source or target, whichever is larger)",
+                      "optimisation", range=AT_LEAST_ONE),
+    "accum_steps": O(1, "batches accumulated into one optimizer step", "optimisation", range=AT_LEAST_ONE),
+    "lr": O(7e-4, "peak learning rate, reached at the end of warmup (7e-4: the paper's d_model**-0.5 x 4000**-0.5)",
+            "optimisation", range=POSITIVE),
+    "warmup_steps": O(0, "linear warmup over this many steps; 0: warmup_fraction of the run's steps", "optimisation",
+                      range=NON_NEGATIVE),
+    "warmup_fraction": O(0.1, "warmup as a share of the run's steps, when warmup_steps is 0", "optimisation",
+                         range=FRACTION),
+    "lr_schedule": O("inverse_sqrt", "decay after warmup: the paper's inverse square root, or cosine down to min_lr "
+                     "at the run's last step", "optimisation", choices=("inverse_sqrt", "cosine")),
+    "min_lr": O(1e-5, "the cosine schedule's final learning rate", "optimisation", range=NON_NEGATIVE),
+    "weight_decay": O(0.0, "AdamW's decay, on weight matrices only", "optimisation", range=NON_NEGATIVE),
+    "adam_beta1": O(0.9, "AdamW's beta1", "optimisation", range=FRACTION),
+    "adam_beta2": O(0.98, "AdamW's beta2 (the paper's)", "optimisation", range=FRACTION),
+    "adam_eps": O(1e-9, "AdamW's epsilon (the paper's)", "optimisation", range=NON_NEGATIVE),
+    "label_smoothing": O(0.1, "label smoothing of the cross-entropy", "optimisation", range=FRACTION),
+    "clip_grad": O(1.0, "clip the gradient's norm to this; 0: no clipping", "optimisation", range=NON_NEGATIVE),
+    # ---- run
+    "num_epochs": O(20, "epochs to train", "run", range=AT_LEAST_ONE),
+    "max_steps": O(0, "stop after this many optimizer steps (the schedule ends there); 0: no limit", "run",
+                   range=NON_NEGATIVE),
+    "max_minutes": O(0.0, "wall-clock budget, validation included; 0: no limit", "run", range=NON_NEGATIVE),
+    "seed": O(42, "seed of the weights, the data split, the batches and dropout (translate.py: of sampling)", "run",
+              frozenset({TRAIN, TRANSLATE, SERVE}), identity=True),
+    "amp": O("auto", "mixed precision: auto is bf16 on CUDA from compute capability 8.0 (fp16 with a loss scaler "
+             "before) and on CPUs with AVX-512 BF16 or AMX, off elsewhere", "run", choices=("auto", "off", "bf16", "fp16")),
+    "compile": O(False, "torch.compile the model for training", "run"),
+    "deterministic": O(False, "torch.use_deterministic_algorithms: bit-exact repeats and resumes on CUDA, slower",
+                       "run"),
+    "num_workers": O(-1, "DataLoader workers; -1: 2 on CUDA, 0 elsewhere", "run", range=Range(-1)),
+    "device": O("auto", "auto: CUDA, else MPS, else CPU; naming a device that is not there is an error", "run",
+                frozenset({TRAIN, TRANSLATE, EVALUATE, SERVE}), choices=("auto", "cpu", "cuda", "mps")),
+    "keep_freed_memory": O(True, "on a CPU, glibc's malloc keeps freed memory for reuse (faster steps; the process "
+                           "keeps its peak heap until it exits)", "run"),
+    "max_nonfinite_steps": O(10, "consecutive skipped (non-finite) steps before the run stops", "run",
+                             range=AT_LEAST_ONE),
+    "rank_timeout_s": O(60.0, "torchrun: seconds without a sign of life from a rank before every rank stops, "
+                        "naming it", "run", range=AT_LEAST_ONE),
+    "log_every": O(20, "log the loss, learning rate and speed to TensorBoard every N steps", "run",
+                   range=AT_LEAST_ONE),
+    "runs_folder": O("runs", "TensorBoard logs (runs/<experiment>); evaluate.py writes its translations there",
+                     "run", frozenset({TRAIN, EVALUATE})),
+    # ---- validation
+    "validate_every_steps": O(0, "also validate and checkpoint every N optimizer steps; 0: at epoch ends only",
+                              "validation", range=NON_NEGATIVE),
+    "val_max_sentences": O(0, "distinct validation sources decoded, a fixed subset drawn with the seed; 0: all",
+                           "validation", range=NON_NEGATIVE),
+    "val_beam_size": O(5, "beam size of validation's decoding", "validation", range=AT_LEAST_ONE),
+    "num_examples": O(3, "validation examples printed and logged", "validation", range=NON_NEGATIVE),
+    "early_stopping_patience": O(0, "validations without a better best_metric before stopping; 0: never",
+                                 "validation", range=NON_NEGATIVE),
+    "best_metric": O("bleu", "the validation metric that picks the best checkpoint", "validation",
+                     choices=("bleu", "chrf", "loss")),
+    # ---- checkpoints
+    "model_folder": O("weights", "where runs keep their checkpoints, tokenizers and config (weights/<experiment>)",
+                      "checkpoints", EVERY),
+    "experiment_name": O("", "the run's name; empty: train.py derives it from the datasource and the language pair, "
+                         "the other programs take the only run under model_folder", "checkpoints", EVERY),
+    "init_from": O("", "fine-tuning: a checkpoint whose weights, tokenizers, architecture and languages start this "
+                   "new experiment, with a fresh optimizer, schedule and step count", "checkpoints"),
+    "preload": O("latest", "latest: resume the newest good checkpoint if there is one; new: refuse a folder that "
+                 "holds checkpoints; or a checkpoint path to continue", "checkpoints"),
+    "keep_checkpoints": O(3, "checkpoints kept by rotation (the best one is always kept)", "checkpoints",
+                          range=AT_LEAST_ONE),
+    "average_checkpoints": O(0, "at the end of training, save the average of the newest N checkpoints; 0: off",
+                             "checkpoints", range=NON_NEGATIVE),
+    "save_every_steps": O(0, "also checkpoint every N optimizer steps; 0: at epoch ends only", "checkpoints",
+                          range=NON_NEGATIVE),
+    "checkpoint_choice": O("best", "the checkpoint to translate with: best (by best_metric on validation), latest, "
+                           "or average (training's average)", "checkpoints", DECODERS | {EXPORT},
+                           choices=("best", "latest", "average")),
+    "average_min_gap_steps": O(0, "averaged checkpoints lie at least this many steps apart; 0: half their median "
+                               "spacing", "checkpoints", DECODERS | {TRAIN, EXPORT}, range=NON_NEGATIVE),
+    # ---- decoding
+    "beam_size": O(5, "beam width; 1: greedy search", "decoding", DECODERS, range=AT_LEAST_ONE),
+    "length_penalty": O(1.0, "hypothesis scores are log-probability / length ** length_penalty", "decoding",
+                        DECODERS | {TRAIN}, range=NON_NEGATIVE),
+    "brevity_penalty": O(0.2, "plus this x log(BLEU's brevity penalty) against length_ratio x the source length "
+                         "(Sockeye's; 0: off)", "decoding", DECODERS | {TRAIN}, range=NON_NEGATIVE),
+    "length_ratio": O(0.0, "target / source tokens the brevity penalty expects; 0: train.py measures it on the "
+                      "training data", "decoding", DECODERS | {TRAIN}, range=NON_NEGATIVE),
+    "sampling_topk": O(0, "sample from the k most likely tokens instead of searching (implies beam_size 1); 0: off",
+                       "decoding", frozenset({TRANSLATE, SERVE}), range=NON_NEGATIVE),
+    "sampling_topp": O(0.0, "sample from the smallest set of tokens reaching this probability (implies beam_size 1); "
+                       "0: off", "decoding", frozenset({TRANSLATE, SERVE}), range=Range(0, 1)),
+    "temperature": O(1.0, "sampling: divide the logits by this first", "decoding", frozenset({TRANSLATE, SERVE}),
+                     range=POSITIVE),
+    "no_repeat_ngram_size": O(0, "never produce an n-gram of this size twice in one output; 0: off", "decoding",
+                              DECODERS | {TRAIN}, range=NON_NEGATIVE),
+    "eval_batch_size": O(64, "sentences per decoding batch", "decoding", DECODERS | {TRAIN}, range=AT_LEAST_ONE),
+    "target_lang": O("", "a model of several target languages: the one to translate into", "decoding", DECODERS),
+    "compute_type": O("auto", "--engine ctranslate2: the weights' type at run time; auto: per machine", "decoding",
+                      DECODERS, choices=("auto", "default", "int8", "int8_float32", "int8_float16", "int8_bfloat16",
+                                         "int16", "float16", "bfloat16", "float32")),
+    # ---- serving
+    "serve_max_sentences": O(32, "sentences in one request", "serving", frozenset({SERVE}), range=AT_LEAST_ONE),
+    "serve_max_chars": O(1000, "characters in one sentence", "serving", frozenset({SERVE}), range=AT_LEAST_ONE),
+    "serve_max_body_bytes": O(65536, "a larger request body gets 413", "serving", frozenset({SERVE}),
+                              range=AT_LEAST_ONE),
+    "serve_max_beam_size": O(8, "the largest beam_size a request may ask for", "serving", frozenset({SERVE}),
+                             range=AT_LEAST_ONE),
+    "serve_batch_sentences": O(64, "sentences decoded together, gathered from concurrent requests", "serving",
+                               frozenset({SERVE}), range=AT_LEAST_ONE),
+    "serve_batch_wait_ms": O(10, "how long a batch waits for more requests once its first has arrived", "serving",
+                             frozenset({SERVE}), range=NON_NEGATIVE),
+    "serve_max_queued_work": O(2560, "work (sentences x beam size) that may wait for the model; past it, 503 with "
+                               "Retry-After", "serving", frozenset({SERVE}), range=AT_LEAST_ONE),
+    "serve_request_timeout_s": O(30.0, "from a request's arrival to its answer; then 503 with Retry-After", "serving",
+                                 frozenset({SERVE}), range=SECONDS),
+    "serve_body_timeout_s": O(10.0, "a request body that takes longer to arrive gets 408", "serving",
+                              frozenset({SERVE}), range=SECONDS),
+    "serve_drain_grace_s": O(20.0, "on SIGTERM or Ctrl-C, how long the requests held may take (below Kubernetes' "
+                             "30 s before SIGKILL)", "serving", frozenset({SERVE}),
+                             range=Range(0, math.inf, high_open=True)),
+}
+del O
+
+MODEL_KEYS = tuple(key for key, option in OPTIONS.items() if option.model)
+IDENTITY_KEYS = tuple(key for key, option in OPTIONS.items() if option.identity)
 
 
 def get_config() -> dict[str, Any]:
     """Defaults: the paper's base Transformer on Helsinki-NLP/opus_books, English to Italian."""
-    return {
-        # data: one corpus, or several as SOURCE[:WEIGHT[:TAG]],... (`corpora`); a SOURCE is a Hub id, a folder,
-        # a PREFIX of PREFIX.SRC + PREFIX.TGT, or a TSV file
-        "datasource": "Helsinki-NLP/opus_books",
-        "lang_src": "en",
-        "lang_tgt": "it",  # several joined with "+" (fr+it) for one model of several target languages
-        "valid_data": "",  # validation pairs given apart (a PREFIX or a TSV file); empty = the datasource's own
-        "test_data": "",  # test pairs given apart, likewise
-        "reserved_tags": "<BT>",  # tag tokens reserved in the tokenizers beside those the corpora carry
-        "val_fraction": 0.05,  # only used when the source has a train split alone: carved from it,
-        "test_fraction": 0.05,
-        "val_max_pairs": 3000,  # ... each held-out split capped at this many pairs
-        "test_max_pairs": 3000,
-        "filter_duplicates": False,  # drop training pairs that repeat an earlier pair exactly
-        "filter_max_length_ratio": 0.0,  # drop training pairs whose token lengths differ by more than this; 0 = off
-        "store_folder": "stores",  # tokenized data, reused by restarts, resumes and every rank
-        "seq_len": 256,  # longest sentence, in tokens including [SOS]/[EOS]; longer pairs are dropped
-        # tokenizers
-        "tokenizer_type": "wordlevel",  # wordlevel | bpe | unigram
-        "vocab_size": 8000,  # entries per tokenizer; wordlevel keeps the most frequent words seen min_frequency times
-        "min_frequency": 2,
-        "tokenizer_max_sentences": 1_000_000,  # tokenizers train on a seeded sample of at most this many pairs
-        "joint_vocab": False,  # one tokenizer for both languages
-        # model
-        "d_model": 512,
-        "num_layers": 6,
-        "num_heads": 8,
-        "d_ff": 2048,
-        "dropout": 0.1,
-        "norm_first": True,  # pre-norm: trains stably without a finely tuned warmup
-        "tie_embeddings": False,  # needs joint_vocab
-        # optimisation
-        "batch_tokens": 4096,  # token budget of one batch (padded, source or target, whichever is larger)
-        "accum_steps": 1,
-        "lr": 7e-4,  # peak, reached at the end of warmup; 7e-4 equals the paper's d_model**-0.5 * warmup**-0.5
-        "warmup_steps": 0,  # linear warmup over this many steps; 0 = warmup_fraction of the run's steps
-        "warmup_fraction": 0.1,  # a fixed 4000 (the paper's, of 100k steps) would outlast a run on opus_books
-        "lr_schedule": "inverse_sqrt",  # inverse_sqrt (the paper's) | cosine (to min_lr at max_steps)
-        "min_lr": 1e-5,
-        "weight_decay": 0.0,  # AdamW decay, applied to weight matrices only
-        "adam_beta1": 0.9,
-        "adam_beta2": 0.98,
-        "adam_eps": 1e-9,
-        "label_smoothing": 0.1,
-        "clip_grad": 1.0,  # 0 disables clipping
-        "num_epochs": 20,
-        "max_steps": 0,  # optimizer steps; 0 = no limit
-        "max_minutes": 0.0,  # wall-clock budget including validation; 0 = no limit
-        "seed": 42,
-        "amp": "auto",  # auto (CUDA: bf16 from capability 8.0, else fp16; bf16 on CPUs that have it) | off | bf16 | fp16
-        "compile": False,
-        "deterministic": False,  # torch.use_deterministic_algorithms: bit-exact repeats and resumes on CUDA, slower
-        "num_workers": -1,  # DataLoader workers; -1 = 2 on CUDA, 0 elsewhere
-        "device": "auto",  # auto | cpu | cuda | mps
-        # CPU, train.py's command line only: glibc keeps freed memory for reuse instead of page-faulting
-        # large blocks in afresh every step (faster steps; the process keeps its peak heap until it exits)
-        "keep_freed_memory": True,
-        "max_nonfinite_steps": 10,  # consecutive skipped steps before the run stops
-        "rank_timeout_s": 60.0,  # torchrun: how long a rank may show no sign of life before every rank stops
-        # validation and decoding
-        "validate_every_steps": 0,  # also validate (and checkpoint) every N optimizer steps; 0 = epoch ends only
-        "val_max_sentences": 0,  # distinct validation sources decoded, a fixed subset drawn with the seed; 0 = all
-        "eval_batch_size": 64,  # sentences per decoding batch
-        "beam_size": 1,
-        "length_penalty": 1.0,  # hypothesis scores are log-probability / length ** length_penalty
-        # plus this times log(BLEU's brevity penalty) against length_ratio x the source's length (Sockeye;
-        # 0.2 chosen on tatoeba validation, docs/quality.md)
-        "brevity_penalty": 0.2,
-        "length_ratio": 0.0,  # target / source tokens of the training data; 0: train.py measures it
-        "sampling_topk": 0,  # translate.py: sample from the k most likely tokens (0 = no top-k cut)
-        "sampling_topp": 0.0,  # translate.py: sample from the smallest set reaching this probability (0 = off)
-        "temperature": 1.0,  # sampling: divide the logits by this first
-        "no_repeat_ngram_size": 0,  # never produce an n-gram of this size twice in one output; 0 = off
-        "target_lang": "",  # inference: the language a model of several target languages produces
-        "compute_type": "auto",  # --engine ctranslate2: auto (per machine: translator.ct2_setup) or a CTranslate2 type
-        "val_beam_size": 5,  # validation decodes as the README's evaluation does (the cpu and tiny presets: greedy)
-        "num_examples": 3,
-        "early_stopping_patience": 0,  # validations without a better best_metric before stopping; 0 = never
-        "best_metric": "bleu",  # bleu | chrf | loss: the validation metric that picks the best checkpoint
-        # checkpoints and logs
-        "model_folder": "weights",
-        "runs_folder": "runs",
-        "experiment_name": "",  # empty = derived from datasource and language pair
-        "init_from": "",  # a checkpoint whose weights, tokenizers and architecture start a new experiment
-        "preload": "latest",  # latest (resume if there is a checkpoint) | new (refuse if there is one) | a path
-        "keep_checkpoints": 3,
-        "average_checkpoints": 0,  # at the end of training, average the newest N checkpoints for inference; 0 = off
-        # inference: latest | best (by best_metric; the best on tatoeba validation, docs/quality.md) | average
-        # (training's average)
-        "checkpoint_choice": "best",
-        "average_min_gap_steps": 0,  # averaged checkpoints lie this many steps apart; 0 = half their median spacing
-        "save_every_steps": 0,  # also checkpoint every N optimizer steps; 0 = epoch ends only
-        "log_every": 20,
-        # serving (serve.py): limits on one request, and how concurrent requests are batched
-        "serve_max_sentences": 32,  # sentences in one request
-        "serve_max_chars": 1000,  # characters in one sentence
-        "serve_max_body_bytes": 65536,  # a larger request body gets 413
-        "serve_max_beam_size": 8,  # largest beam_size a request may ask for
-        "serve_batch_sentences": 64,  # sentences decoded together, gathered from concurrent requests
-        "serve_batch_wait_ms": 10,  # how long a batch waits for more requests once its first has arrived
-        # overload: work (sentences x beam size) that may wait for the model; past it, 503 with Retry-After.
-        # 512: eight full greedy batches, or two of the largest requests at the largest beam
-        "serve_max_queued_work": 512,
-        "serve_request_timeout_s": 30.0,  # from a request's arrival to its answer; then 503 with Retry-After
-        "serve_body_timeout_s": 10.0,  # a request body that takes longer to arrive gets 408
-        # on SIGTERM or Ctrl-C, how long the requests held may take; below Kubernetes' default 30 s before SIGKILL
-        "serve_drain_grace_s": 20.0,
-    }
+    return {key: option.default for key, option in OPTIONS.items()}
 
 
 # Sizes selectable with --preset; anything not named keeps its default.
@@ -155,54 +298,111 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-# What a model is made of, with its tokenizers and language pair: --init_from takes these from its
-# checkpoint, and an explicit option that says otherwise is refused.
-MODEL_KEYS = ("lang_src", "lang_tgt", "tokenizer_type", "vocab_size", "min_frequency", "joint_vocab",
-              "reserved_tags", "d_model", "num_layers", "num_heads", "d_ff", "norm_first", "tie_embeddings")
-
-# Keys that define what a checkpoint *is*: resuming with other values is refused.
-IDENTITY_KEYS = (
-    "datasource", "lang_src", "lang_tgt", "valid_data", "test_data", "val_fraction", "test_fraction",
-    "val_max_pairs", "test_max_pairs", "seed", "tokenizer_type", "vocab_size", "min_frequency", "joint_vocab",
-    "d_model", "num_layers", "num_heads", "d_ff", "norm_first", "tie_embeddings",
-)
-
-# What --help says beside the default, for keys whose name does not say it all.
-HELP = {
-    "keep_freed_memory": "on a CPU, train.py's command line sets glibc's malloc to keep freed memory for reuse "
-                         "(faster steps; the process keeps its peak heap until it exits); never applied on import",
-    "preload": "latest: resume the newest good checkpoint if there is one; new: start a new run, refusing a folder "
-               "that already holds checkpoints; or a checkpoint path to continue",
-    "init_from": "fine-tuning: a checkpoint whose weights, tokenizers, architecture and language pair start this new "
-                 "experiment (fresh optimizer, schedule and step count; any datasource); the same command again "
-                 "resumes the fine-tuned run",
-    "device": "auto: CUDA, else MPS, else CPU; naming a device that is not there is an error",
-    "rank_timeout_s": "under torchrun, seconds without a sign of life from another rank (a heartbeat, the store's "
-                      "answer, a collective's completion, the rendezvous) before every rank stops with one line "
-                      "naming it; waits for rank 0's data build, validation and checkpoints last as long as its "
-                      "heartbeat beats",
-    "amp": "mixed precision: auto is bf16 on CUDA GPUs of compute capability 8.0 and up (A100, H100), fp16 with a "
-           "GradScaler on older ones (V100, T4), bf16 on CPUs with AVX-512 BF16 or AMX (AMD Zen 4, Intel Sapphire "
-           "Rapids and later), off on other CPUs and MPS; fp16 and bf16 run on any device",
-}
-
-CHOICES = {
-    "tokenizer_type": ("wordlevel", "bpe", "unigram"),
-    "lr_schedule": ("inverse_sqrt", "cosine"),
-    "amp": ("auto", "off", "bf16", "fp16"),
-    "device": ("auto", "cpu", "cuda", "mps"),
-    "best_metric": ("bleu", "chrf", "loss"),
-    "checkpoint_choice": ("latest", "best", "average"),
-    "compute_type": ("auto", "default", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
-                     "bfloat16", "float32"),
-}
-
 
 class ConfigError(ValueError):
     """A config value that cannot be used; the message names the key."""
 
 
-def _parse_bool(text: str) -> bool:
+# ---------------------------------------------------------------------------- validation
+
+def check_value(key: str, value: Any) -> Any:
+    """`value` as key's type (an int is taken where a float is expected, as JSON writes 1.0 as 1),
+    within its choices and range; a ConfigError names the key otherwise."""
+    option = OPTIONS[key]
+    if option.kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if type(value) is not option.kind:
+        raise ConfigError(f"config key {key!r} must be {option.kind.__name__}, got {type(value).__name__}")
+    if option.choices and value not in option.choices:
+        raise ConfigError(f"--{key} must be one of {', '.join(map(str, option.choices))}, got {value!r}")
+    if option.range is not None and not option.range.admits(value):
+        raise ConfigError(f"--{key} must be {option.range}, got {value}")
+    return value
+
+
+def validate_config(config: dict[str, Any]) -> None:
+    """Refuse values that would fail later, naming the key: every key known, present, of its type,
+    choices and range (`check_value`), then the relations between keys. Also used on configs read
+    from checkpoints and files."""
+    unknown = sorted(set(config) - set(OPTIONS))
+    if unknown:
+        raise ConfigError(f"unknown config key {unknown[0]!r}{closest(unknown[0])}")
+    for key in OPTIONS:
+        if key not in config:
+            raise ConfigError(f"config key {key!r} is missing")
+        config[key] = check_value(key, config[key])
+    check_model(config)
+    check_data(config)
+    check_training(config)
+
+
+def check_model(config: dict[str, Any]) -> None:
+    if config["d_model"] % config["num_heads"]:
+        raise ConfigError(f"--d_model {config['d_model']} is not divisible by --num_heads {config['num_heads']}")
+    if config["d_model"] % 2:
+        raise ConfigError(f"--d_model must be even for sinusoidal positions, got {config['d_model']}")
+    if config["tie_embeddings"] and not config["joint_vocab"]:
+        raise ConfigError("--tie_embeddings needs --joint_vocab true: separate vocabularies cannot share weights")
+
+
+def check_data(config: dict[str, Any]) -> None:
+    if config["val_fraction"] + config["test_fraction"] >= 1:
+        raise ConfigError("--val_fraction and --test_fraction must leave training data")
+    targets = target_languages(config)
+    if not config["lang_src"] or "" in targets or config["lang_src"] in targets or len(set(targets)) < len(targets):
+        raise ConfigError("--lang_src and --lang_tgt must be different, non-empty language codes (several targets "
+                          "joined with +, e.g. fr+it)")
+    for tag in config["reserved_tags"].split(",") if config["reserved_tags"] else []:
+        if not TAG_PATTERN.fullmatch(tag):
+            raise ConfigError(f"--reserved_tags: {tag!r} is not a tag: write it as <NAME>, e.g. <BT>")
+    if 0 < config["filter_max_length_ratio"] < 1:
+        raise ConfigError(f"--filter_max_length_ratio must be 0 (off) or at least 1, "
+                          f"got {config['filter_max_length_ratio']}")
+    if not config["datasource"]:
+        raise ConfigError("--datasource must name a Hub dataset, a local folder, a PREFIX of parallel files or a TSV file")
+    corpus_entries(config["datasource"])  # raises on a malformed corpus list
+
+
+def check_training(config: dict[str, Any]) -> None:
+    if (config["sampling_topk"] or config["sampling_topp"]) and config["beam_size"] != 1:
+        raise ConfigError(f"sampling (--sampling_topk, --sampling_topp) draws one token at a time: it needs "
+                          f"--beam_size 1, got {config['beam_size']}")
+    if config["average_checkpoints"] > config["keep_checkpoints"]:
+        raise ConfigError(f"--average_checkpoints {config['average_checkpoints']} needs --keep_checkpoints at least as "
+                          f"large, got {config['keep_checkpoints']}")
+    if config["min_lr"] > config["lr"]:
+        raise ConfigError(f"--min_lr {config['min_lr']} is above the peak --lr {config['lr']}")
+
+
+def closest(name: str) -> str:
+    """'; did you mean --X?' for the known key closest to `name`, or ''."""
+    found = difflib.get_close_matches(name.lstrip("-"), OPTIONS, n=1, cutoff=0.6)
+    return f"; did you mean --{found[0]}?" if found else ""
+
+
+# ---------------------------------------------------------------------------- command lines and files
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad command line in one line instead of usage + error, and names the
+    closest known option of an unknown one, or the program that takes a key this one does not."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        unknown = re.match(r"unrecognized arguments: (--[\w-]+)", message)
+        if unknown:
+            message += self.suggestion(unknown.group(1)[2:])
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        raise SystemExit(2)
+
+    def suggestion(self, name: str) -> str:
+        if name in OPTIONS:
+            users = [f"{program}.py" for program in PROGRAMS if program in OPTIONS[name].programs]
+            return f": {self.prog} has no use for --{name} ({', '.join(users)} takes it)"
+        known = [action.option_strings[-1][2:] for action in self._actions if action.option_strings]
+        found = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        return f"; did you mean --{found[0]}?" if found else ""
+
+
+def parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
         return True
@@ -211,147 +411,135 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad command line in one line instead of usage + error."""
+def option_help(option: Option) -> str:
+    """An option's help line: its meaning, then its allowed values or range, then its default."""
+    allowed = f"; {option.range}" if option.range is not None and option.range != AT_LEAST_ONE else ""
+    default = option.default if option.default != "" else '""'
+    return f"{option.help}{allowed} (default: {default})"
 
-    def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
-        raise SystemExit(2)
 
-
-def build_parser(description: str) -> argparse.ArgumentParser:
-    """A parser with --preset and one --key option per config key, typed from the default."""
-    # No ArgumentDefaultsHelpFormatter: the argparse default of every key is None (meaning "not
-    # given"), so it would print "(default: None)" beside the real default in each help line.
-    parser = _OneLineParser(description=description, allow_abbrev=False)
-    parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                        help="named size preset, applied before the --key overrides")
-    for key, default in get_config().items():
-        kind = _parse_bool if isinstance(default, bool) else type(default)
-        parser.add_argument(f"--{key}", type=kind, default=None, metavar=type(default).__name__.upper(),
-                            help=f"{HELP[key]} (default: {default!r})" if key in HELP else f"default: {default!r}")
+def build_parser(program: str | tuple[str, ...], description: str) -> OneLineParser:
+    """`program`'s parser: --config, --preset (train.py), --print_config, --version, and one --key option
+    per config key the program uses (any of several, for a benchmark that drives several), in groups,
+    each with its help, default and choices. Programs add their own options after it."""
+    programs = {program} if isinstance(program, str) else set(program)
+    # No ArgumentDefaultsHelpFormatter: the argparse default of every key is None ("not given").
+    parser = OneLineParser(description=description, allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
+    parser.add_argument("--config", type=Path, default=None, metavar="FILE",
+                        help="read keys from this JSON or TOML file first (a run's weights/<experiment>/config.json "
+                             "reproduces the run); options given here win")
+    parser.add_argument("--print_config", action="store_true", help="print the resolved config as JSON and exit")
+    if TRAIN in programs:
+        parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                            help="named size preset, applied after --config and before the --key options")
+    for group, heading in GROUPS.items():
+        keys = [key for key, option in OPTIONS.items() if option.group == group and option.programs & programs]
+        if not keys:
+            continue
+        section = parser.add_argument_group(heading)
+        for key in keys:
+            option = OPTIONS[key]
+            kind = parse_bool if option.kind is bool else option.kind
+            metavar = "{" + ",".join(map(str, option.choices)) + "}" if option.choices else option.kind.__name__.upper()
+            section.add_argument(f"--{key}", type=kind, default=None, metavar=metavar, help=option_help(option))
     return parser
 
 
-def resolve_config(args: argparse.Namespace) -> dict[str, Any]:
-    """Defaults, then the preset, then explicit overrides; validated."""
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Keys from a JSON file (a run's config.json) or a TOML file (.toml): a flat table of keys, or
+    tables whose names are groups; every key checked (`check_value`)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"--config {path}: cannot read it: {getattr(error, 'strerror', None) or error}") from None
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"--config {path}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'}: {error}") \
+            from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a table of keys")
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in GROUPS and isinstance(value, dict):
+            flat.update(value)
+        else:
+            flat[key] = value
+    for key, value in flat.items():
+        if key not in OPTIONS:
+            raise ConfigError(f"--config {path}: unknown key {key!r}{closest(key)}")
+        try:
+            flat[key] = check_value(key, value)
+        except ConfigError as error:
+            raise ConfigError(f"--config {path}: {error}") from None
+    return flat
+
+
+@dataclass
+class Resolved:
+    """A program's resolved config, and where its keys came from."""
+
+    config: dict[str, Any]
+    given: set[str]  # keys set on the command line or in --config
+    preset: set[str]  # keys the preset set
+
+
+def resolve(args: argparse.Namespace) -> Resolved:
+    """Defaults, then --config, then the preset, then explicit options; sampling without an explicit
+    beam implies beam_size 1; validated."""
     config = get_config()
-    if args.preset:
-        config.update(PRESETS[args.preset])
-    for key in config:
+    from_file = read_config_file(args.config) if getattr(args, "config", None) else {}
+    config.update(from_file)
+    preset = PRESETS[args.preset] if getattr(args, "preset", None) else {}
+    config.update(preset)
+    given = set(from_file)
+    for key in OPTIONS:
         value = getattr(args, key, None)
         if value is not None:
             config[key] = value
+            given.add(key)
+    if (config["sampling_topk"] or config["sampling_topp"]) and "beam_size" not in given:
+        config["beam_size"] = 1
     validate_config(config)
-    return config
+    return Resolved(config, given, set(preset) - given)
 
 
-def explicit_keys(args: argparse.Namespace) -> set[str]:
-    """The config keys the command line set, itself or through --preset."""
-    keys = {key for key in get_config() if getattr(args, key, None) is not None}
-    return keys | set(PRESETS[args.preset]) if args.preset else keys
-
-
-def parse_config(argv: Sequence[str] | None = None, description: str = "") -> dict[str, Any]:
-    """The resolved config for a program that takes only config options."""
-    parser = build_parser(description)
+def parse_args(program: str | tuple[str, ...], argv: Sequence[str] | None = None, description: str = "",
+               parser: OneLineParser | None = None) -> tuple[argparse.Namespace, Resolved]:
+    """Parse `program`'s command line (`parser`, or one with the config options alone) and resolve its
+    config; a bad option, value or file exits with one line. --print_config prints and exits."""
+    parser = parser or build_parser(program, description)
     args = parser.parse_args(argv)
-    return config_or_exit(args, parser)
-
-
-def config_or_exit(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
     try:
-        return resolve_config(args)
+        resolved = resolve(args)
     except ConfigError as error:
         parser.error(str(error))
         raise  # unreachable: error() exits
+    if args.print_config:
+        print(json.dumps(resolved.config, indent=1))
+        raise SystemExit(0)
+    return args, resolved
 
 
-def validate_config(config: dict[str, Any]) -> None:
-    """Refuse values that would fail later, naming the key. Also used on configs read from checkpoints."""
-    defaults = get_config()
-    unknown = sorted(set(config) - set(defaults))
-    if unknown:
-        raise ConfigError(f"unknown config key {unknown[0]!r}")
-    for key, default in defaults.items():
-        if key not in config:
-            raise ConfigError(f"config key {key!r} is missing")
-        value = config[key]
-        expected = type(default)
-        if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            config[key] = value = float(value)
-        if type(value) is not expected:
-            raise ConfigError(f"config key {key!r} must be {expected.__name__}, got {type(value).__name__}")
-    for key, allowed in CHOICES.items():
-        if config[key] not in allowed:
-            raise ConfigError(f"--{key} must be one of {', '.join(allowed)}, got {config[key]!r}")
-    positive = ("d_model", "num_layers", "num_heads", "d_ff", "batch_tokens", "accum_steps", "num_epochs",
-                "eval_batch_size", "beam_size", "val_beam_size", "keep_checkpoints", "log_every", "vocab_size",
-                "min_frequency", "max_nonfinite_steps", "tokenizer_max_sentences", "rank_timeout_s")
-    for key in positive:
-        if config[key] < 1:
-            raise ConfigError(f"--{key} must be at least 1, got {config[key]}")
-    non_negative = ("average_checkpoints", "no_repeat_ngram_size", "val_max_pairs", "test_max_pairs",
-                    "filter_max_length_ratio", "max_steps", "max_minutes", "warmup_steps", "weight_decay",
-                    "clip_grad", "val_max_sentences", "validate_every_steps", "num_examples", "early_stopping_patience",
-                    "save_every_steps", "average_min_gap_steps", "min_lr", "adam_eps", "length_penalty", "brevity_penalty", "length_ratio")
-    for key in non_negative:
-        if config[key] < 0:
-            raise ConfigError(f"--{key} must not be negative, got {config[key]}")
-    if not config["lr"] > 0:
-        raise ConfigError(f"--lr must be positive, got {config['lr']}")
-    if config["d_model"] % config["num_heads"]:
-        raise ConfigError(f"--d_model {config['d_model']} is not divisible by --num_heads {config['num_heads']}")
-    if config["d_model"] % 2:
-        raise ConfigError(f"--d_model must be even for sinusoidal positions, got {config['d_model']}")
-    if config["seq_len"] < 3:
-        raise ConfigError(f"--seq_len must be at least 3 ([SOS], a token, [EOS]), got {config['seq_len']}")
-    for key in ("dropout", "label_smoothing", "adam_beta1", "adam_beta2", "warmup_fraction"):
-        if not 0 <= config[key] < 1:
-            raise ConfigError(f"--{key} must be in [0, 1), got {config[key]}")
-    if not 0 <= config["val_fraction"] < 1 or not 0 <= config["test_fraction"] < 1 \
-            or config["val_fraction"] + config["test_fraction"] >= 1:
-        raise ConfigError("--val_fraction and --test_fraction must be in [0, 1) and leave training data")
-    if config["tie_embeddings"] and not config["joint_vocab"]:
-        raise ConfigError("--tie_embeddings needs --joint_vocab true: separate vocabularies cannot share weights")
-    targets = target_languages(config)
-    if not config["lang_src"] or "" in targets or config["lang_src"] in targets or len(set(targets)) < len(targets):
-        raise ConfigError("--lang_src and --lang_tgt must be different, non-empty language codes (several targets "
-                          "joined with +, e.g. fr+it)")
-    for tag in config["reserved_tags"].split(",") if config["reserved_tags"] else []:
-        if not TAG_PATTERN.fullmatch(tag):
-            raise ConfigError(f"--reserved_tags: {tag!r} is not a tag: write it as <NAME>, e.g. <BT>")
-    if config["num_workers"] < -1:
-        raise ConfigError(f"--num_workers must be -1 (auto) or more, got {config['num_workers']}")
-    if config["sampling_topk"] < 0 or not 0 <= config["sampling_topp"] <= 1:
-        raise ConfigError("--sampling_topk must not be negative and --sampling_topp must be in [0, 1]")
-    if not config["temperature"] > 0:
-        raise ConfigError(f"--temperature must be positive, got {config['temperature']}")
-    if (config["sampling_topk"] or config["sampling_topp"]) and config["beam_size"] != 1:
-        raise ConfigError(f"sampling (--sampling_topk, --sampling_topp) needs --beam_size 1, got {config['beam_size']}")
-    if 0 < config["filter_max_length_ratio"] < 1:
-        raise ConfigError(f"--filter_max_length_ratio must be 0 (off) or at least 1, "
-                          f"got {config['filter_max_length_ratio']}")
-    if config["average_checkpoints"] > config["keep_checkpoints"]:
-        raise ConfigError(f"--average_checkpoints {config['average_checkpoints']} needs --keep_checkpoints at least as "
-                          f"large, got {config['keep_checkpoints']}")
-    if config["min_lr"] > config["lr"]:
-        raise ConfigError(f"--min_lr {config['min_lr']} is above the peak --lr {config['lr']}")
-    if not config["datasource"]:
-        raise ConfigError("--datasource must name a Hub dataset, a local folder, a PREFIX of parallel files or a TSV file")
-    corpus_entries(config["datasource"])  # raises on a malformed corpus list
-    for key in ("serve_max_sentences", "serve_max_chars", "serve_max_body_bytes", "serve_max_beam_size",
-                "serve_batch_sentences", "serve_max_queued_work"):
-        if config[key] < 1:
-            raise ConfigError(f"--{key} must be at least 1, got {config[key]}")
-    if config["serve_batch_wait_ms"] < 0:
-        raise ConfigError(f"--serve_batch_wait_ms must not be negative, got {config['serve_batch_wait_ms']}")
-    if not 0 <= config["serve_drain_grace_s"] < math.inf:
-        raise ConfigError(f"--serve_drain_grace_s must be a number of seconds, 0 or more, "
-                          f"got {config['serve_drain_grace_s']}")
-    for key in ("serve_request_timeout_s", "serve_body_timeout_s"):
-        if not 0 < config[key] < math.inf:
-            raise ConfigError(f"--{key} must be a positive number of seconds, got {config[key]}")
+def parse_config(argv: Sequence[str] | None = None, program: str = TRAIN) -> dict[str, Any]:
+    """The resolved config of a command line of config options alone (train.py's by default)."""
+    return parse_args(program, argv)[1].config
+
+
+def options_table() -> str:
+    """docs/options.md's table: every key with its group, programs, default, allowed values and help."""
+    lines = ["| option | default | allowed | programs | meaning |", "|---|---|---|---|---|"]
+    for group, heading in GROUPS.items():
+        lines.append(f"| **{heading.split(':')[0]}** | | | | |")
+        for key, option in OPTIONS.items():
+            if option.group != group:
+                continue
+            allowed = ", ".join(map(str, option.choices)) or (str(option.range) if option.range else "")
+            programs = ", ".join(program for program in PROGRAMS if program in option.programs)
+            default = json.dumps(option.default)
+            lines.append(f"| `--{key}` | `{default}` | {allowed} | {programs} | {option.help.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
 
 
 # A tag token: <BT> for back-translated pairs, <2fr> for "translate into French".
@@ -457,3 +645,39 @@ def weights_dir(config: dict[str, Any]) -> Path:
 def runs_dir(config: dict[str, Any]) -> Path:
     """TensorBoard logs of one experiment."""
     return Path(config["runs_folder"]) / experiment_name(config)
+
+
+def trained_runs(model_folder: str) -> list[str]:
+    """The runs under `model_folder`: folders where train.py wrote its config.json or checkpoints."""
+    folder = Path(model_folder)
+    if not folder.is_dir():
+        return []
+    return sorted(entry.name for entry in folder.iterdir()
+                  if (entry / "config.json").is_file() or (entry / "checkpoints.json").is_file())
+
+
+def choose_run(resolved: Resolved, fall_back: bool = False) -> str:
+    """The experiment a program that translates with a trained model uses, written into the config:
+    --experiment_name; else the one --datasource and the language pair name, as train.py named it;
+    else the only run under model_folder (said on stderr). With several runs, or none, a ConfigError
+    lists what there is. `fall_back` (evaluate.py, where --datasource is the data to score): a
+    --datasource that names no run of its own is scored with the only run."""
+    config, given = resolved.config, resolved.given
+    named = {"datasource", "lang_src", "lang_tgt"} & given
+    if config["experiment_name"]:
+        return config["experiment_name"]
+    runs = trained_runs(config["model_folder"])
+    derived = experiment_name(config)
+    if named and (derived in runs or not fall_back):
+        config["experiment_name"] = derived
+        return derived
+    folder = config["model_folder"]
+    if len(runs) == 1:
+        print(f"using the only run under {folder}/: {runs[0]} (--experiment_name names another)", file=sys.stderr)
+        config["experiment_name"] = runs[0]
+        return runs[0]
+    if not runs:
+        raise ConfigError(f"no trained run under {folder}/: train one first (python train.py --datasource "
+                          f"data/tatoeba --preset cpu), or give --checkpoint PATH")
+    raise ConfigError(f"{len(runs)} runs under {folder}/: name one with --experiment_name "
+                      f"({', '.join(runs[:8])}{', ...' if len(runs) > 8 else ''})")

@@ -24,13 +24,12 @@ settings.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
 from checkpoint import CheckpointError
-from config import ConfigError, build_parser, config_or_exit, corpus_entries, corpus_name
+from config import EVALUATE, ConfigError, OneLineParser, build_parser, corpus_entries, corpus_name, parse_args
 from dataset import DataError, log
 from scoring import corpus_scores, grouped_scores
 from store import eval_pairs
@@ -49,8 +48,8 @@ def default_output(config: dict[str, Any], model: Path, average: int, split: str
     return Path(config["runs_folder"]) / model.parent.name / name
 
 
-def build_evaluate_parser() -> argparse.ArgumentParser:
-    parser = build_parser(__doc__.splitlines()[0])
+def argument_parser() -> OneLineParser:
+    parser = build_parser(EVALUATE, __doc__.splitlines()[0])
     parser.epilog = ("The model is the newest good checkpoint in <model_folder>/<experiment>, the experiment being "
                      "derived from --datasource and the language pair (tatoeba_en-it for ../shared/data/tatoeba). "
                      "To score it on another data set, name its experiment or its file: python evaluate.py "
@@ -65,12 +64,15 @@ def build_evaluate_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_evaluate_parser()
-    args = parser.parse_args(argv)
-    config = config_or_exit(args, parser)
+    parser = argument_parser()
+    args, resolved = parse_args(EVALUATE, argv, parser=parser)
+    config = resolved.config
     try:
         options = DecodingOptions.from_config(config)
-        translator = load_translator(args, config)
+        translator = load_translator(args, resolved, fall_back=True)
+        for key in ("datasource", "valid_data", "test_data"):
+            if key not in resolved.given:  # the run's own data, unless told to score other data
+                config[key] = translator.model_config[key]
         target = translator.target_language(options.target_lang)
         pairs = eval_pairs(config, args.split, translator.model_config, target)
     except ConfigError as error:

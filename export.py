@@ -49,7 +49,7 @@ import torch
 
 from atomic_files import atomic_write_bytes
 from checkpoint import CheckpointError, load_for_inference
-from config import build_parser, config_or_exit, weights_dir
+from config import EXPORT, ConfigError, OneLineParser, build_parser, choose_run, parse_args, weights_dir
 from model import Transformer
 from tokenizer import EOS, SOS, UNK
 from translator import CT2_PROJECT_CONFIG, CT2_SOURCE_TOKENIZER, CT2_TARGET_TOKENIZER, missing_target_tag
@@ -283,8 +283,8 @@ def swap_in(staging: Path, output: Path, aside: Path | None) -> None:
         raise
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(__doc__.splitlines()[0])
+def argument_parser() -> OneLineParser:
+    parser = build_parser(EXPORT, __doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, default=None,
                         help="checkpoint file (default: the newest good one of the experiment)")
     parser.add_argument("--average", type=int, default=1,
@@ -296,10 +296,20 @@ def main(argv: list[str] | None = None) -> int:
                              "--overwrite")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an earlier export at --output (never a folder or file export.py did not write)")
-    args = parser.parse_args(argv)
-    config = config_or_exit(args, parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser()
+    args, resolved = parse_args(EXPORT, argv, parser=parser)
+    config = resolved.config
     if args.average < 1:
         parser.error(f"--average must be at least 1, got {args.average}")
+    if args.checkpoint is None:
+        try:
+            choose_run(resolved)
+        except ConfigError as error:
+            parser.error(str(error))
     try:
         check_output(args.output, args.overwrite)  # before the checkpoint is loaded: refused at once
         model, tok_src, tok_tgt, model_config, path = load_for_inference(

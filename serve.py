@@ -69,7 +69,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from checkpoint import CheckpointError
-from config import ConfigError, build_parser, config_or_exit
+from config import SERVE, ConfigError, OneLineParser, build_parser, choose_run, parse_args
 from translator import DecodingOptions, Translator, TranslatorError, add_translator_arguments, load_translator
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -718,8 +718,8 @@ def transport_problem(host: str, api_key: str | None, tls: bool, trusted_network
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(__doc__.splitlines()[0])
+def argument_parser() -> OneLineParser:
+    parser = build_parser(SERVE, __doc__.splitlines()[0])
     add_translator_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default: 127.0.0.1); any other than loopback needs an API key")
@@ -732,8 +732,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trusted_network", action="store_true",
                         help="allow an API key over plain HTTP off loopback: every network between the clients and "
                              "this server is private")
-    args = parser.parse_args(argv)
-    config = config_or_exit(args, parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser()
+    args, resolved = parse_args(SERVE, argv, parser=parser)
+    config = resolved.config
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be from 0 to 65535, got {args.port}")
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
@@ -746,6 +751,11 @@ def main(argv: list[str] | None = None) -> int:
     problem = transport_problem(args.host, api_key, tls, args.trusted_network)
     if problem:
         parser.error(problem)
+    if args.engine == "pytorch" and args.checkpoint is None:
+        try:
+            choose_run(resolved)  # before listening: a run that cannot be found is one line, not a failed start
+        except ConfigError as error:
+            parser.error(str(error))
 
     try:
         family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
@@ -756,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     host = f"[{args.host}]" if ":" in args.host else args.host
     url = f"{'https' if tls else 'http'}://{host}:{listener.getsockname()[1]}/"
-    service = Service(config, lambda: load_translator(args, config), url)
+    service = Service(config, lambda: load_translator(args, resolved), url)
     # uvicorn answers a connection past limit_concurrency with a plain-text 503: the limit sits above
     # all that the queue and a batch can hold (each request is at least one unit of work), with room
     # for connections that are being refused, probed or kept alive, so that overload meets the

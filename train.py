@@ -49,8 +49,8 @@ from attention_plot import attention_figure
 from checkpoint import (CheckpointError, RunLock, adopt_unlisted, check_unlisted_above, checkpoint_files,
                         improves, load_checkpoint, load_latest, load_weights, named, read_manifest, save_average,
                         save_checkpoint)
-from config import (IDENTITY_KEYS, MODEL_KEYS, ConfigError, build_parser, config_or_exit, corpora, corpus_name, get_config,
-                    explicit_keys, runs_dir, validate_config, weights_dir)
+from config import (IDENTITY_KEYS, MODEL_KEYS, TRAIN, ConfigError, OneLineParser, build_parser, corpora, corpus_name, get_config, parse_args,
+                    runs_dir, validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
 from dataset import BatchPlan, BilingualDataset, CorpusMix, DataError, MicroBatches, log, padding_waste
 from device import pick_device
@@ -813,16 +813,19 @@ def train(config: dict[str, Any], started: float | None = None, explicit: set[st
             watch.close(clean)
 
 
+def argument_parser() -> OneLineParser:
+    return build_parser(TRAIN, __doc__.splitlines()[0])
+
+
 def main(argv: list[str] | None = None, command_line: bool = False) -> int:
     """train.py's entry point. `command_line` is True only when run as a program: then, and only
     then, process-wide settings (`keep_freed_memory` on CPU) are applied."""
     started = time.monotonic()
-    parser = build_parser(__doc__.splitlines()[0])
-    args = parser.parse_args(argv)
-    config = config_or_exit(args, parser)
+    _, resolved = parse_args(TRAIN, argv, parser=argument_parser())
+    config = resolved.config
     try:
         keep_freed = command_line and config["keep_freed_memory"] and pick_device(config["device"]).type == "cpu"
-        return train(config, started, explicit_keys(args), keep_freed)
+        return train(config, started, resolved.given | resolved.preset, keep_freed)
     except (ConfigError, DataError, CheckpointError, TokenizerError, OutOfMemory, RankFailed) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2 if isinstance(error, ConfigError) else 1

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from checkpoint import CheckpointError
-from config import ConfigError, build_parser, config_or_exit
+from config import TRANSLATE, ConfigError, OneLineParser, build_parser, parse_args
 from translator import DecodingOptions, Translator, TranslatorError, add_translator_arguments, load_translator
 
 
@@ -88,8 +88,8 @@ def stdout_closed() -> int:
     return EXIT_CLOSED_PIPE
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(__doc__.splitlines()[0])
+def argument_parser() -> OneLineParser:
+    parser = build_parser(TRANSLATE, __doc__.splitlines()[0])
     parser.add_argument("sentences", nargs="*", help="sentences to translate; none = read standard input")
     add_translator_arguments(parser)
     parser.add_argument("--n_best", type=int, default=0, metavar="N",
@@ -98,8 +98,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="standard input lines translated, written and flushed together (default: 500)")
     parser.add_argument("--plot_attention", type=Path, default=None, metavar="FILE.png",
                         help="also save the cross-attention heatmap of the first sentence to this file")
-    args = parser.parse_args(argv)
-    config = config_or_exit(args, parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser()
+    args, resolved = parse_args(TRANSLATE, argv, parser=parser)
+    config = resolved.config
     if args.n_best < 0 or args.chunk_size < 1:
         parser.error("--n_best must not be negative and --chunk_size must be at least 1")
     for number, text in enumerate(args.sentences, start=1):
@@ -113,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--plot_attention draws the PyTorch model's attention: it needs --engine pytorch")
     try:
         options = DecodingOptions.from_config(config, n_best=max(1, args.n_best))
-        translator = load_translator(args, config)
+        translator = load_translator(args, resolved)
         target = translator.target_language(options.target_lang)
     except ConfigError as error:
         parser.error(str(error))

@@ -35,7 +35,7 @@ import torch
 from tokenizers import Tokenizer
 
 from checkpoint import load_for_inference
-from config import get_config, target_languages, target_tag, validate_config, weights_dir
+from config import Resolved, choose_run, get_config, target_languages, target_tag, validate_config, weights_dir
 from decoding import beam_search, brevity_term, expected_length, greedy_decode, max_output_tokens, sample
 from device import pick_device
 from model import Transformer
@@ -57,7 +57,7 @@ class DecodingOptions:
     """How to decode. Sampling is on when `sampling_topk` or `sampling_topp` is set; it draws
     `n_best` samples per sentence and needs beam_size 1."""
 
-    beam_size: int = _DEFAULTS["beam_size"]
+    beam_size: int = 0  # 0: the config's default, or 1 when sampling
     length_penalty: float = _DEFAULTS["length_penalty"]
     brevity_penalty: float = _DEFAULTS["brevity_penalty"]
     n_best: int = 1
@@ -67,6 +67,10 @@ class DecodingOptions:
     no_repeat_ngram_size: int = _DEFAULTS["no_repeat_ngram_size"]
     batch_size: int = _DEFAULTS["eval_batch_size"]
     target_lang: str = _DEFAULTS["target_lang"]  # for a model of several target languages: which one
+
+    def __post_init__(self) -> None:
+        if not self.beam_size:
+            object.__setattr__(self, "beam_size", 1 if self.sampling else _DEFAULTS["beam_size"])
 
     @classmethod
     def from_config(cls, config: dict[str, Any], **overrides: Any) -> "DecodingOptions":
@@ -400,19 +404,23 @@ def add_translator_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=ENGINES, default="pytorch",
                         help="pytorch: a checkpoint with this project's decoding (default); ctranslate2: a model "
                              "directory written by export.py")
-    parser.add_argument("--model_dir", type=Path, default=None, help="the CTranslate2 model directory (--engine "
-                                                                     "ctranslate2)")
-    parser.add_argument("--checkpoint", type=Path, default=None,
-                        help="checkpoint file (default: the one of the experiment that --checkpoint_choice names)")
-    parser.add_argument("--average", type=int, default=1,
+    parser.add_argument("--model_dir", type=Path, default=None, metavar="DIR",
+                        help="the CTranslate2 model directory (--engine ctranslate2)")
+    parser.add_argument("--checkpoint", type=Path, default=None, metavar="PATH",
+                        help="checkpoint file (default: the one of the run that --checkpoint_choice names)")
+    parser.add_argument("--average", type=int, default=1, metavar="N",
                         help="average the weights of this many checkpoints (--average_min_gap_steps apart), ending at "
                              "--checkpoint or at the chosen one")
 
 
-def load_translator(args: argparse.Namespace, config: dict[str, Any]) -> Translator:
-    """The translator the command line asks for, checked against the pair it names (`check_pair`)
-    and against `target_lang` when one is given. Raises TranslatorError, CheckpointError or
-    ConfigError (a missing device) with one line."""
+def load_translator(args: argparse.Namespace, resolved: Resolved, fall_back: bool = False) -> Translator:
+    """The translator the command line asks for: with the PyTorch engine and no --checkpoint, a
+    checkpoint of the run that `config.choose_run` picks (`fall_back`: its argument). Checked against
+    the pair the command line names (`check_pair`) and against `target_lang` when one is given.
+    Raises TranslatorError, CheckpointError or ConfigError (no such run, a missing device) with one line."""
+    config = resolved.config
+    if args.engine == "pytorch" and args.checkpoint is None:
+        choose_run(resolved, fall_back)
     translator = with_length_ratio(open_translator(args, config), config)
     check_pair(args, translator)
     if config["target_lang"]:

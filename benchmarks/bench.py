@@ -636,7 +636,7 @@ def decoding_rows(dataset: BilingualDataset, tok_src: Any, tok_tgt: Any, setting
         sentence = decode_ids(tok_src, dataset[median][0])
         source_tokens = int(dataset.src_lens[median]) - 2
         translator = TorchTranslator(model, tok_src, tok_tgt, config)
-        translate = lambda: translator.translate_best([sentence], DecodingOptions())  # noqa: E731
+        translate = lambda: translator.translate_best([sentence], DecodingOptions(beam_size=1))  # noqa: E731
         translate()
         latency = statistics.median(timed(device, translate)[0] for _ in range(3))
     generated = max_output_tokens(source_tokens, config["seq_len"])

@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:  # `python benchmarks/bench_translate.py` puts onl
     sys.path.insert(0, str(ROOT))
 
 from checkpoint import CheckpointError, load_for_inference  # noqa: E402  (needs the sys.path entry above)
-from config import build_parser, config_or_exit, weights_dir  # noqa: E402
+from config import EVALUATE, Resolved, build_parser, parse_args, weights_dir  # noqa: E402
 from dataset import DataError  # noqa: E402
 from scoring import corpus_scores  # noqa: E402
 from store import eval_pairs  # noqa: E402
@@ -51,16 +51,16 @@ def peak_rss_gb() -> float:
     return float("nan")
 
 
-def child(args: argparse.Namespace, config: dict[str, Any]) -> int:
+def child(args: argparse.Namespace, resolved: Resolved) -> int:
     """Time one engine and beam size on the sentences in --sources; one JSON line on stdout."""
     from translator import DecodingOptions, load_translator
 
     engine_args = argparse.Namespace(engine="pytorch", model_dir=None, checkpoint=args.checkpoint, average=1)
     if args.model_dir is not None:
         engine_args = argparse.Namespace(engine="ctranslate2", model_dir=args.model_dir, checkpoint=None, average=1)
-    translator = load_translator(engine_args, config)
+    translator = load_translator(engine_args, resolved)
     sources = json.loads(Path(args.sources).read_text(encoding="utf-8"))
-    options = DecodingOptions.from_config(config, beam_size=args.beam)
+    options = DecodingOptions.from_config(resolved.config, beam_size=args.beam)
     translator.translate(sources[:WARM_UP], options)
     started = time.perf_counter()
     hypotheses = translator.translate(sources, options)
@@ -97,7 +97,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(__doc__.splitlines()[0])
+    parser = build_parser(EVALUATE, __doc__.splitlines()[0])
     parser.add_argument("--split", default="test")
     parser.add_argument("--checkpoint", type=Path, default=None)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -106,10 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model_dir", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--beam", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--sources", type=Path, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    config = config_or_exit(args, parser)
+    args, resolved = parse_args(EVALUATE, argv, parser=parser)
+    config = resolved.config
     if args.child:
-        return child(args, config)
+        return child(args, resolved)
     from export import export_model
     try:
         model, tok_src, tok_tgt, model_config, path = load_for_inference(

@@ -65,7 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python benchmarks/loadtest.py` puts only this folder on the path
     sys.path.insert(0, str(ROOT))
 
-from config import ConfigError, build_parser, config_or_exit, get_config  # noqa: E402  (the sys.path entry above)
+from config import EVALUATE, SERVE, ConfigError, build_parser, get_config, parse_args  # noqa: E402  (the sys.path entry above)
 from dataset import DataError  # noqa: E402
 from store import eval_pairs  # noqa: E402
 from translator import ENGINES  # noqa: E402
@@ -685,7 +685,7 @@ def server_arguments(args: argparse.Namespace, engine: str) -> list[str]:
 
 
 def parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, Any]]:
-    parser = build_parser(__doc__.splitlines()[0])
+    parser = build_parser((SERVE, EVALUATE), __doc__.splitlines()[0])
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=["pytorch"],
                         help="engines to serve and load in turn (default: pytorch)")
     parser.add_argument("--checkpoint", type=Path, default=None,
@@ -730,8 +730,8 @@ def parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, dict[st
     parser.add_argument("--no_pin", action="store_true",
                         help="open loop: do not pin the generator and the server to different CPUs")
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
-    args = parser.parse_args(argv)
-    config = config_or_exit(args, parser)
+    args, resolved = parse_args((SERVE, EVALUATE), argv, parser=parser)
+    config = resolved.config
     if min(args.clients, args.requests, args.sentences_per_request, args.max_in_flight) < 1:
         parser.error("--clients, --requests, --sentences_per_request and --max_in_flight must be at least 1")
     for name in ("time_limit", "rate", "rate_factor", "capacity_seconds", "duration", "soak_minutes", "deadline_s",

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from benchmarks import bench_data, bench_translate
-from config import get_config
+from config import Resolved, get_config
 from dataset import open_source, read_pairs
 from synthetic_data import synthetic_pairs, write_hub_dataset
 from translator import DecodingOptions, TorchTranslator
@@ -37,7 +37,7 @@ def test_bench_translate_child_reports_its_translations(trained_run, tmp_path: P
     path, _ = trained_run.latest()
     args = argparse.Namespace(checkpoint=path, model_dir=None, beam=2, sources=tmp_path / "sources.json")
     config = dict(get_config(), model_folder=str(trained_run.model_folder))
-    assert bench_translate.child(args, config) == 0
+    assert bench_translate.child(args, Resolved(config, set(), set())) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     translator = TorchTranslator.load(path, trained_run.folder, torch.device("cpu"))
     assert report["translations"] == translator.translate_best(sources, DecodingOptions.from_config(config,

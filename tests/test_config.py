@@ -1,25 +1,55 @@
-"""config.py: defaults, typed --key overrides, presets, validation, and artefact paths."""
+"""config.py: the schema, typed --key overrides, presets, --config files, validation, each program's
+command line, the run a program picks, and artefact paths."""
 from __future__ import annotations
 
-import os
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from config import (HELP, PRESETS, ConfigError, experiment_name, get_config, parse_config, runs_dir,
-                    validate_config, weights_dir)
+import evaluate
+import export
+import serve
+import train
+import translate
+from config import (EVERY, GROUPS, OPTIONS, PRESETS, PROGRAMS, ConfigError, Resolved, choose_run, experiment_name,
+                    get_config, options_table, parse_config, runs_dir, validate_config, weights_dir)
+from translator import DecodingOptions
+
+PARSERS = {"train": train.argument_parser, "translate": translate.argument_parser,
+           "evaluate": evaluate.argument_parser, "export": export.argument_parser, "serve": serve.argument_parser}
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_defaults_are_the_papers_base_model_on_opus_books_en_it() -> None:
+def test_every_key_is_declared_once_with_type_help_group_and_programs() -> None:
+    for key, option in OPTIONS.items():
+        assert option.help and option.group in GROUPS, key
+        assert option.kind in (int, float, str, bool), key
+        assert option.programs and option.programs <= EVERY, key
+        assert not option.choices or option.default in option.choices, key
+        assert option.range is None or option.range.admits(option.default), key
+    validate_config(get_config())
+
+
+def test_defaults_are_the_papers_base_model_on_opus_books_en_it_decoded_with_beam_5() -> None:
     config = get_config()
     assert config["datasource"] == "Helsinki-NLP/opus_books"
     assert (config["lang_src"], config["lang_tgt"]) == ("en", "it")
     assert (config["d_model"], config["num_layers"], config["num_heads"], config["d_ff"]) == (512, 6, 8, 2048)
     assert config["dropout"] == 0.1 and config["label_smoothing"] == 0.1
     assert config["preload"] == "latest"
-    validate_config(config)
+    # The README's headline decoding is beam 5: every program and the API decode so unless told.
+    assert config["beam_size"] == 5 and DecodingOptions().beam_size == 5
     assert parse_config([]) == get_config()
+
+
+def test_sampling_implies_a_beam_of_one_unless_a_beam_is_asked_for(capsys: pytest.CaptureFixture) -> None:
+    assert parse_config(["--sampling_topk", "10"], "translate")["beam_size"] == 1
+    assert parse_config(["--sampling_topp", "0.9"], "serve")["beam_size"] == 1
+    with pytest.raises(SystemExit):
+        parse_config(["--sampling_topk", "10", "--beam_size", "3"], "translate")
+    assert "sampling_topk" in capsys.readouterr().err
 
 
 def test_overrides_are_typed_from_the_default() -> None:
@@ -31,9 +61,8 @@ def test_overrides_are_typed_from_the_default() -> None:
     assert config["dropout"] == 0.25
     assert config["joint_vocab"] is True and config["norm_first"] is False
     assert config["datasource"] == "somewhere" and config["lang_tgt"] == "fr"
-    untouched = {k: v for k, v in get_config().items()
-                 if k not in ("d_model", "num_heads", "lr", "dropout", "joint_vocab", "norm_first", "datasource",
-                              "lang_tgt")}
+    changed = ("d_model", "num_heads", "lr", "dropout", "joint_vocab", "norm_first", "datasource", "lang_tgt")
+    untouched = {k: v for k, v in get_config().items() if k not in changed}
     assert {k: config[k] for k in untouched} == untouched
 
 
@@ -55,7 +84,9 @@ def test_every_preset_is_a_valid_config(name: str) -> None:
 def test_validate_config_names_the_key() -> None:
     for change, message in (({"surprise": 1}, "surprise"), ({"d_model": "512"}, "d_model"),
                             ({"d_model": 100}, "d_model"), ({"seq_len": 2}, "seq_len"), ({"lr": -1e-3}, "lr"),
-                            ({"dropout": 1.0}, "dropout"), ({"tie_embeddings": True}, "joint_vocab")):
+                            ({"dropout": 1.0}, "dropout"), ({"tie_embeddings": True}, "joint_vocab"),
+                            ({"beam_size": 0}, "beam_size"), ({"amp": "fp8"}, "amp"),
+                            ({"lr_sheduler": "cosine"}, "did you mean --lr_schedule")):
         with pytest.raises(ConfigError, match=message):
             validate_config({**get_config(), **change})
     config = {**get_config(), "lr": 1}
@@ -63,12 +94,125 @@ def test_validate_config_names_the_key() -> None:
     assert type(config["lr"]) is float  # an int where a float is expected is fine (e.g. from JSON)
 
 
+def test_a_runs_config_file_reproduces_it_and_options_win(tmp_path: Path) -> None:
+    argv = ["--preset", "cpu", "--datasource", "data/tatoeba", "--seed", "7", "--max_minutes", "3"]
+    config = parse_config(argv)
+    (tmp_path / "config.json").write_text(json.dumps(config))  # as train.py writes weights/<run>/config.json
+    assert parse_config(["--config", str(tmp_path / "config.json")]) == config
+    again = parse_config(["--config", str(tmp_path / "config.json"), "--seed", "8"])
+    assert again == {**config, "seed": 8}
+    # A file a user writes: TOML, flat or in tables named by the groups.
+    (tmp_path / "mine.toml").write_text('datasource = "corpus"\n[model]\nd_model = 64\nnum_heads = 2\n'
+                                        '[optimisation]\nlr = 1\n')
+    mine = parse_config(["--config", str(tmp_path / "mine.toml")])
+    assert (mine["datasource"], mine["d_model"], mine["num_heads"], mine["lr"]) == ("corpus", 64, 2, 1.0)
+
+
+@pytest.mark.parametrize("text, message", [('{"d_modle": 64}', "did you mean --d_model"),
+                                           ('{"d_model": "wide"}', "'d_model' must be int"),
+                                           ('{"d_model": ', "not valid JSON"), ('[1, 2]', "a table of keys")])
+def test_a_bad_config_file_is_one_line_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture, text: str,
+                                                       message: str) -> None:
+    (tmp_path / "bad.json").write_text(text)
+    with pytest.raises(SystemExit) as stop:
+        parse_config(["--config", str(tmp_path / "bad.json")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(lines) == 1
+    assert "bad.json" in lines[0] and message in lines[0]
+
+
+def test_print_config_prints_the_resolved_config(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as stop:
+        parse_config(["--preset", "tiny", "--seed", "3", "--print_config"])
+    assert stop.value.code == 0
+    assert json.loads(capsys.readouterr().out) == parse_config(["--preset", "tiny", "--seed", "3"])
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_each_program_takes_and_explains_exactly_the_keys_it_uses(program: str) -> None:
+    parser = PARSERS[program]()
+    flags = {action.option_strings[-1][2:]: action for action in parser._actions if action.option_strings}
+    used = {key for key, option in OPTIONS.items() if program in option.programs}
+    assert used <= set(flags)
+    assert not (set(OPTIONS) - used) & set(flags), "a key this program has no use for"
+    for name, action in flags.items():
+        assert action.help and action.help != "==SUPPRESS==", name
+        if name in OPTIONS:
+            assert OPTIONS[name].help in action.help and "(default: " in action.help
+            if OPTIONS[name].choices:
+                assert action.metavar == "{" + ",".join(map(str, OPTIONS[name].choices)) + "}"
+    if program == "translate":
+        assert len(flags) <= 45  # -h included
+
+
+def test_help_shows_groups_and_no_foreign_flag() -> None:
+    text = " ".join(translate.argument_parser().format_help().split())
+    assert "decoding: how translations are searched" in text and "--beam_size INT beam width; 1: greedy search" in text
+    for foreign in ("--adam_beta1", "--serve_drain_grace_s", "--lr ", "--preset", "optimisation:"):
+        assert foreign not in text
+    assert "--serve_max_queued_work" in serve.argument_parser().format_help()
+    assert "--serve_max_queued_work" not in train.argument_parser().format_help()
+
+
+@pytest.mark.parametrize("program, argv, message", [
+    ("translate", ["--beam", "5"], "did you mean --beam_size?"),
+    ("translate", ["--adam_beta1", "0.9"], "has no use for --adam_beta1 (train.py takes it)"),
+    ("train", ["--lr_sheduler", "cosine"], "did you mean --lr_schedule?"),
+    ("serve", ["--warmup_steps", "4"], "has no use for --warmup_steps (train.py takes it)"),
+])
+def test_an_unknown_flag_names_the_closest_or_the_program_that_takes_it(
+        capsys: pytest.CaptureFixture, program: str, argv: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as stop:
+        PARSERS[program]().parse_args(argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(lines) == 1 and message in lines[0]
+
+
+def run_folder(root: Path, *names: str) -> str:
+    for name in names:
+        (root / name).mkdir(parents=True)
+        (root / name / "config.json").write_text("{}")
+    return str(root)
+
+
+def resolved_for(model_folder: str, *argv: str, program: str = "translate") -> Resolved:
+    from config import parse_args
+    return parse_args(program, [*argv, "--model_folder", model_folder])[1]
+
+
+def test_with_no_run_named_the_only_run_is_used_and_said(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    folder = run_folder(tmp_path / "weights", "mine_en-it")
+    (tmp_path / "weights" / "not_a_run").mkdir()
+    resolved = resolved_for(folder)
+    assert choose_run(resolved) == "mine_en-it" and resolved.config["experiment_name"] == "mine_en-it"
+    assert "using the only run" in capsys.readouterr().err
+    # Named runs win: by name, or by the datasource and pair train.py named it from.
+    assert choose_run(resolved_for(folder, "--experiment_name", "other")) == "other"
+    assert choose_run(resolved_for(folder, "--datasource", "data/tatoeba")) == "tatoeba_en-it"
+    # evaluate.py's --datasource is the data to score: one that names no run is scored with the only run.
+    assert choose_run(resolved_for(folder, "--datasource", "flores", program="evaluate"), fall_back=True) == \
+        "mine_en-it"
+
+
+def test_several_runs_or_none_is_one_line_listing_them(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="2 runs under .*: name one with --experiment_name \\(a_en-it, b_en-it\\)"):
+        choose_run(resolved_for(run_folder(tmp_path / "two", "a_en-it", "b_en-it")))
+    with pytest.raises(ConfigError, match="no trained run under"):
+        choose_run(resolved_for(str(tmp_path / "none")))
+
+
+def test_docs_options_table_is_derived_from_the_schema() -> None:
+    table = (ROOT / "docs" / "options.md").read_text(encoding="utf-8")
+    assert options_table() in table, ("docs/options.md is out of date: regenerate its table with "
+                                      "python -c 'import config; print(config.options_table())'")
+
+
 def test_experiment_names_keep_pairs_and_datasources_apart(tmp_path: Path) -> None:
     base = get_config()
     en_it = experiment_name(base)
     en_fr = experiment_name({**base, "lang_tgt": "fr"})
-    local = experiment_name({**base, "datasource": "../shared/data/tatoeba"})
-    local_fr = experiment_name({**base, "datasource": "../shared/data/tatoeba/", "lang_tgt": "fr"})
+    local = experiment_name({**base, "datasource": "data/tatoeba"})
+    local_fr = experiment_name({**base, "datasource": "data/tatoeba/", "lang_tgt": "fr"})
     assert len({en_it, en_fr, local, local_fr}) == 4
     assert en_it == "opus_books_en-it" and local == "tatoeba_en-it"
     assert experiment_name({**base, "experiment_name": "mine"}) == "mine"
@@ -102,8 +246,6 @@ def bad_runs(cli) -> dict:
     """`python train.py <bad options>` for every case, run concurrently (each pays torch's import)."""
     with ThreadPoolExecutor(max_workers=len(BAD_COMMAND_LINES) + 1) as pool:
         futures = {name: pool.submit(cli, "train.py", *argv) for name, (argv, _) in BAD_COMMAND_LINES.items()}
-        # A wide terminal: argparse would otherwise wrap (and hyphen-break) long defaults.
-        futures["--help"] = pool.submit(cli, "train.py", "--help", env={**os.environ, "COLUMNS": "400"})
         return {name: future.result() for name, future in futures.items()}
 
 
@@ -128,15 +270,3 @@ def test_more_bad_values_in_process(capsys: pytest.CaptureFixture, case: str) ->
     assert stop.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and key in lines[0]
-
-
-def test_help_lists_every_key_with_its_default(bad_runs) -> None:
-    result = bad_runs["--help"]
-    assert result.returncode == 0
-    text = " ".join(result.stdout.split())  # long option names put their help on the next line
-    for key, default in get_config().items():
-        explained = f"{HELP[key]} (default: {default!r})" if key in HELP else f"default: {default!r}"
-        assert f"--{key} {type(default).__name__.upper()} {explained}" in text
-    assert "train.py's command line sets glibc's malloc to keep freed memory" in text
-    assert "default: None" not in text  # argparse's own None ("not given") is not the default
-    assert "--preset {" + ",".join(sorted(PRESETS)) + "}" in text

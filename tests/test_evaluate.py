@@ -68,7 +68,7 @@ def test_default_output_and_averaging(trained, capsys) -> None:
                                   str(trained["weights"]), "--runs_folder", str(trained["runs"]),
                                   "--split", "validation", "--average", "3")
     assert code == 0, err
-    written = sorted((trained["runs"] / "toy_en-it").glob("toy.validation.ckpt_*.avg3.beam1.it"))
+    written = sorted((trained["runs"] / "toy_en-it").glob("toy.validation.ckpt_*.avg3.beam5.it"))
     assert len(written) == 1 and str(written[0]) in err
     assert out[-1] == str(sacrebleu.corpus_bleu(written[0].read_text(encoding="utf-8").splitlines(),
                                                 [references(trained["data"], "validation")]))
@@ -94,9 +94,10 @@ def test_scores_an_evaluation_only_set_with_another_experiments_model(trained, c
     assert code == 0, err
     hypotheses = output.read_text(encoding="utf-8").splitlines()
     assert out[-1] == str(sacrebleu.corpus_bleu(hypotheses, [references(other, "test")]))
-    # Without naming the model's experiment there is no model for this data set: one clear line.
+    # Without naming the model's experiment: the only run there scores it, and says so.
     code, out, err = run_evaluate(capsys, "--datasource", str(other), "--model_folder", str(trained["weights"]))
-    assert code == 1 and out == [] and err.count("\n") == 1 and "no usable checkpoint" in err
+    assert code == 0 and out[-1] == str(sacrebleu.corpus_bleu(hypotheses, [references(other, "test")]))
+    assert f"using the only run under {trained['weights']}/: toy_en-it" in err
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -136,4 +137,4 @@ def test_a_model_of_several_targets_needs_target_lang(several_targets, capsys) -
     assert (code, out) == (1, [])
     assert err == "evaluate.py: error: this model translates into fr, it: choose one with target_lang\n"
     output = evaluate.default_output(several_targets.config, several_targets.checkpoint, 1, "test", "pytorch", "fr")
-    assert output.name.endswith(".test.ckpt_00000001.beam1.fr")
+    assert output.name.endswith(".test.ckpt_00000001.beam5.fr")

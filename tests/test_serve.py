@@ -129,7 +129,7 @@ def test_health_names_the_model(server: ServerProcess, checkpoint: Path) -> None
     answer = health(server.port)
     assert answer["status"] == "ready" and answer["engine"] == "pytorch"
     assert answer["checkpoint"] == answer["model"] == answer["source"] == str(checkpoint)
-    assert answer["seq_len"] == 64 and answer["beam_size"] == 1
+    assert answer["seq_len"] == 64 and answer["beam_size"] == 5
     assert answer["limits"]["serve_max_sentences"] == 4 and answer["limits"]["serve_batch_wait_ms"] == 200
 
 

@@ -60,9 +60,9 @@ def wait_for(gate):
         time.sleep(0.01)
 
 
-def gated_load(args, config):
+def gated_load(args, resolved):
     wait_for("load")
-    loaded = load_translator(args, config)
+    loaded = load_translator(args, resolved)
     translate, calls = loaded.translate_best, []
 
     def gated_translate(sentences, options):
