@@ -24,6 +24,7 @@ back as they were.
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -122,24 +123,27 @@ def text_pieces(text: str, sentence: Span, protected: re.Pattern) -> list[Span]:
 
 
 def distribute(translation: str, weights: Sequence[int]) -> list[str]:
-    """`translation` cut into len(weights) parts in proportion to `weights`, at whitespace (or, when
-    it has fewer words than parts, between characters); each part gets something while it can."""
+    """`translation` cut into len(weights) parts whose non-space characters are in proportion to
+    `weights`, at whitespace (or, when it has fewer words than parts, between characters); each
+    part gets something while it can. Weights counted the same way on the source give the source's
+    own cuts back for an unchanged text."""
     translation = translation.strip()
     if len(weights) == 1:
         return [translation]
     gaps = [Span(*m.span()) for m in WHITESPACE.finditer(translation)]
     if len(gaps) < len(weights) - 1:
         gaps = [Span(i, i) for i in range(1, len(translation))]
-    middles = [(gap.start + gap.end) / 2 for gap in gaps]
+    letters = list(itertools.accumulate((not c.isspace() for c in translation), initial=0))
+    before = [letters[gap.start] for gap in gaps]  # non-space characters before each gap
     total, running, low, cuts = sum(weights) or 1, 0, 0, []
     for index, weight in enumerate(weights[:-1]):
         running += weight
         high = len(gaps) - (len(weights) - 1 - index)  # leave a gap for each later part
         if high < low:
             break
-        ideal = len(translation) * running / total
-        at = min(max(bisect.bisect_left(middles, ideal, low, high + 1), low), high)
-        if at > low and ideal - middles[at - 1] <= middles[at] - ideal:
+        ideal = letters[-1] * running / total
+        at = min(max(bisect.bisect_left(before, ideal, low, high + 1), low), high)
+        if at > low and ideal - before[at - 1] <= before[at] - ideal:
             at -= 1
         cuts.append(gaps[at])
         low = at + 1
