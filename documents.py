@@ -51,9 +51,9 @@ SRT_SENTENCE_END = re.compile(r"(?<!\.\.)[.!?。！？♪](?:[\"'”’»)\]]|\s
 SRT_PROTECTED = re.compile(f"{SRT_TAG}|{URL}|{EMAIL}")
 
 MARKDOWN_PROTECTED = re.compile("|".join([
-    r"(?P<tick>`+).*?(?<!`)(?P=tick)(?!`)",  # inline code
+    r"(?<!`)(?P<tick>`+)(?!`).*?(?<!`)(?P=tick)(?!`)",  # inline code: a whole run of backticks opens
     r"<[A-Za-z][A-Za-z0-9+.-]*:[^\s<>]*>|<[^\s<>@]+@[^\s<>@]+>",  # autolinks
-    r"<!--.*?-->|</?[A-Za-z][A-Za-z0-9-]*(?:\s[^<>]*)?/?>",  # HTML
+    r"<!--.{0,2000}?-->|</?[A-Za-z][A-Za-z0-9-]*(?:\s[^<>]*)?/?>",  # HTML (a comment's length bounded)
     r"\[\^[^\]\s]+\]|!?\[",  # footnote references, link and image openers
     r"\]\((?:[^()\s]|\([^()\s]*\))*(?:\s+(?:\"[^\"]*\"|'[^']*'|\([^()]*\)))?\s*\)|\](?:\[[^\]]*\])?",  # targets
     r"\\[!-/:-@\[-`{-~]|&(?:#\d+|#[xX][0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);",  # escapes, entities

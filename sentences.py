@@ -32,9 +32,10 @@ from typing import Callable, NamedTuple, Sequence
 
 from sentencex import get_sentence_boundaries
 
-# A URL ends before punctuation that follows it (the full stop after "see https://x.org.").
-URL = r"(?:[A-Za-z][A-Za-z0-9+.-]*://|www\.)\S+?(?=[.,;:!?'\")\]}>]*(?:\s|$))"
-EMAIL = r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
+# A URL ends before punctuation that follows it (the full stop after "see https://x.org."). Both
+# patterns start only where a run of their characters starts, so a long word costs linear time.
+URL = r"(?<![A-Za-z0-9+.-])(?:[A-Za-z][A-Za-z0-9+.-]*://|www\.)\S*[^\s.,;:!?'\")\]}>]"
+EMAIL = r"(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
 URL_OR_EMAIL = re.compile(f"{URL}|{EMAIL}")
 
 # Where a too-long piece is best cut: after clause punctuation followed by whitespace (or after
