@@ -42,6 +42,7 @@ URL_OR_EMAIL = re.compile(f"{URL}|{EMAIL}")
 # CJK punctuation, which no space follows), and around a dash between spaces.
 CLAUSE_BREAK = re.compile(r"(?<=[,;:.!?…)\]}\"'”’»])\s+|(?<=[，；：。！？、])|\s+(?=[-–—]\s)")
 WHITESPACE = re.compile(r"\s+")
+LETTER = re.compile(r"[^\W\d_]")
 
 CountTokens = Callable[[str], int]
 Translate = Callable[[list[str]], list[str]]
@@ -61,11 +62,12 @@ def stripped(text: str, start: int, end: int) -> Span:
     return Span(start, end)
 
 
-def sentence_spans(text: str, language: str, protected: re.Pattern = URL_OR_EMAIL) -> list[Span]:
+def sentence_spans(text: str, language: str, protected: re.Pattern = URL_OR_EMAIL,
+                   shields: list[Span] | None = None) -> list[Span]:
     """The sentences of `text` for `language` (an ISO 639 code; sentencex falls back to related
     languages, then to English rules), as spans without their surrounding whitespace. A boundary
-    that would cut a match of `protected` is not one."""
-    shields = [match.span() for match in protected.finditer(text)]
+    that would cut a match of `protected` is not one (`shields`: those matches, if already found)."""
+    shields = [Span(*m.span()) for m in protected.finditer(text)] if shields is None else shields
     spans: list[Span] = []
     for boundary in get_sentence_boundaries(language, text):
         span = stripped(text, boundary["start_index"], boundary["end_index"])
@@ -112,15 +114,17 @@ def fitting_pieces(text: str, start: int, end: int, count_tokens: CountTokens | 
             + fitting_pieces(text, right.start, right.end, count_tokens, max_tokens))
 
 
-def text_pieces(text: str, sentence: Span, protected: re.Pattern) -> list[Span]:
-    """The parts of a sentence to translate: what lies between matches of `protected`, without
-    whitespace at its ends, and only parts with a letter in them."""
+def text_pieces(text: str, sentence: Span, shields: list[Span]) -> list[Span]:
+    """The parts of a sentence to translate: what lies between the `shields` (spans to keep as they
+    are, in order) inside it, without whitespace at its ends, and only parts with a letter in them."""
     pieces, position = [], sentence.start
-    for match in protected.finditer(text, sentence.start, sentence.end):
-        pieces.append(stripped(text, position, match.start()))
-        position = match.end()
+    for shield in shields[bisect.bisect_left(shields, (sentence.start,)):]:
+        if shield.end > sentence.end:
+            break
+        pieces.append(stripped(text, position, shield.start))
+        position = shield.end
     pieces.append(stripped(text, position, sentence.end))
-    return [p for p in pieces if any(c.isalpha() for c in text[p.start:p.end])]
+    return [p for p in pieces if LETTER.search(text, p.start, p.end)]
 
 
 def distribute(translation: str, weights: Sequence[int]) -> list[str]:
@@ -168,9 +172,12 @@ class Flow:
         starts = [f.start for f in self.fragments]
         shares: list[list[tuple[Span, str]]] = [[] for _ in self.fragments]
         for piece, translation in zip(self.pieces, translations):
-            first = bisect.bisect_right(starts, piece.start) - 1
+            first, end = bisect.bisect_right(starts, piece.start) - 1, bisect.bisect_left(starts, piece.end)
+            if end - first == 1:  # the common case: a piece within one fragment
+                shares[first].append((piece, translation))
+                continue
             touched, weights = [], []
-            for i in range(first, bisect.bisect_left(starts, piece.end)):
+            for i in range(first, end):
                 fragment = self.fragments[i]
                 letters = sum(not c.isspace() for c in self.text[max(piece.start, fragment.start):
                                                                  min(piece.end, fragment.end)])
@@ -251,9 +258,10 @@ def plan_flow(fragments: Sequence[str], language: str, split_sentences: bool, pr
         position += len(fragment) + 1
     flow, cut = Flow(text, spans), 0
     whole = stripped(text, 0, len(text))
-    sentences = sentence_spans(text, language, protected) if split_sentences else [whole]
+    shields = [Span(*m.span()) for m in protected.finditer(text)]
+    sentences = sentence_spans(text, language, shields=shields) if split_sentences else [whole]
     for sentence in (s for s in sentences if s.start < s.end):
-        first, pieces = len(flow.pieces), text_pieces(text, sentence, protected)
+        first, pieces = len(flow.pieces), text_pieces(text, sentence, shields)
         for piece in pieces:
             flow.pieces += fitting_pieces(text, piece.start, piece.end, count_tokens, max_tokens)
         cut += len(flow.pieces) - first > len(pieces)
