@@ -15,9 +15,12 @@ pieces a translator gets, and puts the translations back where the pieces were:
 - A flow is text whose sentences may run across several fragments (the lines of a Markdown
   paragraph, the lines of consecutive subtitle cues): sentences are found in the fragments joined
   by spaces, and a piece's translation that spans fragments is cut back into them in proportion to
-  the piece's letters in each (`distribute`). A line of plain text is a flow of one fragment.
+  the piece's non-space characters in each (`distribute`). A line of plain text is a flow of one
+  fragment.
 `plan_lines` / `plan_flows` give a `TextPlan`: `sources` (all pieces, for ONE call of the
-translator, which sorts them by length itself) and `assemble(translations)`. `translate_lines`
+translator, which sorts them by length itself), `assemble(translations)`, `split_for_length` (for
+a count on stderr) and `sentences(translations)` (each sentence's span in its flow's text, and
+its translation, for an API). `translate_lines`
 does both for a list of lines: one output line per input line, blank and whitespace-only lines
 back as they were.
 """
