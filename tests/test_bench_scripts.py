@@ -1,6 +1,7 @@
-"""benchmarks/bench_data.py and benchmarks/bench_translate.py, on small data: the corpus bench_data
-writes is what it says (opus_books-shaped, train only, distinct pairs), and a bench_translate child
-measures and reports what the engine translated."""
+"""benchmarks/bench_data.py, bench_translate.py and bench_segmentation.py, on small data: the corpus
+bench_data writes is what it says (opus_books-shaped, train only, distinct pairs), a bench_translate
+child measures and reports what the engine translated, and bench_segmentation counts boundaries as
+its docstring defines them."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import bench_data, bench_translate
+from benchmarks import bench_data, bench_segmentation, bench_translate
 from config import Resolved, get_config
 from dataset import open_source, read_pairs
 from synthetic_data import synthetic_pairs, write_hub_dataset
@@ -44,3 +45,22 @@ def test_bench_translate_child_reports_its_translations(trained_run, tmp_path: P
                                                                                                  beam_size=2))
     assert report["sentences_per_s"] == pytest.approx(len(sources) / report["seconds"])
     assert report["peak_rss_gb"] > 0.1 and report["output_tokens"] > len(sources)
+
+
+def test_bench_segmentation_counts_boundaries_as_it_defines_them(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    groups = [["It rains.", "We stay home. We read.", "Headline without a stop"], ["Fine.", "Good."]]
+    # Paragraph 1: the join after "It rains." found, one split inside line 2 (also made on the line
+    # alone), the join after it missed, and a split made only in the paragraph; paragraph 2 right.
+    fake = {"It rains. We stay home. We read. Headline without a stop": [10, 24, 30], "Fine. Good.": [6],
+            "We stay home. We read.": [14]}
+    row = bench_segmentation.score(groups, lambda text: fake.get(text, []), errors=0)
+    assert {k: row[k] for k in ("joins", "missed", "unmarked", "missed_unmarked", "inside", "inside_alone")} == {
+        "joins": 3, "missed": 1, "unmarked": 0, "missed_unmarked": 0, "inside": 2, "inside_alone": 1}
+    assert row["precision"] == 2 / 4 and row["recall"] == 2 / 3 and row["accuracy"] == 2 / 5
+    assert row["join_accuracy"] == 2 / 4 and row["exact_paragraphs"] == 1 / 2
+    sentences = ["Mr. Smith paid 3.14 dollars.", "Dr. Brown came, e.g. at noon.", "It rained.", "We stayed."] * 3
+    data = write_hub_dataset(tmp_path / "set", {"test": [(s, "x") for s in sentences]})
+    assert bench_segmentation.main(["--data", f"{data}:test", "--libraries", "sentencex", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)["set:test"]["sentencex"]
+    assert found["joins"] == found["sentences"] - found["paragraphs"] > 5 and found["accuracy"] == 1.0
