@@ -1,0 +1,62 @@
+"""clean.py: the cleaning alone on a corpus, reported by reason with samples, and bad input in one line."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import clean
+from synthetic_data import write_hub_dataset
+
+GOOD = [("The station is on the other side of the river.", "La stazione è dall'altra parte del fiume."),
+        ("I would like a cup of coffee, please.", "Vorrei una tazza di caffè, per favore."),
+        ("We are going to the sea tomorrow morning.", "Domani mattina andiamo al mare.")]
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    train = GOOD + [("Tom is here.", "Tom is here."), (GOOD[1][1], GOOD[1][0]), GOOD[0]]
+    return write_hub_dataset(tmp_path / "data", {"train": train, "test": GOOD[:1]})
+
+
+def test_reports_each_reason_with_samples(corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    report = tmp_path / "report.json"
+    assert clean.main(["--datasource", str(corpus), "--report", str(report)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "data en-it train: kept 3 of 6 pairs (50.00%), NFC-normalised 0"
+    assert out[1:4] == ["  removed copy                   1  (16.67%)",
+                        "  removed language               1  (16.67%)",
+                        "  removed near_duplicate         1  (16.67%)"]
+    assert "    row 5: 'Vorrei una tazza di caffè, per favore.' ||| 'I would like a cup of coffee, please.'  " \
+           "[source reads as it (1.00 against en)]" in out
+    written = json.loads(report.read_text(encoding="utf-8"))
+    assert [entry["removed"] for entry in written] == [{"copy": 1, "language": 1, "near_duplicate": 1}]
+    assert written[0]["samples"]["copy"] == [{"row": 3, "source": "Tom is here.", "target": "Tom is here.",
+                                              "detail": "source equals target"}]
+
+
+def test_a_threshold_turns_a_rule_off(corpus: Path, capsys: pytest.CaptureFixture) -> None:
+    assert clean.main(["--datasource", str(corpus), "--clean_copies", "false", "--clean_near_duplicates", "no",
+                       "--split", "test"]) == 0
+    assert capsys.readouterr().out == "data en-it test: kept 1 of 1 pairs (100.00%), NFC-normalised 0\n"
+
+
+def exit_code(argv: list[str]) -> int:
+    """clean.main's return value, or the code argparse exits with."""
+    try:
+        return clean.main(argv)
+    except SystemExit as stop:
+        return int(stop.code)
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--clean_max_length_ratio", "0.5"], 2, "error: max_length_ratio must be 0 (off) or at least 1, got 0.5"),
+    (["--clean_copies", "maybe"], 2, "error: argument --clean_copies: expected true or false, got 'maybe'"),
+    (["--split", "validation"], 1, "error: '{corpus}' has no 'validation' split (found: test, train)"),
+])
+def test_bad_input_is_one_line(corpus: Path, capsys: pytest.CaptureFixture, args: list[str], code: int,
+                               message: str) -> None:
+    assert exit_code(["--datasource", str(corpus), *args]) == code
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].split(": ", 1)[1].startswith(message.format(corpus=corpus))  # prog: __main__.py here
