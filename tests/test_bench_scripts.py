@@ -44,3 +44,37 @@ def test_bench_translate_child_reports_its_translations(trained_run, tmp_path: P
                                                                                                  beam_size=2))
     assert report["sentences_per_s"] == pytest.approx(len(sources) / report["seconds"])
     assert report["peak_rss_gb"] > 0.1 and report["output_tokens"] > len(sources)
+
+
+def test_noisy_corpus_replaces_a_seeded_share_by_kind(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from benchmarks import noisy_corpus
+
+    pairs = synthetic_pairs(100, 1)
+    source = write_hub_dataset(tmp_path / "source", {"train": pairs, "validation": synthetic_pairs(5, 2),
+                                                     "test": synthetic_pairs(5, 3)})
+    assert noisy_corpus.main(["--output", str(tmp_path / "noisy"), "--source", str(source), "--seed", "3",
+                              "--fraction", "0.5", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    kinds = json.loads((tmp_path / "noisy" / "noise.json").read_text())["rows"]
+    assert {kind: len(rows) for kind, rows in kinds.items()} == dict.fromkeys(noisy_corpus.KINDS, 10)
+    noisy = [pair for batch in read_pairs(open_source(str(tmp_path / "noisy"), "en-it"), "train", "en", "it")
+             for pair in batch]
+    kind_of = {row: kind for kind, rows in kinds.items() for row in rows}
+    targets = {t for _, t in pairs}
+    for row, ((src, tgt), (new_src, new_tgt)) in enumerate(zip(pairs, noisy)):
+        expected = {None: new_src == src and new_tgt == tgt, "copy": new_src == new_tgt == src,
+                    "swapped": (new_src, new_tgt) == (tgt, src),
+                    "misaligned": new_src == src and new_tgt in targets and new_tgt != tgt,
+                    "target_both": new_src in targets and new_src != tgt and new_tgt == tgt,
+                    "boilerplate": new_src not in {s for s, _ in pairs}}
+        assert expected[kind_of.get(row)], (row, kind_of.get(row), new_src, new_tgt)
+    for split in ("validation", "test"):
+        assert (tmp_path / "noisy" / "en-it" / f"{split}.jsonl").read_bytes() == \
+               (source / "en-it" / f"{split}.jsonl").read_bytes()
+    table = result["kinds"]
+    assert table["clean"]["rows"] == 50 and table["copy"] == {"rows": 10, "removed": 10, "by_rule": {"copy": 10}}
+    removed = sum(entry["removed"] for entry in table.values())
+    assert result["precision"] == (removed - table["clean"]["removed"]) / removed
+    with pytest.raises(SystemExit):  # nothing a user made is overwritten
+        noisy_corpus.main(["--output", str(tmp_path / "noisy"), "--source", str(source)])
+    assert "exists and is not empty" in capsys.readouterr().err
