@@ -346,6 +346,13 @@ class Cleaner:
         for batch in batches:
             yield list(self.clean(batch))
 
+    def mark(self, pairs: Sequence[Pair]) -> tuple[list[Pair], np.ndarray]:
+        """Each pair, NFC-normalised where it is kept and as given where it is removed, and which are
+        kept (booleans): for a store that writes every row and selects the kept ones afterwards."""
+        judged = [self.judge(pair) for pair in pairs]
+        kept = np.fromiter((not isinstance(found, Removal) for found in judged), dtype=bool, count=len(judged))
+        return [pair if isinstance(found, Removal) else found for pair, found in zip(pairs, judged)], kept
+
 
 # ---------------------------------------------------------------------------- scoring by models
 

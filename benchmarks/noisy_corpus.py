@@ -2,7 +2,7 @@
 the default cleaning removes of it.
 
     python benchmarks/noisy_corpus.py --output NOISY_FOLDER [--seed 1] [--fraction 0.3] [--source data/tatoeba]
-                                      [--json]
+                                      [--json] [--score_forward CKPT --score_backward CKPT [--score_keep 0.9]]
 
 Writes NOISY_FOLDER in the source's Hub layout (its README's `configs:` header, en-it/train.jsonl,
 and its validation and test files copied as they are), so that `python train.py --datasource
@@ -17,8 +17,12 @@ corpora carry:
 NOISY_FOLDER/noise.json lists the replaced rows of each kind (0-based). Then the corpus is read back
 as training reads it (dataset.py) and cleaned with cleaning.CleaningSettings' defaults; printed per
 kind: its rows, how many the cleaning removed, and by which rule; and over all, the precision (the
-share of removed rows that were noise) and recall (the share of noise rows removed). Trainings
-on the folder (with and without cleaning) are run separately: docs/cleaning.md.
+share of removed rows that were noise) and recall (the share of noise rows removed). With
+`--score_forward CKPT --score_backward CKPT` (models trained each way on the folder) the pairs the
+rules keep are then scored by dual conditional cross-entropy and the best `--score_keep` kept; its
+removals count as the rule "score". Run again on a folder it wrote (same --seed and --fraction), it
+reads noise.json and evaluates the folder as it is. Trainings on the folder are run separately:
+docs/cleaning.md.
 """
 from __future__ import annotations
 
@@ -34,8 +38,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from atomic_files import atomic_write_bytes  # noqa: E402  (needs the sys.path entry above)
-from cleaning import Cleaner, CleaningSettings, Removal  # noqa: E402
+from checkpoint import CheckpointError  # noqa: E402
+from cleaning import Cleaner, CleaningSettings, Removal, dual_conditional_cross_entropy, keep_best  # noqa: E402
 from dataset import open_source, read_pairs  # noqa: E402
+from device import pick_device  # noqa: E402
+from translator import TorchTranslator, TranslatorError  # noqa: E402
 
 PAIR = ("en", "it")
 KINDS = ("misaligned", "target_both", "copy", "swapped", "boilerplate")
@@ -103,29 +110,57 @@ def write_noisy_corpus(source: Path, output: Path, seed: int, fraction: float) -
     return kinds
 
 
-def cleaning_by_kind(folder: Path, kinds: dict[str, list[int]]) -> dict[str, Any]:
-    """Clean the folder's train split with the default settings; rows and removals (by rule) per kind."""
+def cleaning_by_kind(folder: Path, kinds: dict[str, list[int]], models: tuple[TorchTranslator, TorchTranslator] | None,
+                     keep: float) -> dict[str, Any]:
+    """Clean the folder's train split with the default settings, then with `models` (forward,
+    backward) keep the best `keep` of what the rules kept; rows and removals (by rule) per kind."""
     kind_of = {index: kind for kind, indices in kinds.items() for index in indices}
     cleaner = Cleaner(CleaningSettings(), *PAIR)
     table: dict[str, dict[str, Any]] = {kind: {"rows": 0, "removed": 0, "by_rule": {}} for kind in ("clean", *KINDS)}
+    kept: list[tuple[str, str]] = []
+    kept_kinds: list[str] = []
     row = 0
     for batch in read_pairs(open_source(str(folder), "-".join(PAIR)), "train", *PAIR):
         for pair in batch:
-            entry = table[kind_of.get(row, "clean")]
-            entry["rows"] += 1
+            kind = kind_of.get(row, "clean")
+            table[kind]["rows"] += 1
             judged = cleaner.judge(pair)
             if isinstance(judged, Removal):
-                entry["removed"] += 1
-                entry["by_rule"][judged.reason] = entry["by_rule"].get(judged.reason, 0) + 1
+                table[kind]["by_rule"][judged.reason] = table[kind]["by_rule"].get(judged.reason, 0) + 1
+            else:
+                kept.append(judged)
+                kept_kinds.append(kind)
             row += 1
     written = len((folder / "en-it" / "train.jsonl").read_bytes().splitlines())
     if row != written:  # a skipped row would shift every later row's kind
         raise ValueError(f"{folder}: read {row} usable training rows of the {written} written")
+    if models:
+        best = set(keep_best(dual_conditional_cross_entropy(kept, *models, *PAIR), keep).tolist())
+        for index, kind in enumerate(kept_kinds):
+            if index not in best:
+                table[kind]["by_rule"]["score"] = table[kind]["by_rule"].get("score", 0) + 1
+    for entry in table.values():
+        entry["removed"] = sum(entry["by_rule"].values())
     noise = sum(table[kind]["rows"] for kind in KINDS)
     noise_removed = sum(table[kind]["removed"] for kind in KINDS)
     removed = noise_removed + table["clean"]["removed"]
     return {"kinds": table, "precision": noise_removed / removed if removed else 1.0,
             "recall": noise_removed / noise if noise else 1.0, "summary": cleaner.report.summary()}
+
+
+def noisy_folder(args: argparse.Namespace) -> dict[str, list[int]]:
+    """The rows of each kind of noise in --output: written now, or read from the noise.json of a
+    folder this script wrote before (with the same --seed and --fraction)."""
+    record = args.output / "noise.json"
+    if record.is_file():
+        written = json.loads(record.read_text(encoding="utf-8"))
+        if (written["seed"], written["fraction"]) != (args.seed, args.fraction):
+            raise ValueError(f"{args.output} holds the noise of seed {written['seed']} and fraction "
+                             f"{written['fraction']}, not {args.seed} and {args.fraction}")
+        return written["rows"]
+    if args.output.exists() and any(args.output.iterdir()):
+        raise ValueError(f"--output {args.output} exists, is not empty and has no noise.json: name a new folder")
+    return write_noisy_corpus(args.source, args.output, args.seed, args.fraction)
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -146,18 +181,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--fraction", type=float, default=0.3, help="share of training rows replaced by noise")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    parser.add_argument("--score_forward", type=Path, default=None, help="checkpoint of an en->it model trained on "
+                        "the noisy corpus: with --score_backward, also score the pairs the rules keep")
+    parser.add_argument("--score_backward", type=Path, default=None, help="checkpoint of an it->en model, likewise")
+    parser.add_argument("--score_keep", type=float, default=0.9, help="fraction of those pairs scoring keeps")
     args = parser.parse_args(argv)
     if not (args.source / "en-it" / "train.jsonl").is_file() or not (args.source / "README.md").is_file():
         parser.error(f"--source {args.source} has no README.md and en-it/train.jsonl")
     if not 0 <= args.fraction <= 1:
         parser.error(f"--fraction must be between 0 and 1, got {args.fraction}")
-    if args.output.exists() and any(args.output.iterdir()):
-        parser.error(f"--output {args.output} exists and is not empty: name a new folder")
+    if (args.score_forward is None) != (args.score_backward is None) or not 0 < args.score_keep <= 1:
+        parser.error("scoring needs both --score_forward and --score_backward, and --score_keep in (0, 1]")
     try:
-        kinds = write_noisy_corpus(args.source, args.output, args.seed, args.fraction)
-        result = cleaning_by_kind(args.output, kinds)
-    except ValueError as error:
-        parser.error(str(error))
+        kinds = noisy_folder(args)
+        models = None if args.score_forward is None else tuple(
+            TorchTranslator.load(path, path.parent, pick_device("auto")) for path in (args.score_forward,
+                                                                                      args.score_backward))
+        result = cleaning_by_kind(args.output, kinds, models, args.score_keep)
+    except (ValueError, CheckpointError, TranslatorError) as error:
+        print(f"noisy_corpus.py: error: {error}", file=sys.stderr)
+        return 1
     print(result["summary"], file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=1))

@@ -75,6 +75,13 @@ def test_noisy_corpus_replaces_a_seeded_share_by_kind(tmp_path: Path, capsys: py
     assert table["clean"]["rows"] == 50 and table["copy"] == {"rows": 10, "removed": 10, "by_rule": {"copy": 10}}
     removed = sum(entry["removed"] for entry in table.values())
     assert result["precision"] == (removed - table["clean"]["removed"]) / removed
-    with pytest.raises(SystemExit):  # nothing a user made is overwritten
-        noisy_corpus.main(["--output", str(tmp_path / "noisy"), "--source", str(source)])
-    assert "exists and is not empty" in capsys.readouterr().err
+    again = ["--output", str(tmp_path / "noisy"), "--source", str(source), "--fraction", "0.5", "--json"]
+    assert noisy_corpus.main(again + ["--seed", "3"]) == 0  # the folder it wrote, evaluated as it is
+    assert json.loads(capsys.readouterr().out) == result
+    assert noisy_corpus.main(again + ["--seed", "4"]) == 1
+    assert capsys.readouterr().err.endswith("noisy holds the noise of seed 3 and fraction 0.5, not 4 and 0.5\n")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("a user's file")
+    assert noisy_corpus.main(["--output", str(tmp_path / "mine"), "--source", str(source)]) == 1
+    assert "exists, is not empty and has no noise.json" in capsys.readouterr().err
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "a user's file"

@@ -95,6 +95,14 @@ def test_kept_pairs_come_out_nfc() -> None:
     assert cleaner.report.normalized == 1
 
 
+def test_mark_keeps_every_row_and_says_which_are_kept() -> None:
+    decomposed = unicodedata.normalize("NFD", "Il caffè è caldo.")
+    pairs = [("The coffee is hot.", decomposed), ("Tom.", "Tom."), ("The coffee is hot!", decomposed)]
+    written, kept = Cleaner(CleaningSettings(), "en", "it").mark(pairs)
+    assert written == [("The coffee is hot.", "Il caffè è caldo."), ("Tom.", "Tom."), pairs[2]]
+    assert kept.tolist() == [True, False, False]
+
+
 def test_samples_are_bounded_seeded_and_in_row_order() -> None:
     copies = [(f"Copy number {n}.", f"Copy number {n}.") for n in range(50)]
 
