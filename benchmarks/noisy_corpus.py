@@ -4,9 +4,10 @@ the default cleaning removes of it.
     python benchmarks/noisy_corpus.py --output NOISY_FOLDER [--seed 1] [--fraction 0.3] [--source data/tatoeba]
                                       [--json] [--score_forward CKPT --score_backward CKPT [--score_keep 0.9]]
 
-Writes NOISY_FOLDER in the source's Hub layout (its README's `configs:` header, en-it/train.jsonl,
-and its validation and test files copied as they are), so that `python train.py --datasource
-NOISY_FOLDER` trains on it and scores on the clean held-out splits. `--fraction` of the training
+Writes NOISY_FOLDER in the Hub layout (a README whose `configs:` header names the files for en-it
+and for it-en, en-it/train.jsonl, and the source's validation and test files copied as they are),
+so that `python train.py --datasource NOISY_FOLDER` trains on it, either way, and scores on the
+clean held-out splits. `--fraction` of the training
 rows (chosen with `--seed`) are replaced, in equal shares, by five kinds of noise that web-crawled
 corpora carry:
 - misaligned: the source with the target of another pair (of another source sentence);
@@ -100,9 +101,12 @@ def write_noisy_corpus(source: Path, output: Path, seed: int, fraction: float) -
                        "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8"))
     for split in ("validation", "test"):
         atomic_write_bytes(output / "en-it" / f"{split}.jsonl", (source / "en-it" / f"{split}.jsonl").read_bytes())
-    header = (source / "README.md").read_text(encoding="utf-8").split("---")[1]
+    # Both directions name the same files: the backward model of the scoring recipe trains on it-en.
+    header = "configs:\n" + "".join(f"- config_name: {pair}\n  data_files:\n" + "".join(
+        f"  - split: {split}\n    path: en-it/{split}.jsonl\n" for split in ("train", "validation", "test"))
+        for pair in ("en-it", "it-en"))
     atomic_write_bytes(output / "README.md", (
-        f"---{header}---\n# {source.name} with noise\n\nThe training pairs of {source} with {fraction:.0%} of them "
+        f"---\n{header}---\n# {source.name} with noise\n\nThe training pairs of {source} with {fraction:.0%} of them "
         f"replaced by seeded noise (seed {seed}; benchmarks/noisy_corpus.py); validation and test as they were. "
         f"noise.json lists the replaced rows of each kind.\n").encode("utf-8"))
     atomic_write_bytes(output / "noise.json",
@@ -177,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, required=True, help="folder to write the noisy corpus to")
     parser.add_argument("--source", type=Path, default=ROOT / "data" / "tatoeba",
-                        help="a folder in Hub layout with en-it/train.jsonl, validation.jsonl and test.jsonl")
+                        help="a folder with en-it/train.jsonl, validation.jsonl and test.jsonl")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--fraction", type=float, default=0.3, help="share of training rows replaced by noise")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
@@ -186,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--score_backward", type=Path, default=None, help="checkpoint of an it->en model, likewise")
     parser.add_argument("--score_keep", type=float, default=0.9, help="fraction of those pairs scoring keeps")
     args = parser.parse_args(argv)
-    if not (args.source / "en-it" / "train.jsonl").is_file() or not (args.source / "README.md").is_file():
-        parser.error(f"--source {args.source} has no README.md and en-it/train.jsonl")
+    if not all((args.source / "en-it" / f"{split}.jsonl").is_file() for split in ("train", "validation", "test")):
+        parser.error(f"--source {args.source} has no en-it/train.jsonl, validation.jsonl and test.jsonl")
     if not 0 <= args.fraction <= 1:
         parser.error(f"--fraction must be between 0 and 1, got {args.fraction}")
     if (args.score_forward is None) != (args.score_backward is None) or not 0 < args.score_keep <= 1:

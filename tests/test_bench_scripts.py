@@ -68,6 +68,9 @@ def test_noisy_corpus_replaces_a_seeded_share_by_kind(tmp_path: Path, capsys: py
                     "target_both": new_src in targets and new_src != tgt and new_tgt == tgt,
                     "boilerplate": new_src not in {s for s, _ in pairs}}
         assert expected[kind_of.get(row)], (row, kind_of.get(row), new_src, new_tgt)
+    backward = [pair for batch in read_pairs(open_source(str(tmp_path / "noisy"), "it-en"), "train", "it", "en")
+                for pair in batch]
+    assert backward == [(t, s) for s, t in noisy]  # the scoring recipe's backward model trains on it-en
     for split in ("validation", "test"):
         assert (tmp_path / "noisy" / "en-it" / f"{split}.jsonl").read_bytes() == \
                (source / "en-it" / f"{split}.jsonl").read_bytes()
