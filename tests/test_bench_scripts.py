@@ -64,3 +64,47 @@ def test_bench_segmentation_counts_boundaries_as_it_defines_them(tmp_path: Path,
     assert bench_segmentation.main(["--data", f"{data}:test", "--libraries", "sentencex", "--json"]) == 0
     found = json.loads(capsys.readouterr().out)["set:test"]["sentencex"]
     assert found["joins"] == found["sentences"] - found["paragraphs"] > 5 and found["accuracy"] == 1.0
+
+
+def test_noisy_corpus_replaces_a_seeded_share_by_kind(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from benchmarks import noisy_corpus
+
+    pairs = synthetic_pairs(100, 1)
+    source = write_hub_dataset(tmp_path / "source", {"train": pairs, "validation": synthetic_pairs(5, 2),
+                                                     "test": synthetic_pairs(5, 3)})
+    assert noisy_corpus.main(["--output", str(tmp_path / "noisy"), "--source", str(source), "--seed", "3",
+                              "--fraction", "0.5", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    kinds = json.loads((tmp_path / "noisy" / "noise.json").read_text())["rows"]
+    assert {kind: len(rows) for kind, rows in kinds.items()} == dict.fromkeys(noisy_corpus.KINDS, 10)
+    noisy = [pair for batch in read_pairs(open_source(str(tmp_path / "noisy"), "en-it"), "train", "en", "it")
+             for pair in batch]
+    kind_of = {row: kind for kind, rows in kinds.items() for row in rows}
+    targets = {t for _, t in pairs}
+    for row, ((src, tgt), (new_src, new_tgt)) in enumerate(zip(pairs, noisy)):
+        expected = {None: new_src == src and new_tgt == tgt, "copy": new_src == new_tgt == src,
+                    "swapped": (new_src, new_tgt) == (tgt, src),
+                    "misaligned": new_src == src and new_tgt in targets and new_tgt != tgt,
+                    "target_both": new_src in targets and new_src != tgt and new_tgt == tgt,
+                    "boilerplate": new_src not in {s for s, _ in pairs}}
+        assert expected[kind_of.get(row)], (row, kind_of.get(row), new_src, new_tgt)
+    backward = [pair for batch in read_pairs(open_source(str(tmp_path / "noisy"), "it-en"), "train", "it", "en")
+                for pair in batch]
+    assert backward == [(t, s) for s, t in noisy]  # the scoring recipe's backward model trains on it-en
+    for split in ("validation", "test"):
+        assert (tmp_path / "noisy" / "en-it" / f"{split}.jsonl").read_bytes() == \
+               (source / "en-it" / f"{split}.jsonl").read_bytes()
+    table = result["kinds"]
+    assert table["clean"]["rows"] == 50 and table["copy"] == {"rows": 10, "removed": 10, "by_rule": {"copy": 10}}
+    removed = sum(entry["removed"] for entry in table.values())
+    assert result["precision"] == (removed - table["clean"]["removed"]) / removed
+    again = ["--output", str(tmp_path / "noisy"), "--source", str(source), "--fraction", "0.5", "--json"]
+    assert noisy_corpus.main(again + ["--seed", "3"]) == 0  # the folder it wrote, evaluated as it is
+    assert json.loads(capsys.readouterr().out) == result
+    assert noisy_corpus.main(again + ["--seed", "4"]) == 1
+    assert capsys.readouterr().err.endswith("noisy holds the noise of seed 3 and fraction 0.5, not 4 and 0.5\n")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("a user's file")
+    assert noisy_corpus.main(["--output", str(tmp_path / "mine"), "--source", str(source)]) == 1
+    assert "exists, is not empty and has no noise.json" in capsys.readouterr().err
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "a user's file"

@@ -1,0 +1,153 @@
+"""Run the cleaning alone on a corpus and report: `python clean.py --datasource ../shared/data/tatoeba`.
+
+Reads the split (`--split`, default train: the one training cleans) of every corpus of
+--datasource through dataset.py, as training reads it, passes its pairs through cleaning.Cleaner
+with the `--clean_*` thresholds (defaults: cleaning.CleaningSettings), and prints, per corpus, the
+pairs kept and removed by reason, and a sample of each reason's pairs (`--clean_samples` per
+reason) with what the rule saw. `--report FILE.json` also writes the whole report (settings,
+counts, samples) as JSON. Nothing is written to the data store; training is not needed.
+
+With `--score_forward CKPT --score_backward CKPT` (a model each way, trained on this corpus: the
+first step of the two-step recipe in docs/cleaning.md) the pairs the rules keep are also scored by
+dual conditional cross-entropy (cleaning.py), and the report says how many the best `--score_keep`
+fraction holds, the highest score it keeps, and the worst-scored pairs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from atomic_files import atomic_write_bytes
+import numpy as np
+
+from checkpoint import CheckpointError
+from cleaning import (REASONS, Cleaner, CleaningReport, CleaningSettings, Removal, dual_conditional_cross_entropy,
+                      keep_best, settings_from_config)
+# _parse_bool: until the lead's config schema declares the clean_* keys, these options are added here.
+from config import ConfigError, Corpus, _parse_bool, build_parser, config_or_exit, corpora, corpus_name
+from dataset import DataError, Pair, open_source, read_pairs
+from device import pick_device
+from translator import TorchTranslator, TranslatorError
+
+
+def add_cleaning_arguments(parser: argparse.ArgumentParser) -> None:
+    """One --clean_NAME option per CleaningSettings field, typed from its default."""
+    group = parser.add_argument_group("cleaning")
+    for setting in fields(CleaningSettings):
+        kind = _parse_bool if isinstance(setting.default, bool) else type(setting.default)
+        group.add_argument(f"--clean_{setting.name}", type=kind, default=setting.default,
+                           metavar=type(setting.default).__name__.upper(), help=f"default: {setting.default!r}")
+    group.add_argument("--clean_samples", type=int, default=5, help="removed pairs shown per reason (default: 5)")
+
+
+def print_report(name: str, split: str, report: CleaningReport) -> None:
+    share = report.kept / report.seen if report.seen else 0.0
+    print(f"{name} {report.pair} {split}: kept {report.kept} of {report.seen} pairs ({share:.2%}), "
+          f"NFC-normalised {report.normalized}")
+    for reason in REASONS:
+        if reason in report.removed:
+            print(f"  removed {reason:<15} {report.removed[reason]:>8}  ({report.removed[reason] / report.seen:.2%})")
+    for note in report.unjudged:
+        print(f"  not judged: {note}")
+    for reason, samples in report.as_dict()["samples"].items():
+        print(f"  {reason} (sample of {len(samples)}; row numbers from 1):")
+        for sample in samples:
+            print(f"    row {sample['row'] + 1}: {sample['source']!r} ||| {sample['target']!r}  [{sample['detail']}]")
+
+
+def print_scoring(scoring: dict[str, Any]) -> None:
+    print(f"  scored {scoring['scored']} kept pairs by dual conditional cross-entropy: keeping the best "
+          f"{scoring['kept']} ({scoring['keep']:.0%}), scores up to {scoring['cut']:.3f}")
+    print(f"  worst {len(scoring['worst'])} (row numbers from 1):")
+    for sample in scoring["worst"]:
+        print(f"    row {sample['row'] + 1}: {sample['source']!r} ||| {sample['target']!r}  [score {sample['score']:.3f}]")
+
+
+def score_kept(pairs: list[Pair], rows: list[int], models: tuple[TorchTranslator, TorchTranslator], keep: float,
+               samples: int, lang_src: str, lang_tgt: str) -> dict[str, Any]:
+    """The kept pairs' dual conditional cross-entropy: how many the best `keep` fraction holds, the
+    highest score kept, and the `samples` worst pairs (rows as the cleaner counts them)."""
+    scores = dual_conditional_cross_entropy(pairs, *models, lang_src, lang_tgt)
+    best = keep_best(scores, keep)
+    worst = np.argsort(-scores, kind="stable")[:samples]
+    return {"scored": len(pairs), "keep": keep, "kept": len(best), "cut": float(scores[best].max()) if len(best) else 0.0,
+            "worst": [{"row": rows[i], "source": pairs[i][0], "target": pairs[i][1], "score": float(scores[i])}
+                      for i in worst]}
+
+
+def clean_corpus(corpus: Corpus, config: dict[str, Any], args: argparse.Namespace, settings: CleaningSettings,
+                 models: tuple[TorchTranslator, TorchTranslator] | None) -> dict[str, Any]:
+    """Clean one corpus's split, print its report (and its scoring with `models`), and return it."""
+    lang_src, lang_tgt = config["lang_src"], corpus.lang_tgt
+    source = open_source(corpus.source, f"{lang_src}-{lang_tgt}")
+    if args.split not in source.splits:
+        raise DataError(f"{corpus.source!r} has no {args.split!r} split (found: {', '.join(source.splits)})")
+    cleaner = Cleaner(settings, lang_src, lang_tgt, args.clean_samples, config["seed"])
+    kept: list[Pair] = []
+    rows: list[int] = []
+    for batch in read_pairs(source, args.split, lang_src, lang_tgt):
+        for pair in batch:
+            judged = cleaner.judge(pair)
+            if models and not isinstance(judged, Removal):
+                kept.append(judged)
+                rows.append(cleaner.report.seen - 1)
+    print_report(corpus_name(corpus.source), args.split, cleaner.report)
+    report = {"corpus": corpus.source, "split": args.split, **cleaner.report.as_dict()}
+    if models:
+        report["scoring"] = score_kept(kept, rows, models, args.score_keep, args.clean_samples, lang_src, lang_tgt)
+        print_scoring(report["scoring"])
+    return report
+
+
+def build_clean_parser() -> argparse.ArgumentParser:
+    parser = build_parser(__doc__.splitlines()[0])
+    parser.add_argument("--split", default="train", help="split to clean (default: train, the one training cleans)")
+    parser.add_argument("--report", type=Path, default=None, help="also write the whole report to this JSON file")
+    add_cleaning_arguments(parser)
+    scoring = parser.add_argument_group("scoring by models (both or neither)")
+    scoring.add_argument("--score_forward", type=Path, default=None,
+                         help="checkpoint of a model from lang_src into lang_tgt trained on this corpus")
+    scoring.add_argument("--score_backward", type=Path, default=None,
+                         help="checkpoint of a model from lang_tgt into lang_src trained on this corpus")
+    scoring.add_argument("--score_keep", type=float, default=0.9,
+                         help="fraction of the pairs the rules keep that scoring keeps (default: 0.9)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_clean_parser()
+    args = parser.parse_args(argv)
+    config = config_or_exit(args, parser)
+    try:
+        settings = settings_from_config(vars(args))
+    except ValueError as error:
+        parser.error(str(error))
+    if (args.score_forward is None) != (args.score_backward is None) or not 0 < args.score_keep <= 1:
+        parser.error("scoring needs both --score_forward and --score_backward, and --score_keep in (0, 1]")
+    try:
+        models = None
+        if args.score_forward:
+            device = pick_device(config["device"])
+            models = tuple(TorchTranslator.load(path, path.parent, device)
+                           for path in (args.score_forward, args.score_backward))
+        reports = [clean_corpus(corpus, config, args, settings, models) for corpus in corpora(config)]
+    except ConfigError as error:
+        parser.error(str(error))
+    except (DataError, CheckpointError, TranslatorError, ValueError) as error:
+        print(f"clean.py: error: {error}", file=sys.stderr)
+        return 1
+    if args.report:
+        try:
+            atomic_write_bytes(args.report, json.dumps(reports, ensure_ascii=False, indent=1).encode("utf-8"))
+        except OSError as error:
+            print(f"clean.py: error: cannot write {args.report}: {error.strerror or error}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,428 @@
+"""Corpus cleaning: training pairs filtered by rules before they are learned, or scored by models.
+
+1. `Cleaner` is a streaming filter over (source, target) pairs of one language pair: each pair is
+   normalised to Unicode NFC, then judged by the rules below in order; the first that fires removes
+   it and names the reason. Kept pairs come out NFC-normalised. The cleaner counts removals by
+   reason and keeps a bounded, seeded sample of each reason's pairs (`CleaningReport`), for the log,
+   TensorBoard and a file beside the data store. The rules, each with its threshold in
+   `CleaningSettings` (0 or False turns one off):
+   - too_short / too_long: a side with fewer than `min_chars` or more than `max_chars` characters;
+   - bad_characters: a control character (tab and line breaks aside), a private-use or surrogate
+     code point, or U+FFFD (text that was decoded wrongly somewhere);
+   - copy: source equal to target once normalised (`near_duplicate_key`): untranslated copies;
+   - length_ratio: the longer side has more than `max_length_ratio` times the shorter's characters,
+     judged only when the longer has at least `ratio_min_chars` (short pairs vary most: Jinx! /
+     Uccello del malaugurio!);
+   - script: less than `script_min_share` of a side's letters are in its language's script(s)
+     (`SCRIPTS`; languages missing there are not judged);
+   - language: py3langid, whose probabilities are tempered by the text's length, so short
+     sentences rarely reach a confident verdict (docs/cleaning.md): a side is removed when, between
+     the pair's two languages, the other one's probability is at least `langid_pair_threshold`
+     (swapped sides, the target language on both sides), or when a third language's is at least
+     `langid_other_threshold`. Languages py3langid does not know are not judged;
+   - near_duplicate: the pair's normalised text (casefolded, punctuation and whitespace removed,
+     digits kept) equals an earlier kept pair's: the first is kept. The set holds one 64-bit hash per
+     kept pair (about 70 bytes each in Python: 700 MB for 10 million pairs).
+   `CleaningSettings.describe()` is a dict of plain values that changes with every setting and with
+   the version of these rules and of py3langid: for a store's key and a checkpoint.
+2. `dual_conditional_cross_entropy` scores pairs with two trained models, source->target and
+   target->source (Junczys-Dowmunt 2018, "Dual conditional cross-entropy filtering of noisy parallel
+   corpora", WMT): with H_f and H_b the per-token cross-entropies of the target given the source
+   and of the source given the target, score = |H_f - H_b| + 0.5 (H_f + H_b), lower is better, and
+   exp(-score) the adequacy; `keep_best` keeps the best fraction. A first run's models clean the
+   corpus of a second (docs/cleaning.md).
+"""
+from __future__ import annotations
+
+import math
+import random
+import re
+import unicodedata
+from dataclasses import asdict, dataclass, field, fields
+from functools import lru_cache
+from importlib.metadata import version
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dataset import Pair, text_hash
+from precision import autocast_context, inference_dtype
+from tokenizer import EOS_ID, PAD_ID, SOS_ID
+
+if TYPE_CHECKING:
+    from translator import TorchTranslator
+
+CLEANING_VERSION = 1  # bump when a rule changes what it removes: stores built with the old rules are rebuilt
+REASONS = ("too_short", "too_long", "bad_characters", "copy", "length_ratio", "script", "language", "near_duplicate")
+
+# The scripts of each language's letters, as the first word of their Unicode names (LATIN SMALL
+# LETTER A); "CJK" covers the Han ideographs.
+_LATIN = ("ace af an az bcl br bs ca crh cs cy da de en eo es et eu ext fi fo fr fuv fy ga gcf gcr gd gl gug guw "
+          "ha hr ht hu id ig is it jv kab kik ku la lb lg lij ln lt ltg lv mg ms mt nl nn no nso oc om pcm pl pt qu "
+          "ro rw se sk sl sn so sq st sv sw tk tl tr uz vec vi vo wa xh yo zu").split()
+SCRIPTS: dict[str, tuple[str, ...]] = {
+    **{lang: ("LATIN",) for lang in _LATIN},
+    **{lang: ("CYRILLIC",) for lang in "ba be bg kk ky mk mn ru tg tt uk".split()},
+    "sr": ("CYRILLIC", "LATIN"),
+    **{lang: ("ARABIC",) for lang in "ar ary arz fa ps sdh ug ur uzs".split()},
+    **{lang: ("HEBREW",) for lang in ("he", "hbo")},
+    **{lang: ("GREEK",) for lang in ("el", "grc")},
+    **{lang: ("DEVANAGARI",) for lang in "gom hi mr ne sa".split()},
+    **{lang: ("BENGALI",) for lang in ("as", "bn")},
+    "pa": ("GURMUKHI",), "gu": ("GUJARATI",), "or": ("ORIYA",), "ta": ("TAMIL",), "te": ("TELUGU",),
+    "kn": ("KANNADA",), "ml": ("MALAYALAM",), "si": ("SINHALA",), "th": ("THAI",), "lo": ("LAO",),
+    "km": ("KHMER",), "my": ("MYANMAR",), "dz": ("TIBETAN",), "ka": ("GEORGIAN",), "hy": ("ARMENIAN",),
+    "am": ("ETHIOPIC",),
+    **{lang: ("CJK", "IDEOGRAPHIC") for lang in ("zh", "yue", "wuu")},
+    "ja": ("CJK", "IDEOGRAPHIC", "HIRAGANA", "KATAKANA", "KATAKANA-HIRAGANA", "HALFWIDTH"),
+    "ko": ("HANGUL", "CJK", "IDEOGRAPHIC"),
+}
+
+# C0 and C1 controls but tab and line breaks, surrogates, private use (BMP), U+FFFD and the noncharacters.
+_BAD_CHARACTERS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\uf8ff\ufffd-\uffff]")
+
+
+@dataclass(frozen=True)
+class CleaningSettings:
+    """Each rule's threshold (module docstring); 0 or False turns a rule off. The defaults remove
+    one pair of tatoeba's 15,359 clean training pairs, a near-duplicate (docs/cleaning.md)."""
+
+    min_chars: int = 1  # one-word sentences are real (Jinx!); raise it for corpora of fragments
+    max_chars: int = 1000
+    bad_characters: bool = True
+    copies: bool = True
+    max_length_ratio: float = 3.0
+    ratio_min_chars: int = 30
+    script_min_share: float = 0.5  # a sentence may quote a word or two in another script
+    langid_pair_threshold: float = 0.9
+    langid_other_threshold: float = 0.98
+    near_duplicates: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("min_chars", "max_chars", "ratio_min_chars"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)}")
+        if self.max_length_ratio and self.max_length_ratio < 1:
+            raise ValueError(f"max_length_ratio must be 0 (off) or at least 1, got {self.max_length_ratio}")
+        for name in ("script_min_share", "langid_pair_threshold", "langid_other_threshold"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be between 0 and 1, got {getattr(self, name)}")
+
+    @property
+    def langid(self) -> bool:
+        return bool(self.langid_pair_threshold or self.langid_other_threshold)
+
+    def describe(self) -> dict[str, Any]:
+        """Plain values that name what these settings remove: for a store's key and a checkpoint."""
+        described = {"version": CLEANING_VERSION, "normalization": "NFC", **asdict(self)}
+        if self.langid:
+            described["langid"] = f"py3langid {version('py3langid')}"
+        return described
+
+
+def settings_from_config(config: dict[str, Any]) -> CleaningSettings:
+    """The settings of a config's clean_NAME keys, one per field (clean_max_chars, ...); a ValueError
+    names a value out of range."""
+    return CleaningSettings(**{setting.name: config[f"clean_{setting.name}"] for setting in fields(CleaningSettings)})
+
+
+@lru_cache(maxsize=4)  # the copy rule and the near-duplicate rule ask for the same pair's keys
+def near_duplicate_key(text: str) -> str:
+    """`text` casefolded without punctuation or whitespace, digits kept: what near-duplicates share."""
+    return "".join(ch for ch in text.casefold() if not _punctuation_or_space(ch))
+
+
+@lru_cache(maxsize=None)
+def _punctuation_or_space(ch: str) -> bool:
+    return ch.isspace() or unicodedata.category(ch)[0] in "PZ"
+
+
+@lru_cache(maxsize=None)
+def _script(ch: str) -> str:
+    return unicodedata.name(ch, "?").split(" ")[0]
+
+
+def script_share(text: str, scripts: tuple[str, ...]) -> float:
+    """The share of `text`'s letters that are in one of `scripts`; 1 for text without letters."""
+    if text.isascii() and "LATIN" in scripts:
+        return 1.0
+    letters = [ch for ch in text if ch.isalpha()]
+    return sum(_script(ch) in scripts for ch in letters) / len(letters) if letters else 1.0
+
+
+@lru_cache(maxsize=1)
+def _identifier() -> tuple[Any, dict[str, int]]:
+    """py3langid's identifier with its shipped model, probabilities normalised, and each language's
+    column (the first, where a label has several: py3langid sums them there). Loaded once (~1 s)."""
+    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+    identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    columns: dict[str, int] = {}
+    for column, label in enumerate(identifier.nb_classes):
+        columns.setdefault(label, column)
+    return identifier, columns
+
+
+def known_languages() -> set[str]:
+    """The languages py3langid identifies."""
+    return set(_identifier()[1])
+
+
+def language_verdict(text: str, own: str, other: str, pair_threshold: float, other_threshold: float) -> str:
+    """Why `text`, one side of an `own`-`other` pair meant to be in `own`, reads as another language;
+    "" when it may be `own` (module docstring). Both languages must be py3langid's."""
+    identifier, columns = _identifier()
+    # _decide is the probability vector behind the public classify() and rank(); rank() would
+    # build and sort a list of all 140 languages per sentence, doubling the time (docs/cleaning.md).
+    probability = identifier._decide(text)
+    mine, theirs = float(probability[columns[own]]), float(probability[columns[other]])
+    if pair_threshold and mine + theirs > 0 and theirs / (mine + theirs) >= pair_threshold:
+        return f"reads as {other} ({theirs / (mine + theirs):.2f} against {own})"
+    top = int(probability.argmax())
+    if other_threshold and identifier.nb_classes[top] != own and probability[top] >= other_threshold:
+        return f"reads as {identifier.nb_classes[top]} ({probability[top]:.2f})"
+    return ""
+
+
+class Removal(NamedTuple):
+    """Why a pair was removed: one of REASONS, and what the rule saw."""
+
+    reason: str
+    detail: str
+
+
+@dataclass
+class CleaningReport:
+    """What a Cleaner did: pairs seen and kept, those NFC changed, removals by reason, a sample of
+    each reason's pairs (row = position in the stream, from 0), and the rules it could not apply."""
+
+    pair: str
+    settings: dict[str, Any]
+    seen: int = 0
+    kept: int = 0
+    normalized: int = 0
+    removed: dict[str, int] = field(default_factory=dict)
+    samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    unjudged: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line for the log."""
+        removed = ", ".join(f"{self.removed[reason]} {reason}" for reason in REASONS if reason in self.removed)
+        line = (f"cleaning {self.pair}: kept {self.kept} of {self.seen} pairs, removed {self.seen - self.kept}"
+                f"{f' ({removed})' if removed else ''}, NFC-normalised {self.normalized}")
+        return line + "".join(f"; not judged: {note}" for note in self.unjudged)
+
+    def scalars(self) -> dict[str, int]:
+        """TensorBoard scalars: pairs seen, kept, and removed for each reason (0 included)."""
+        return {"clean/seen": self.seen, "clean/kept": self.kept,
+                **{f"clean/removed_{reason}": self.removed.get(reason, 0) for reason in REASONS}}
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data, samples in row order: for the file beside the store and clean.py."""
+        return {**asdict(self), "samples": {reason: sorted(found, key=lambda sample: sample["row"])
+                                            for reason, found in self.samples.items()}}
+
+
+def _printable(text: str) -> str:
+    """`text` with lone surrogates escaped, so that a sample of bad characters can be written as UTF-8."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class Cleaner:
+    """The rules of `settings` over the pairs of `lang_src`-`lang_tgt`, streaming; keeps at most
+    `samples_per_reason` removed pairs per reason, a uniform sample drawn with `seed` (reservoir)."""
+
+    def __init__(self, settings: CleaningSettings, lang_src: str, lang_tgt: str, samples_per_reason: int = 5,
+                 seed: int = 0) -> None:
+        self.settings, self.languages = settings, (lang_src, lang_tgt)
+        self.samples_per_reason, self.random = samples_per_reason, random.Random(seed)
+        self.report = CleaningReport(f"{lang_src}-{lang_tgt}", settings.describe())
+        self.seen_keys: set[int] = set()
+        self.rules = self._rules()
+
+    def _rules(self) -> list[tuple[str, Callable[[str, str], str]]]:
+        """(reason, rule) in the order they are asked; a rule returns what it saw, "" to keep the pair."""
+        s = self.settings
+        rules = [("too_short", self._too_short)] if s.min_chars else []
+        rules += [("too_long", self._too_long)] if s.max_chars else []
+        rules += [("bad_characters", self._bad_characters)] if s.bad_characters else []
+        rules += [("copy", self._copy)] if s.copies else []
+        rules += [("length_ratio", self._length_ratio)] if s.max_length_ratio else []
+        if s.script_min_share:
+            unknown = [lang for lang in self.languages if lang not in SCRIPTS]
+            self.report.unjudged += [f"script of {lang} (not in cleaning.SCRIPTS)" for lang in unknown]
+            rules += [("script", self._script)] if len(unknown) < 2 else []
+        if s.langid:
+            unknown = [lang for lang in self.languages if lang not in known_languages()]
+            self.report.unjudged += [f"language {lang} (not one of py3langid's)" for lang in unknown]
+            rules += [("language", self._language)] if not unknown else []
+        return rules + ([("near_duplicate", self._near_duplicate)] if s.near_duplicates else [])
+
+    def _sides(self, src: str, tgt: str) -> list[tuple[str, str, str, str]]:
+        """(side name, text, its language, the other language) of each side."""
+        lang_src, lang_tgt = self.languages
+        return [("source", src, lang_src, lang_tgt), ("target", tgt, lang_tgt, lang_src)]
+
+    def _too_short(self, src: str, tgt: str) -> str:
+        return next((f"{side} has {len(text)} characters (min {self.settings.min_chars})"
+                     for side, text, _, _ in self._sides(src, tgt) if len(text) < self.settings.min_chars), "")
+
+    def _too_long(self, src: str, tgt: str) -> str:
+        return next((f"{side} has {len(text)} characters (max {self.settings.max_chars})"
+                     for side, text, _, _ in self._sides(src, tgt) if len(text) > self.settings.max_chars), "")
+
+    def _bad_characters(self, src: str, tgt: str) -> str:
+        for side, text, _, _ in self._sides(src, tgt):
+            found = _BAD_CHARACTERS.search(text)
+            if found:
+                return f"{side} has U+{ord(found.group()):04X}"
+        return ""
+
+    def _copy(self, src: str, tgt: str) -> str:
+        return "source equals target" if near_duplicate_key(src) == near_duplicate_key(tgt) else ""
+
+    def _length_ratio(self, src: str, tgt: str) -> str:
+        longer, shorter = max(len(src), len(tgt)), min(len(src), len(tgt))
+        if longer >= self.settings.ratio_min_chars and longer > self.settings.max_length_ratio * shorter:
+            return f"{len(src)} / {len(tgt)} characters (max ratio {self.settings.max_length_ratio:g})"
+        return ""
+
+    def _script(self, src: str, tgt: str) -> str:
+        for side, text, lang, _ in self._sides(src, tgt):
+            if lang in SCRIPTS:
+                share = script_share(text, SCRIPTS[lang])
+                if share < self.settings.script_min_share:
+                    return f"{side}: {share:.0%} of its letters in {'/'.join(SCRIPTS[lang])}"
+        return ""
+
+    def _language(self, src: str, tgt: str) -> str:
+        for side, text, lang, other in self._sides(src, tgt):
+            verdict = language_verdict(text, lang, other, self.settings.langid_pair_threshold,
+                                       self.settings.langid_other_threshold)
+            if verdict:
+                return f"{side} {verdict}"
+        return ""
+
+    def _near_duplicate(self, src: str, tgt: str) -> str:
+        key = text_hash(near_duplicate_key(src) + "\t" + near_duplicate_key(tgt))
+        if key in self.seen_keys:
+            return "repeats an earlier pair"
+        self.seen_keys.add(key)  # the last rule: only kept pairs are remembered
+        return ""
+
+    def judge(self, pair: Pair) -> Pair | Removal:
+        """The pair NFC-normalised if it is kept, else why it is removed; counted in the report."""
+        src, tgt = (unicodedata.normalize("NFC", text) for text in pair)
+        self.report.seen += 1
+        self.report.normalized += (src, tgt) != tuple(pair)
+        for reason, rule in self.rules:
+            detail = rule(src, tgt)
+            if detail:
+                self._record(reason, detail, pair)
+                return Removal(reason, detail)
+        self.report.kept += 1
+        return src, tgt
+
+    def _record(self, reason: str, detail: str, pair: Pair) -> None:
+        count = self.report.removed[reason] = self.report.removed.get(reason, 0) + 1
+        sample = {"row": self.report.seen - 1, "source": _printable(pair[0]), "target": _printable(pair[1]),
+                  "detail": _printable(detail)}
+        found = self.report.samples.setdefault(reason, [])
+        if len(found) < self.samples_per_reason:
+            found.append(sample)
+        elif (slot := self.random.randrange(count)) < self.samples_per_reason:
+            found[slot] = sample
+
+    def clean(self, pairs: Iterable[Pair]) -> Iterator[Pair]:
+        """The kept pairs of `pairs`, NFC-normalised, in order."""
+        for pair in pairs:
+            judged = self.judge(pair)
+            if not isinstance(judged, Removal):
+                yield judged
+
+    def clean_batches(self, batches: Iterable[list[Pair]]) -> Iterator[list[Pair]]:
+        """`clean` over batches (dataset.read_pairs'), batch for batch."""
+        for batch in batches:
+            yield list(self.clean(batch))
+
+    def mark(self, pairs: Sequence[Pair]) -> tuple[list[Pair], np.ndarray]:
+        """Each pair, NFC-normalised where it is kept and as given where it is removed, and which are
+        kept (booleans): for a store that writes every row and selects the kept ones afterwards."""
+        judged = [self.judge(pair) for pair in pairs]
+        kept = np.fromiter((not isinstance(found, Removal) for found in judged), dtype=bool, count=len(judged))
+        return [pair if isinstance(found, Removal) else found for pair, found in zip(pairs, judged)], kept
+
+
+# ---------------------------------------------------------------------------- scoring by models
+
+def _padded(rows: list[list[int]], device: torch.device) -> torch.Tensor:
+    out = torch.full((len(rows), max(map(len, rows))), PAD_ID, dtype=torch.long)
+    for index, row in enumerate(rows):
+        out[index, :len(row)] = torch.tensor(row, dtype=torch.long)
+    return out.to(device)
+
+
+def _batch_cross_entropy(model: torch.nn.Module, sources: list[list[int]], targets: list[list[int]],
+                         device: torch.device) -> np.ndarray:
+    """Per-token cross-entropy of each target given its source, teacher-forced, [EOS] included."""
+    src = _padded([[SOS_ID, *ids, EOS_ID] for ids in sources], device)
+    decoder_input = _padded([[SOS_ID, *ids] for ids in targets], device)
+    label = _padded([[*ids, EOS_ID] for ids in targets], device)
+    src_mask = (src != PAD_ID)[:, None, None, :]
+    logits = model.project(model.decode(model.encode(src, src_mask), src_mask, decoder_input))
+    losses = F.cross_entropy(logits.float().transpose(1, 2), label, ignore_index=PAD_ID, reduction="none")
+    return (losses.sum(1) / (label != PAD_ID).sum(1)).cpu().numpy()
+
+
+def conditional_cross_entropy(translator: TorchTranslator, sources: Sequence[str], targets: Sequence[str],
+                              target_lang: str, batch_size: int = 64) -> np.ndarray:
+    """Per-token cross-entropy (nats) of each target given its source under the translator's model
+    (`target_lang`: the language it is asked for, which tags the sources of a model of several),
+    in batches of similar length. Sources are cut to the model's limit as translation cuts them
+    (with its warning), targets to seq_len - 1 tokens."""
+    model = translator.model
+    device = next(model.parameters()).device
+    src_ids = [source.ids for source in translator.encode(sources, translator.source_tag(target_lang))]
+    tgt_ids = [encoding.ids[:translator.seq_len - 1]
+               for encoding in translator.tok_tgt.encode_batch(list(targets), add_special_tokens=False)]
+    order = sorted(range(len(src_ids)), key=lambda i: (len(src_ids[i]), len(tgt_ids[i])))
+    entropies = np.zeros(len(src_ids), dtype=np.float64)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode(), autocast_context(device, inference_dtype(device)):
+            for start in range(0, len(order), batch_size):
+                chunk = order[start:start + batch_size]
+                entropies[chunk] = _batch_cross_entropy(model, [src_ids[i] for i in chunk],
+                                                        [tgt_ids[i] for i in chunk], device)
+    finally:
+        model.train(was_training)
+    return entropies
+
+
+def dual_conditional_cross_entropy(pairs: Sequence[Pair], forward: TorchTranslator, backward: TorchTranslator,
+                                   lang_src: str, lang_tgt: str, batch_size: int = 64) -> np.ndarray:
+    """Each pair's score, |H_f - H_b| + 0.5 (H_f + H_b), lower is better (module docstring);
+    `forward` translates lang_src into lang_tgt, `backward` lang_tgt into lang_src (a ValueError
+    says which is not)."""
+    for name, model, source, target in (("forward", forward, lang_src, lang_tgt),
+                                        ("backward", backward, lang_tgt, lang_src)):
+        languages = (model.model_config["lang_src"], model.target_languages)
+        if languages[0] != source or target not in languages[1]:
+            raise ValueError(f"the {name} model translates {languages[0]} into {'+'.join(languages[1])}, "
+                             f"not {source} into {target}")
+    h_forward = conditional_cross_entropy(forward, [s for s, _ in pairs], [t for _, t in pairs], lang_tgt, batch_size)
+    h_backward = conditional_cross_entropy(backward, [t for _, t in pairs], [s for s, _ in pairs], lang_src,
+                                           batch_size)
+    return np.abs(h_forward - h_backward) + 0.5 * (h_forward + h_backward)
+
+
+def keep_best(scores: np.ndarray, fraction: float) -> np.ndarray:
+    """The indices of the best (lowest) `fraction` of `scores`, rounded up, in their original order;
+    ties go to the earlier pair."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"the fraction of pairs to keep must be in (0, 1], got {fraction}")
+    count = math.ceil(round(fraction * len(scores), 6))  # 0.07 * 100 is 7.000000000000001: 7 pairs, not 8
+    best = np.argsort(scores, kind="stable")[:count]
+    return np.sort(best)

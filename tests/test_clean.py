@@ -1,0 +1,99 @@
+"""clean.py: the cleaning alone on a corpus, reported by reason with samples, and bad input in one line."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import clean
+from checkpoint import save_checkpoint
+from config import parse_config
+from model import build_model
+from synthetic_data import write_hub_dataset
+from tokenizer import train_tokenizer
+
+GOOD = [("The station is on the other side of the river.", "La stazione è dall'altra parte del fiume."),
+        ("I would like a cup of coffee, please.", "Vorrei una tazza di caffè, per favore."),
+        ("We are going to the sea tomorrow morning.", "Domani mattina andiamo al mare.")]
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    train = GOOD + [("Tom is here.", "Tom is here."), (GOOD[1][1], GOOD[1][0]), GOOD[0]]
+    return write_hub_dataset(tmp_path / "data", {"train": train, "test": GOOD[:1]})
+
+
+def test_reports_each_reason_with_samples(corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    report = tmp_path / "report.json"
+    assert clean.main(["--datasource", str(corpus), "--report", str(report)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "data en-it train: kept 3 of 6 pairs (50.00%), NFC-normalised 0"
+    assert out[1:4] == ["  removed copy                   1  (16.67%)",
+                        "  removed language               1  (16.67%)",
+                        "  removed near_duplicate         1  (16.67%)"]
+    assert "    row 5: 'Vorrei una tazza di caffè, per favore.' ||| 'I would like a cup of coffee, please.'  " \
+           "[source reads as it (1.00 against en)]" in out
+    written = json.loads(report.read_text(encoding="utf-8"))
+    assert [entry["removed"] for entry in written] == [{"copy": 1, "language": 1, "near_duplicate": 1}]
+    assert written[0]["samples"]["copy"] == [{"row": 3, "source": "Tom is here.", "target": "Tom is here.",
+                                              "detail": "source equals target"}]
+
+
+def test_a_threshold_turns_a_rule_off(corpus: Path, capsys: pytest.CaptureFixture) -> None:
+    assert clean.main(["--datasource", str(corpus), "--clean_copies", "false", "--clean_near_duplicates", "no",
+                       "--split", "test"]) == 0
+    assert capsys.readouterr().out == "data en-it test: kept 1 of 1 pairs (100.00%), NFC-normalised 0\n"
+
+
+def exit_code(argv: list[str]) -> int:
+    """clean.main's return value, or the code argparse exits with."""
+    try:
+        return clean.main(argv)
+    except SystemExit as stop:
+        return int(stop.code)
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--clean_max_length_ratio", "0.5"], 2, "error: max_length_ratio must be 0 (off) or at least 1, got 0.5"),
+    (["--clean_copies", "maybe"], 2, "error: argument --clean_copies: expected true or false, got 'maybe'"),
+    (["--split", "validation"], 1, "error: '{corpus}' has no 'validation' split (found: test, train)"),
+])
+def test_bad_input_is_one_line(corpus: Path, capsys: pytest.CaptureFixture, args: list[str], code: int,
+                               message: str) -> None:
+    assert exit_code(["--datasource", str(corpus), *args]) == code
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].split(": ", 1)[1].startswith(message.format(corpus=corpus))  # prog: __main__.py here
+
+
+def untrained_checkpoint(folder: Path, pairs: list[tuple[str, str]], lang_src: str, lang_tgt: str) -> Path:
+    """A checkpoint file of an untrained tiny model from lang_src into lang_tgt, tokenizers from `pairs`."""
+    torch.manual_seed(0)
+    config = parse_config(["--preset", "tiny", "--lang_src", lang_src, "--lang_tgt", lang_tgt])
+    tok_src = train_tokenizer([s for s, _ in pairs], "wordlevel", 200, 1)
+    tok_tgt = train_tokenizer([t for _, t in pairs], "wordlevel", 200, 1)
+    model = build_model(config, tok_src.get_vocab_size(), tok_tgt.get_vocab_size())
+    state = {"config": config, "model": model.state_dict(),
+             "tokenizers": {"src": tok_src.to_str(), "tgt": tok_tgt.to_str()}}
+    return save_checkpoint(folder, state, 1, keep=1)
+
+
+def test_scores_the_kept_pairs_with_a_model_each_way(corpus: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    forward = untrained_checkpoint(tmp_path / "forward", GOOD, "en", "it")
+    backward = untrained_checkpoint(tmp_path / "backward", [(t, s) for s, t in GOOD], "it", "en")
+    report = tmp_path / "report.json"
+    assert clean.main(["--datasource", str(corpus), "--score_forward", str(forward), "--score_backward",
+                       str(backward), "--score_keep", "0.5", "--clean_samples", "2", "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    scoring = json.loads(report.read_text(encoding="utf-8"))[0]["scoring"]
+    assert (scoring["scored"], scoring["kept"], len(scoring["worst"])) == (3, 2, 2)  # 1.5 pairs, rounded up
+    assert {sample["row"] for sample in scoring["worst"]} <= {0, 1, 2}  # the rows the rules kept (GOOD's three)
+    # worst first; the second worst of three is the highest score the best two keep
+    assert scoring["worst"][0]["score"] >= scoring["worst"][1]["score"] == scoring["cut"]
+    assert f"  scored 3 kept pairs by dual conditional cross-entropy: keeping the best 2 (50%), scores up to " \
+           f"{scoring['cut']:.3f}\n" in out
+    assert exit_code(["--datasource", str(corpus), "--score_forward", str(backward), "--score_backward",
+                      str(forward)]) == 1
+    assert capsys.readouterr().err == "clean.py: error: the forward model translates it into en, not en into it\n"

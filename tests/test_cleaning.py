@@ -1,0 +1,220 @@
+"""cleaning.py: each rule removes its crafted pair (and only the rule that fires counts it), samples
+stay bounded, the settings' description follows every threshold, tatoeba's clean pairs survive the
+defaults, and dual conditional cross-entropy scores pairs by the models' own cross-entropies."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import unicodedata
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cleaning import (REASONS, Cleaner, CleaningSettings, Removal, conditional_cross_entropy,
+                      dual_conditional_cross_entropy, keep_best, near_duplicate_key, settings_from_config)
+from config import get_config
+from model import build_transformer
+from tokenizer import EOS_ID, SOS_ID, encode_ids, train_tokenizer
+from translator import TorchTranslator
+
+ROOT = Path(__file__).resolve().parents[1]
+KEPT = ("The station is on the other side of the river.", "La stazione è dall'altra parte del fiume.")
+
+# Each pair is removed by its rule, the first that fires: removing the rule from cleaning.py makes its
+# case fail. Near-duplicates have a test of their own.
+CASES = {
+    "too_short": (("Hi.", "Ciao."), {"min_chars": 4}),
+    "too_long": ((KEPT[0] + " " + KEPT[0], KEPT[1] + " " + KEPT[1]), {"max_chars": 80}),
+    "bad_characters": (("The station is on the other side of the \ufffd river.", KEPT[1]), {}),
+    "copy": (("Tom is here.", "tom is here!"), {}),
+    "length_ratio": (("I am leaving now because the last train to the city leaves at nine.", "Vado."), {}),
+    "script": (("Станция находится на другом берегу реки.", KEPT[1]), {}),
+    "language": ((KEPT[1], "La stazione si trova dall'altra parte del fiume."), {}),
+}
+OFF = {"too_short": {"min_chars": 0}, "too_long": {"max_chars": 0}, "bad_characters": {"bad_characters": False},
+       "copy": {"copies": False}, "length_ratio": {"max_length_ratio": 0.0}, "script": {"script_min_share": 0.0},
+       "language": {"langid_pair_threshold": 0.0, "langid_other_threshold": 0.0}}
+
+
+@pytest.mark.parametrize("reason", sorted(CASES))
+def test_each_rule_removes_its_pair_counts_and_samples_it(reason: str) -> None:
+    pair, settings = CASES[reason]
+    cleaner = Cleaner(CleaningSettings(**settings), "en", "it")
+    judged = [cleaner.judge(KEPT), cleaner.judge(pair)]
+    assert judged[0] == KEPT and isinstance(judged[1], Removal) and judged[1].reason == reason
+    report = cleaner.report
+    assert (report.seen, report.kept, report.removed) == (2, 1, {reason: 1})
+    assert report.samples == {reason: [{"row": 1, "source": pair[0], "target": pair[1], "detail": judged[1].detail}]}
+    # Off, the rule lets the pair through (or a later rule removes it for another reason).
+    assert Cleaner(CleaningSettings(**{**settings, **OFF[reason]}), "en", "it").judge(pair) != judged[1]
+
+
+def test_the_first_rule_that_fires_names_the_reason() -> None:
+    cleaner = Cleaner(CleaningSettings(), "en", "it")
+    swapped_copy = ("La stazione è lontana.", "La stazione è lontana.")  # a copy, and Italian in the source
+    assert cleaner.judge(swapped_copy).reason == "copy"
+    assert cleaner.report.removed == {"copy": 1}
+
+
+def test_the_other_language_of_the_pair_and_a_third_language() -> None:
+    cleaner = Cleaner(CleaningSettings(), "en", "it")
+    assert cleaner.judge((KEPT[1], KEPT[0])).detail == "source reads as it (1.00 against en)"
+    french = cleaner.judge(("Il fait très beau aujourd'hui, mais demain il pleuvra.", "Oggi fa molto bello, ma domani pioverà."))
+    assert french.detail.startswith("source reads as fr")
+    german = cleaner.judge(("The weather is fine today, but tomorrow it will rain.", "Das Wetter ist heute schön, aber morgen regnet es."))
+    assert german.detail.startswith("target reads as de")
+
+
+def test_short_sentences_need_a_confident_verdict() -> None:
+    """Short tatoeba pairs that py3langid gets wrong without a threshold (docs/cleaning.md) are kept."""
+    short = [("Use a calculator.", "Usa una calcolatrice."), ("Quiet!", "Silenzio!"), ("Jinx!", "Uccello del "
+             "malaugurio!"), ("Do you hate whiskey?", "Odia il whiskey?"), ("Today is October 20th.", "Oggi è il 20 "
+             "ottobre.")]
+    cleaner = Cleaner(CleaningSettings(), "en", "it")
+    assert [cleaner.judge(pair) for pair in short] == short
+    eager = Cleaner(CleaningSettings(langid_pair_threshold=0.5, langid_other_threshold=0.5), "en", "it")
+    assert all(isinstance(eager.judge(pair), Removal) for pair in short[:2])
+
+
+def test_near_duplicates_keep_the_first_and_digits_matter() -> None:
+    cleaner = Cleaner(CleaningSettings(), "en", "it")
+    pairs = [("Let's have lunch.", "Pranziamo."), ("Let's  have LUNCH!", "Pranziamo!"),
+             ("I was born in 1990.", "Sono nato nel 1990."), ("I was born in 1991.", "Sono nato nel 1991.")]
+    assert list(cleaner.clean(pairs)) == [pairs[0], pairs[2], pairs[3]]
+    assert cleaner.report.removed == {"near_duplicate": 1} and cleaner.report.samples["near_duplicate"][0]["row"] == 1
+    assert near_duplicate_key("Let's  have LUNCH!") == "letshavelunch"
+
+
+def test_kept_pairs_come_out_nfc() -> None:
+    decomposed = ("The coffee is hot.", unicodedata.normalize("NFD", "Il caffè è caldo."))
+    cleaner = Cleaner(CleaningSettings(), "en", "it")
+    assert [list(batch) for batch in cleaner.clean_batches([[decomposed]])] == [[("The coffee is hot.",
+                                                                                   "Il caffè è caldo.")]]
+    assert cleaner.report.normalized == 1
+
+
+def test_mark_keeps_every_row_and_says_which_are_kept() -> None:
+    decomposed = unicodedata.normalize("NFD", "Il caffè è caldo.")
+    pairs = [("The coffee is hot.", decomposed), ("Tom.", "Tom."), ("The coffee is hot!", decomposed)]
+    written, kept = Cleaner(CleaningSettings(), "en", "it").mark(pairs)
+    assert written == [("The coffee is hot.", "Il caffè è caldo."), ("Tom.", "Tom."), pairs[2]]
+    assert kept.tolist() == [True, False, False]
+
+
+def test_samples_are_bounded_seeded_and_in_row_order() -> None:
+    copies = [(f"Copy number {n}.", f"Copy number {n}.") for n in range(50)]
+
+    def samples(seed: int) -> list[int]:
+        cleaner = Cleaner(CleaningSettings(), "en", "it", samples_per_reason=3, seed=seed)
+        assert list(cleaner.clean(copies)) == []
+        assert cleaner.report.removed == {"copy": 50}
+        return [sample["row"] for sample in cleaner.report.as_dict()["samples"]["copy"]]
+
+    assert len(samples(0)) == 3 and samples(0) == sorted(samples(0)) == samples(0)
+    assert samples(0) != [0, 1, 2]  # a uniform sample, not the first three
+    report = Cleaner(CleaningSettings(), "en", "it").report
+    assert json.loads(json.dumps(report.as_dict()))["settings"] == CleaningSettings().describe()
+
+
+def test_a_lone_surrogate_is_removed_and_its_sample_can_be_written() -> None:
+    cleaner = Cleaner(CleaningSettings(), "en", "it")
+    assert cleaner.judge(("Bad \ud800 text here.", "Testo \ud800 sbagliato.")).reason == "bad_characters"
+    json.dumps(cleaner.report.as_dict(), ensure_ascii=False).encode("utf-8")
+
+
+def test_report_line_and_scalars() -> None:
+    cleaner = Cleaner(CleaningSettings(), "en", "xx")
+    list(cleaner.clean([KEPT, ("Tom.", "Tom.")]))
+    report = cleaner.report
+    assert report.summary() == ("cleaning en-xx: kept 1 of 2 pairs, removed 1 (1 copy), NFC-normalised 0; "
+                                "not judged: script of xx (not in cleaning.SCRIPTS); "
+                                "not judged: language xx (not one of py3langid's)")
+    assert report.scalars() == {"clean/seen": 2, "clean/kept": 1,
+                                **{f"clean/removed_{reason}": int(reason == "copy") for reason in REASONS}}
+
+
+@pytest.mark.parametrize("name", [field.name for field in dataclasses.fields(CleaningSettings)])
+def test_the_description_changes_with_every_setting(name: str) -> None:
+    default = getattr(CleaningSettings(), name)
+    changed = (not default) if isinstance(default, bool) else (0 if default else 1)
+    described = CleaningSettings(**{name: changed}).describe()
+    assert described != CleaningSettings().describe() and described[name] == changed
+
+
+def test_settings_from_config_reads_the_clean_keys() -> None:
+    assert settings_from_config({f"clean_{field.name}": getattr(CleaningSettings(), field.name)
+                                 for field in dataclasses.fields(CleaningSettings)}) == CleaningSettings()
+
+
+def test_the_description_names_the_rules_and_the_identifier() -> None:
+    described = CleaningSettings().describe()
+    assert described["version"] == 1 and described["langid"] == "py3langid 0.4.0"
+    assert "langid" not in CleaningSettings(langid_pair_threshold=0, langid_other_threshold=0).describe()
+
+
+@pytest.mark.parametrize("settings", [{"max_chars": -1}, {"max_length_ratio": 0.5}, {"script_min_share": 1.5},
+                                      {"langid_pair_threshold": -0.1}])
+def test_settings_out_of_range_are_refused(settings: dict) -> None:
+    with pytest.raises(ValueError, match=next(iter(settings))):
+        CleaningSettings(**settings)
+
+
+def test_tatoeba_clean_pairs_lose_only_a_near_duplicate() -> None:
+    """The defaults against the 15,359 training pairs shipped in data/tatoeba (docs/cleaning.md)."""
+    lines = (ROOT / "data" / "tatoeba" / "en-it" / "train.jsonl").read_text(encoding="utf-8").splitlines()
+    pairs = [(row["translation"]["en"], row["translation"]["it"]) for row in map(json.loads, lines)]
+    cleaner = Cleaner(CleaningSettings(), "en", "it")
+    kept = list(cleaner.clean(pairs))
+    assert len(pairs) == 15_359 and len(kept) == 15_358
+    assert cleaner.report.samples == {"near_duplicate": [{"row": 8954, "source": "Let's have lunch!",
+                                                          "target": "Pranziamo!", "detail": "repeats an earlier pair"}]}
+
+
+# ---------------------------------------------------------------------------- scoring by models
+
+def tiny_translator(pairs: list[tuple[str, str]], lang_src: str, lang_tgt: str, seed: int) -> TorchTranslator:
+    """An untrained d_model 16 model over word-level tokenizers of `pairs` (source, target)."""
+    torch.manual_seed(seed)
+    tok_src = train_tokenizer([s for s, _ in pairs], "wordlevel", 100, 1)
+    tok_tgt = train_tokenizer([t for _, t in pairs], "wordlevel", 100, 1)
+    model = build_transformer(tok_src.get_vocab_size(), tok_tgt.get_vocab_size(), 16, 16, d_model=16, N=1, h=2,
+                              dropout=0.0, d_ff=32)
+    return TorchTranslator(model, tok_src, tok_tgt, dict(get_config(), seq_len=16, lang_src=lang_src,
+                                                         lang_tgt=lang_tgt))
+
+
+def one_by_one(translator: TorchTranslator, source: str, target: str) -> float:
+    """The mean cross-entropy of `target` given `source`, one sentence at a time, without padding."""
+    src = torch.tensor([[SOS_ID, *encode_ids(translator.tok_src, source), EOS_ID]])
+    ids = encode_ids(translator.tok_tgt, target)
+    logits = translator.model(src, torch.tensor([[SOS_ID, *ids]]))
+    return F.cross_entropy(logits[0].float(), torch.tensor([*ids, EOS_ID])).item()
+
+
+def test_dual_conditional_cross_entropy_is_junczys_dowmunts_score() -> None:
+    pairs = [("the cat sees the dog", "il gatto vede il cane"), ("the dog", "il cane"),
+             ("a big red house", "una grande casa rossa"), ("the cat", "il gatto vede il cane grande")]
+    forward = tiny_translator(pairs, "en", "it", seed=0)
+    backward = tiny_translator([(t, s) for s, t in pairs], "it", "en", seed=1)
+    h_f = conditional_cross_entropy(forward, [s for s, _ in pairs], [t for _, t in pairs], "it", batch_size=3)
+    h_b = torch.tensor([one_by_one(backward, t, s) for s, t in pairs], dtype=torch.float64)
+    torch.testing.assert_close(torch.from_numpy(h_f), torch.tensor([one_by_one(forward, s, t) for s, t in pairs],
+                                                                   dtype=torch.float64), rtol=1e-5, atol=1e-5)
+    scores = dual_conditional_cross_entropy(pairs, forward, backward, "en", "it", batch_size=2)
+    expected = (torch.from_numpy(h_f) - h_b).abs() + 0.5 * (torch.from_numpy(h_f) + h_b)
+    torch.testing.assert_close(torch.from_numpy(scores), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="the forward model translates it into en, not en into it"):
+        dual_conditional_cross_entropy(pairs, backward, forward, "en", "it")
+
+
+def test_keep_best_keeps_the_lowest_scores_in_order() -> None:
+    scores = torch.tensor([3.0, 1.0, 2.0, 1.0, 5.0]).numpy()
+    assert keep_best(scores, 0.6).tolist() == [1, 2, 3]
+    assert keep_best(scores, 0.2).tolist() == [1]  # a tie goes to the earlier pair
+    assert keep_best(scores, 0.5).tolist() == [1, 2, 3]  # 2.5 pairs, rounded up
+    assert len(keep_best(torch.zeros(100).numpy(), 0.07)) == 7
+    assert keep_best(scores, 1.0).tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="fraction"):
+        keep_best(scores, 0.0)
