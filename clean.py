@@ -17,31 +17,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from atomic_files import atomic_write_bytes
 import numpy as np
 
+from atomic_files import atomic_write_bytes
 from checkpoint import CheckpointError
 from cleaning import (REASONS, Cleaner, CleaningReport, CleaningSettings, Removal, dual_conditional_cross_entropy,
                       keep_best, settings_from_config)
-# _parse_bool: until the lead's config schema declares the clean_* keys, these options are added here.
-from config import ConfigError, Corpus, _parse_bool, build_parser, config_or_exit, corpora, corpus_name
+from config import CLEAN, ConfigError, Corpus, OneLineParser, build_parser, corpora, corpus_name, parse_args
 from dataset import DataError, Pair, open_source, read_pairs
 from device import pick_device
 from translator import TorchTranslator, TranslatorError
-
-
-def add_cleaning_arguments(parser: argparse.ArgumentParser) -> None:
-    """One --clean_NAME option per CleaningSettings field, typed from its default."""
-    group = parser.add_argument_group("cleaning")
-    for setting in fields(CleaningSettings):
-        kind = _parse_bool if isinstance(setting.default, bool) else type(setting.default)
-        group.add_argument(f"--clean_{setting.name}", type=kind, default=setting.default,
-                           metavar=type(setting.default).__name__.upper(), help=f"default: {setting.default!r}")
-    group.add_argument("--clean_samples", type=int, default=5, help="removed pairs shown per reason (default: 5)")
 
 
 def print_report(name: str, split: str, report: CleaningReport) -> None:
@@ -86,7 +74,7 @@ def clean_corpus(corpus: Corpus, config: dict[str, Any], args: argparse.Namespac
     source = open_source(corpus.source, f"{lang_src}-{lang_tgt}")
     if args.split not in source.splits:
         raise DataError(f"{corpus.source!r} has no {args.split!r} split (found: {', '.join(source.splits)})")
-    cleaner = Cleaner(settings, lang_src, lang_tgt, args.clean_samples, config["seed"])
+    cleaner = Cleaner(settings, lang_src, lang_tgt, config["clean_samples"], config["seed"])
     kept: list[Pair] = []
     rows: list[int] = []
     for batch in read_pairs(source, args.split, lang_src, lang_tgt):
@@ -98,16 +86,16 @@ def clean_corpus(corpus: Corpus, config: dict[str, Any], args: argparse.Namespac
     print_report(corpus_name(corpus.source), args.split, cleaner.report)
     report = {"corpus": corpus.source, "split": args.split, **cleaner.report.as_dict()}
     if models:
-        report["scoring"] = score_kept(kept, rows, models, args.score_keep, args.clean_samples, lang_src, lang_tgt)
+        report["scoring"] = score_kept(kept, rows, models, args.score_keep, config["clean_samples"], lang_src,
+                                       lang_tgt)
         print_scoring(report["scoring"])
     return report
 
 
-def build_clean_parser() -> argparse.ArgumentParser:
-    parser = build_parser(__doc__.splitlines()[0])
+def argument_parser() -> OneLineParser:
+    parser = build_parser(CLEAN, __doc__.splitlines()[0])
     parser.add_argument("--split", default="train", help="split to clean (default: train, the one training cleans)")
     parser.add_argument("--report", type=Path, default=None, help="also write the whole report to this JSON file")
-    add_cleaning_arguments(parser)
     scoring = parser.add_argument_group("scoring by models (both or neither)")
     scoring.add_argument("--score_forward", type=Path, default=None,
                          help="checkpoint of a model from lang_src into lang_tgt trained on this corpus")
@@ -119,11 +107,11 @@ def build_clean_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_clean_parser()
-    args = parser.parse_args(argv)
-    config = config_or_exit(args, parser)
+    parser = argument_parser()
+    args, resolved = parse_args(CLEAN, argv, parser=parser)
+    config = resolved.config
     try:
-        settings = settings_from_config(vars(args))
+        settings = settings_from_config(config)
     except ValueError as error:
         parser.error(str(error))
     if (args.score_forward is None) != (args.score_backward is None) or not 0 < args.score_keep <= 1:

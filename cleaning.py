@@ -47,6 +47,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from config import OPTIONS
 from dataset import Pair, text_hash
 from precision import autocast_context, inference_dtype
 from tokenizer import EOS_ID, PAD_ID, SOS_ID
@@ -89,16 +90,18 @@ class CleaningSettings:
     """Each rule's threshold (module docstring); 0 or False turns a rule off. The defaults remove
     one pair of tatoeba's 15,359 clean training pairs, a near-duplicate (docs/cleaning.md)."""
 
-    min_chars: int = 1  # one-word sentences are real (Jinx!); raise it for corpora of fragments
-    max_chars: int = 1000
-    bad_characters: bool = True
-    copies: bool = True
-    max_length_ratio: float = 3.0
-    ratio_min_chars: int = 30
-    script_min_share: float = 0.5  # a sentence may quote a word or two in another script
-    langid_pair_threshold: float = 0.9
-    langid_other_threshold: float = 0.98
-    near_duplicates: bool = True
+    # The defaults are the config's (config.OPTIONS). One-word sentences are real (Jinx!): min_chars 1;
+    # a sentence may quote a word or two in another script: script_min_share 0.5.
+    min_chars: int = OPTIONS["clean_min_chars"].default
+    max_chars: int = OPTIONS["clean_max_chars"].default
+    bad_characters: bool = OPTIONS["clean_bad_characters"].default
+    copies: bool = OPTIONS["clean_copies"].default
+    max_length_ratio: float = OPTIONS["clean_max_length_ratio"].default
+    ratio_min_chars: int = OPTIONS["clean_ratio_min_chars"].default
+    script_min_share: float = OPTIONS["clean_script_min_share"].default
+    langid_pair_threshold: float = OPTIONS["clean_langid_pair_threshold"].default
+    langid_other_threshold: float = OPTIONS["clean_langid_other_threshold"].default
+    near_duplicates: bool = OPTIONS["clean_near_duplicates"].default
 
     def __post_init__(self) -> None:
         for name in ("min_chars", "max_chars", "ratio_min_chars"):

@@ -29,21 +29,23 @@ from typing import Any, Sequence
 
 VERSION = "1.0.0"
 
-TRAIN, TRANSLATE, EVALUATE, SERVE, EXPORT = "train", "translate", "evaluate", "serve", "export"
-PROGRAMS = (TRAIN, TRANSLATE, EVALUATE, SERVE, EXPORT)
+TRAIN, TRANSLATE, EVALUATE, SERVE, EXPORT, CLEAN = "train", "translate", "evaluate", "serve", "export", "clean"
+PROGRAMS = (TRAIN, TRANSLATE, EVALUATE, SERVE, EXPORT, CLEAN)
 DECODERS = frozenset({TRANSLATE, EVALUATE, SERVE})  # the programs that translate with a trained model
+CLEANERS = frozenset({TRAIN, CLEAN})
 EVERY = frozenset(PROGRAMS)
 
 # Groups in the order --help shows them, each with its heading.
 GROUPS = {
     "data": "data: the corpora, their languages and how they are split",
+    "cleaning": "cleaning: rules that remove training pairs before they are learned (docs/cleaning.md)",
     "tokenizers": "tokenizers: trained on the training split of a new run",
     "model": "model: the Transformer's sizes",
     "optimisation": "optimisation: batches, AdamW and the learning-rate schedule",
     "run": "run: length, precision, device and randomness",
     "validation": "validation: how training scores itself and picks its best checkpoint",
     "checkpoints": "checkpoints: where a run lives, which checkpoint to start from or to translate with",
-    "decoding": "decoding: how translations are searched",
+    "decoding": "decoding: how text is segmented and translations are searched",
     "serving": "serving (serve.py): request limits, batching and overload",
 }
 
@@ -124,6 +126,27 @@ OPTIONS: dict[str, Option] = {
                       "data", frozenset({TRAIN, EVALUATE})),
     "seq_len": O(256, "longest sentence in tokens, [SOS] and [EOS] included; longer training pairs are dropped",
                  "data", range=Range(3)),
+    # ---- cleaning (cleaning.py): 0 or false turns a rule off
+    "clean": O(True, "clean the training split with the rules below before it is learned", "cleaning"),
+    "clean_min_chars": O(1, "fewest characters on each side", "cleaning", CLEANERS, range=NON_NEGATIVE),
+    "clean_max_chars": O(1000, "most characters on each side", "cleaning", CLEANERS, range=NON_NEGATIVE),
+    "clean_bad_characters": O(True, "remove pairs with control, surrogate, private-use or replacement characters",
+                              "cleaning", CLEANERS),
+    "clean_copies": O(True, "remove pairs whose source equals their target", "cleaning", CLEANERS),
+    "clean_max_length_ratio": O(3.0, "most characters of the longer side per character of the shorter; 0: off",
+                                "cleaning", CLEANERS, range=NON_NEGATIVE),
+    "clean_ratio_min_chars": O(30, "the length ratio is judged only when the longer side has this many characters",
+                               "cleaning", CLEANERS, range=NON_NEGATIVE),
+    "clean_script_min_share": O(0.5, "least share of a side's letters in its language's script", "cleaning",
+                                CLEANERS, range=Range(0, 1)),
+    "clean_langid_pair_threshold": O(0.9, "remove a side that py3langid reads as the pair's other language with this "
+                                     "confidence", "cleaning", CLEANERS, range=Range(0, 1)),
+    "clean_langid_other_threshold": O(0.98, "remove a side that py3langid reads as a third language with this "
+                                      "confidence", "cleaning", CLEANERS, range=Range(0, 1)),
+    "clean_near_duplicates": O(True, "remove pairs equal to an earlier one once casefolded, without punctuation "
+                               "and spaces", "cleaning", CLEANERS),
+    "clean_samples": O(5, "removed pairs written beside the store (clean.py: shown) per reason", "cleaning",
+                       CLEANERS, range=NON_NEGATIVE),
     # ---- tokenizers
     "tokenizer_type": O("wordlevel", "the tokenizers' model", "tokenizers", choices=("wordlevel", "bpe", "unigram"),
                         model=True, identity=True),
@@ -170,7 +193,7 @@ OPTIONS: dict[str, Option] = {
                    range=NON_NEGATIVE),
     "max_minutes": O(0.0, "wall-clock budget, validation included; 0: no limit", "run", range=NON_NEGATIVE),
     "seed": O(42, "seed of the weights, the data split, the batches and dropout (translate.py: of sampling)", "run",
-              frozenset({TRAIN, TRANSLATE, SERVE}), identity=True),
+              frozenset({TRAIN, TRANSLATE, SERVE, CLEAN}), identity=True),
     "amp": O("auto", "mixed precision: auto is bf16 on CUDA from compute capability 8.0 (fp16 with a loss scaler "
              "before) and on CPUs with AVX-512 BF16 or AMX, off elsewhere", "run", choices=("auto", "off", "bf16", "fp16")),
     "compile": O(False, "torch.compile the model for training", "run"),
@@ -178,7 +201,7 @@ OPTIONS: dict[str, Option] = {
                        "run"),
     "num_workers": O(-1, "DataLoader workers; -1: 2 on CUDA, 0 elsewhere", "run", range=Range(-1)),
     "device": O("auto", "auto: CUDA, else MPS, else CPU; naming a device that is not there is an error", "run",
-                frozenset({TRAIN, TRANSLATE, EVALUATE, SERVE}), choices=("auto", "cpu", "cuda", "mps")),
+                frozenset({TRAIN, TRANSLATE, EVALUATE, SERVE, CLEAN}), choices=("auto", "cpu", "cuda", "mps")),
     "keep_freed_memory": O(True, "on a CPU, glibc's malloc keeps freed memory for reuse (faster steps; the process "
                            "keeps its peak heap until it exits)", "run"),
     "max_nonfinite_steps": O(10, "consecutive skipped (non-finite) steps before the run stops", "run",
@@ -221,6 +244,10 @@ OPTIONS: dict[str, Option] = {
     "average_min_gap_steps": O(0, "averaged checkpoints lie at least this many steps apart; 0: half their median "
                                "spacing", "checkpoints", DECODERS | {TRAIN, EXPORT}, range=NON_NEGATIVE),
     # ---- decoding
+    "split_sentences": O("auto", "split each line into sentences by the source language's rules (sentencex) and "
+                         "translate them together; auto: on in translate.py, serve.py and the page, off in evaluate.py "
+                         "and validation, which score line by line", "decoding", DECODERS | {TRAIN},
+                         choices=("auto", "true", "false")),
     "beam_size": O(5, "beam width; 1: greedy search", "decoding", DECODERS, range=AT_LEAST_ONE),
     "length_penalty": O(1.0, "hypothesis scores are log-probability / length ** length_penalty", "decoding",
                         DECODERS | {TRAIN}, range=NON_NEGATIVE),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import clean
 import evaluate
 import export
 import serve
@@ -17,7 +18,7 @@ from config import (EVERY, GROUPS, OPTIONS, PRESETS, PROGRAMS, ConfigError, Reso
                     get_config, options_table, parse_config, runs_dir, validate_config, weights_dir)
 from translator import DecodingOptions
 
-PARSERS = {"train": train.argument_parser, "translate": translate.argument_parser,
+PARSERS = {"clean": clean.argument_parser, "train": train.argument_parser, "translate": translate.argument_parser,
            "evaluate": evaluate.argument_parser, "export": export.argument_parser, "serve": serve.argument_parser}
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -147,7 +148,7 @@ def test_each_program_takes_and_explains_exactly_the_keys_it_uses(program: str) 
 
 def test_help_shows_groups_and_no_foreign_flag() -> None:
     text = " ".join(translate.argument_parser().format_help().split())
-    assert "decoding: how translations are searched" in text and "--beam_size INT beam width; 1: greedy search" in text
+    assert "decoding: how text is segmented and translations are searched" in text and "--beam_size INT beam width; 1: greedy search" in text
     for foreign in ("--adam_beta1", "--serve_drain_grace_s", "--lr ", "--preset", "optimisation:"):
         assert foreign not in text
     assert "--serve_max_queued_work" in serve.argument_parser().format_help()
