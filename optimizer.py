@@ -35,12 +35,12 @@ def warmup_steps(config: dict[str, Any], total_steps: int) -> int:
     return config["warmup_steps"] or round(config["warmup_fraction"] * total_steps)
 
 
-def lr_factor(step: int, config: dict[str, Any], total_steps: int) -> float:
-    """Multiplier of the peak lr after `step` optimizer steps: linear warmup, then the paper's
-    inverse square root (from the first step when there is no warmup), or a cosine decay to
-    min_lr at `total_steps`."""
+def lr_factor(step: int, config: dict[str, Any], total_steps: int, warmup: int | None = None) -> float:
+    """Multiplier of the peak lr after `step` optimizer steps: linear warmup (over `warmup` steps, by
+    default the config's `warmup_steps`), then the paper's inverse square root (from the first step
+    when there is no warmup), or a cosine decay to min_lr at `total_steps`."""
     step += 1
-    warmup = warmup_steps(config, total_steps)
+    warmup = warmup_steps(config, total_steps) if warmup is None else warmup
     if warmup and step < warmup:
         return step / warmup
     if config["lr_schedule"] == "inverse_sqrt":

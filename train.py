@@ -30,7 +30,9 @@ them with a checkpoint, and a SIGTERM abandons a validation under way.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import math
 import os
 import sys
 import time
@@ -56,7 +58,8 @@ from dataset import BatchPlan, BilingualDataset, CorpusMix, DataError, MicroBatc
 from device import pick_device
 from loss import loss_sum
 from model import Transformer, build_model, train_flops
-from optimizer import build_optimizer, lr_factor
+from optimizer import build_optimizer, lr_factor, warmup_steps
+from time_budget import PLAN_SKIP_STEPS, PLAN_TIMED_STEPS, Plan, plan_from_dict, plan_run
 from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
 from ranks import GracefulStop, RankFailed, Ranks, RankWatch, StopRequested, join_ranks
 from scoring import corpus_scores, grouped_scores
@@ -67,6 +70,9 @@ from translator import DecodingOptions, TorchTranslator
 
 
 # ---------------------------------------------------------------------------- the parts of a run
+
+clock = time.monotonic  # the run's clock: its plan and --max_minutes (tests plant another)
+
 
 def cpu_epoch_estimate(config: dict[str, Any], batches: list[np.ndarray], dataset: BilingualDataset,
                        tgt_vocab: int, dtype: torch.dtype | None) -> float:
@@ -293,8 +299,13 @@ class Trainer:
 
     def __init__(self, config: dict[str, Any], device: torch.device, ranks: Ranks, started: float,
                  initial: dict[str, Any] | None = None, keep_freed: bool = False,
-                 watch: RankWatch | None = None) -> None:
+                 watch: RankWatch | None = None, plan_to_clock: bool = False) -> None:
         self.config, self.device, self.ranks, self.started = config, device, ranks, started
+        # --max_minutes without --num_epochs or --max_steps: the run's length is planned to the clock
+        # after its first steps (time_budget.py), unless the checkpoint it resumes holds a plan.
+        self.planning, self.run_plan = plan_to_clock, None
+        self.step_times: list[tuple[int, float, float]] = []  # (step, clock, validation seconds so far)
+        self.validation_seconds = 0.0
         self.watch = watch  # under torchrun: how the ranks wait on rank 0 and stop together (ranks.py)
         self.keep_freed = keep_freed  # apply cpu_kernels.keep_freed_memory once the data is ready
         self.initial = initial  # the --init_from checkpoint, if any
@@ -342,9 +353,11 @@ class Trainer:
         if steps_per_epoch == 0:
             raise DataError(f"too little training data for one step of {ranks.world_size * config['accum_steps']} "
                             f"batches")
+        self.steps_per_epoch = steps_per_epoch
         self.total_steps = config["max_steps"] or config["num_epochs"] * steps_per_epoch
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
-                                                           lambda step: lr_factor(step, config, self.total_steps))
+        self.warmup = warmup_steps(config, self.total_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: lr_factor(step, config, self.total_steps, self.warmup))
         self.autocast_dtype = amp_dtype(config, self.device)
         self.tf32 = allow_tf32(self.device)
         self.scaler = grad_scaler(self.device, self.autocast_dtype)
@@ -436,6 +449,10 @@ class Trainer:
         accum_steps regroup the same batches, so training resumes at the very next batch; other
         changes make other batches, so it resumes at the start of the next epoch."""
         load_weights(self.model, state["model"], path)
+        if (plan := plan_from_dict(state.get("plan"))) is not None:
+            self.follow(plan)
+            log(f"following the run's plan: {plan.total_steps} steps ({plan.epochs:.1f} epochs); --max_minutes "
+                f"{self.config['max_minutes']:g} bounds this invocation's own clock")
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if note := load_scaler_state(self.scaler, state["scaler"]):
@@ -474,7 +491,7 @@ class Trainer:
         for group, decay in zip(self.optimizer.param_groups, (config["weight_decay"], 0.0)):
             group.update(betas=(config["adam_beta1"], config["adam_beta2"]), eps=config["adam_eps"],
                          weight_decay=decay, initial_lr=config["lr"])
-            group["lr"] = config["lr"] * lr_factor(self.scheduler.last_epoch, config, self.total_steps)
+            group["lr"] = config["lr"] * lr_factor(self.scheduler.last_epoch, config, self.total_steps, self.warmup)
         self.scheduler.base_lrs = [config["lr"]] * len(self.optimizer.param_groups)
         changed = [f"--{key} {saved[key]} -> {config[key]}" for key in OPTIMIZER_SETTINGS if saved[key] != config[key]]
         if changed:
@@ -516,12 +533,17 @@ class Trainer:
                 log(f"already trained {self.global_step} steps (--max_steps {config['max_steps']}); raise "
                     f"--max_steps to go on")
                 return 0
-            if self.epoch >= config["num_epochs"]:
+            if self.run_plan is not None and self.global_step >= self.run_plan.total_steps:
+                log(f"already trained the {self.run_plan.total_steps} steps of the run's plan; start a new run "
+                    f"(--experiment_name) for another")
+                return 0
+            if self.run_plan is None and not self.planning and self.epoch >= config["num_epochs"]:
                 log(f"already trained {self.epoch} epochs; raise --num_epochs to go on")
                 return 0
             self.model.train()
             stop = None
-            while self.epoch < config["num_epochs"] and stop is None:
+            # A planned run ends at its planned step, however many epochs that is.
+            while (self.planning or self.run_plan is not None or self.epoch < config["num_epochs"]) and stop is None:
                 stop = self.train_epoch(graceful)
                 stop = self.end_of_epoch(stop, graceful)
         return self.finish(stop)
@@ -547,6 +569,8 @@ class Trainer:
         step_loss = torch.zeros((), device=device)
         self.log_loss, self.log_tokens, self.log_started = torch.zeros((), device=device), 0, time.monotonic()
         stop = None
+        if self.planning:
+            self.step_times.append((self.global_step, clock(), self.validation_seconds))
         if ranks.is_main:
             self.log_corpus_pairs()
         # Closed also on an error: the bar's line ends before the error's one-line message.
@@ -574,6 +598,8 @@ class Trainer:
                 signal_seen, out_of_time = self.optimizer_step(step_loss, graceful)
                 step_loss = torch.zeros((), device=device)
                 progress.update(1)
+                if self.planning:
+                    self.time_step(epoch_steps)
                 stop = self.stop_decision(signal_seen, out_of_time)
                 if stop:
                     break
@@ -619,7 +645,7 @@ class Trainer:
         # back a second time.
         nonfinite = ~(torch.isfinite(step_loss) & torch.isfinite(grad_norm))
         out_of_time = self.ranks.is_main and bool(config["max_minutes"]) and \
-            time.monotonic() - self.started + self.last_validation_seconds >= 60 * config["max_minutes"]
+            clock() - self.started + self.last_validation_seconds >= 60 * config["max_minutes"]
         nonfinite, signal_seen, out_of_time = self.on_any_rank(nonfinite, graceful.requested, out_of_time)
         if not nonfinite:
             self.optimizer.step()
@@ -678,11 +704,74 @@ class Trainer:
             return "nonfinite"
         if config["max_steps"] and self.global_step >= config["max_steps"]:
             return "max_steps"
+        if self.run_plan is not None and self.global_step >= self.run_plan.total_steps:
+            return "planned_end"
         if out_of_time:
             return "max_minutes"
         if signal_seen:
             return "signal"
         return None
+
+    # ------------------------------------------------------------------ 2b. the plan
+
+    def time_step(self, epoch_steps: int) -> None:
+        """Record the clock after a step; once enough steps are timed (or the first epoch ends
+        before), make the plan: rank 0's, which every rank follows."""
+        self.step_times.append((self.global_step, clock(), self.validation_seconds))
+        timed = len(self.step_times) - 1
+        if timed < PLAN_SKIP_STEPS + PLAN_TIMED_STEPS and self.step_in_epoch < epoch_steps:
+            return
+        plan = self.make_plan() if self.ranks.is_main else None
+        self.follow(plan_from_dict(self.from_rank0(plan.as_dict() if plan is not None else None)))
+
+    def make_plan(self) -> Plan:
+        """The plan from the timed steps (the first PLAN_SKIP_STEPS left out where there are more),
+        a validation's and a checkpoint's estimated cost, and the clock."""
+        skip = min(PLAN_SKIP_STEPS, len(self.step_times) - 2)
+        (first, started, validated), (last, ended, validated_end) = self.step_times[skip], self.step_times[-1]
+        step_seconds = max(ended - started - (validated_end - validated), 0.0) / max(last - first, 1)
+        config = self.config
+        base_total = config["num_epochs"] * self.steps_per_epoch
+        plan = plan_run(self.global_step, clock() - self.started, 60 * config["max_minutes"], step_seconds,
+                        self.estimated_validation_seconds(), self.estimated_checkpoint_seconds(),
+                        self.steps_per_epoch, config["validate_every_steps"], config["save_every_steps"],
+                        base_total, warmup_steps(config, base_total), config["warmup_fraction"])
+        log(plan.describe())
+        self.writer.add_text("plan", plan.describe(), self.global_step)
+        for name in ("total_steps", "warmup_steps", "step_seconds", "validation_seconds", "expected_end_s"):
+            self.writer.add_scalar(f"plan/{name}", getattr(plan, name), self.global_step)
+        self.writer.add_scalar("plan/epochs", plan.epochs, self.global_step)
+        return plan
+
+    def estimated_validation_seconds(self) -> float:
+        """A validation's cost: the loss over this rank's share of the split, timed, and the decoding
+        of a sample of the sources, timed and scaled to the subset decoded."""
+        if not self.val_pairs:
+            return 0.0
+        started = clock()
+        sample = self.val_sources[:32]
+        model = self.raw_model
+        model.eval()
+        validation_loss(model, self.val_ds, self.config, self.device, self.ranks.rank, self.ranks.world_size)
+        loss_seconds, decode_started = clock() - started, clock()
+        TorchTranslator(model, self.tok_src, self.tok_tgt, self.config).translate_best(sample, DecodingOptions.from_config(
+            self.config, beam_size=self.config["val_beam_size"], sampling_topk=0, sampling_topp=0.0,
+            target_lang=corpora(self.config)[0].lang_tgt))
+        model.train()
+        share = len(self.val_sources) / self.ranks.world_size
+        return loss_seconds + (clock() - decode_started) * share / len(sample)
+
+    def estimated_checkpoint_seconds(self) -> float:
+        """A checkpoint's cost: the model's and optimizer's state serialised once in memory, doubled
+        for hashing and writing it."""
+        started = clock()
+        torch.save({"model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict()}, io.BytesIO())
+        return 2 * (clock() - started)
+
+    def follow(self, plan: Plan) -> None:
+        """From here on the run's length and learning-rate schedule are the plan's."""
+        self.run_plan, self.planning = plan, False
+        self.total_steps, self.warmup = plan.total_steps, plan.warmup_steps
 
     # ------------------------------------------------------------------ 3. end of an epoch
 
@@ -703,7 +792,7 @@ class Trainer:
         SIGTERM abandons it on every rank) and decides early stopping by `best_metric`; returns
         the metrics (None if abandoned, and on ranks other than 0) and the stop reason."""
         metrics, ranks = None, self.ranks
-        validation_started = time.monotonic()
+        validation_started = clock()
         if self.val_pairs:
             try:
                 with graceful.abandoning():
@@ -716,7 +805,8 @@ class Trainer:
             except StopRequested:
                 log(f"validation at step {self.global_step} abandoned")
         self.from_rank0()  # the others wait for rank 0's scores
-        self.last_validation_seconds = time.monotonic() - validation_started
+        self.last_validation_seconds = clock() - validation_started
+        self.validation_seconds += self.last_validation_seconds
         if metrics is not None:
             metric = self.config["best_metric"]
             if improves(metric, metrics[metric], self.best_value):
@@ -734,7 +824,7 @@ class Trainer:
     def save(self, metrics: dict[str, float] | None = None) -> None:
         """Rank 0 writes a checkpoint while the others wait."""
         if self.ranks.is_main:
-            state = {key: self.resume_value(key) for key in RESUME_KEYS} | {"metrics": metrics or {}}
+            state = {key: self.resume_value(key) for key in (*RESUME_KEYS, "plan")} | {"metrics": metrics or {}}
             path = save_checkpoint(self.folder, state, self.global_step, self.config["keep_checkpoints"], metrics,
                                    self.config["best_metric"])
             log(f"saved {path}")
@@ -750,6 +840,8 @@ class Trainer:
             return self.batch_settings()
         if key == "tokenizers":
             return {"src": self.tok_src.to_str(), "tgt": self.tok_tgt.to_str()}
+        if key == "plan":
+            return self.run_plan.as_dict() if self.run_plan is not None else None
         return getattr(self, key)
 
     def finish(self, stop: str | None) -> int:
@@ -768,6 +860,9 @@ class Trainer:
             messages = {
                 None: f"finished {config['num_epochs']} epochs ({self.global_step} steps)",
                 "max_steps": f"reached --max_steps {config['max_steps']}",
+                "planned_end": f"finished the plan: {self.global_step} steps "
+                               f"({self.global_step / self.steps_per_epoch:.1f} epochs) in "
+                               f"{(clock() - self.started) / 60:.1f} min",
                 "max_minutes": f"reached --max_minutes {config['max_minutes']} ({self.global_step} steps)",
                 "early_stopping": f"stopped early: no better validation "
                                   f"{dict(bleu='BLEU', chrf='chrF', loss='loss')[config['best_metric']]} in "
@@ -782,10 +877,11 @@ class Trainer:
 
 
 def train(config: dict[str, Any], started: float | None = None, explicit: set[str] = frozenset(),
-          keep_freed: bool = False) -> int:
+          keep_freed: bool = False, plan_to_clock: bool = False) -> int:
     """Run one training job with this config (`explicit`: the keys the command line set; `keep_freed`:
-    apply cpu_kernels.keep_freed_memory before the first step); the exit code."""
-    started = time.monotonic() if started is None else started
+    apply cpu_kernels.keep_freed_memory before the first step; `plan_to_clock`: plan the run's length
+    to --max_minutes); the exit code."""
+    started = clock() if started is None else started
     initial = take_model_from(config, explicit)
     ranks = Ranks.from_environment()
     device = pick_device(config["device"], ranks.local_rank)
@@ -799,7 +895,7 @@ def train(config: dict[str, Any], started: float | None = None, explicit: set[st
     try:
         if ranks.is_main:
             lock.acquire()
-        code = Trainer(config, device, ranks, started, initial, keep_freed, watch).run()
+        code = Trainer(config, device, ranks, started, initial, keep_freed, watch, plan_to_clock).run()
         clean = True
         return code
     except BaseException as error:
@@ -820,12 +916,15 @@ def argument_parser() -> OneLineParser:
 def main(argv: list[str] | None = None, command_line: bool = False) -> int:
     """train.py's entry point. `command_line` is True only when run as a program: then, and only
     then, process-wide settings (`keep_freed_memory` on CPU) are applied."""
-    started = time.monotonic()
+    started = clock()
     _, resolved = parse_args(TRAIN, argv, parser=argument_parser())
     config = resolved.config
     try:
         keep_freed = command_line and config["keep_freed_memory"] and pick_device(config["device"]).type == "cpu"
-        return train(config, started, resolved.given | resolved.preset, keep_freed)
+        # A preset's epoch count is the plan's starting point; one given on the command line (or in
+        # --config) means what it says.
+        plan_to_clock = config["max_minutes"] > 0 and not {"num_epochs", "max_steps"} & resolved.given
+        return train(config, started, resolved.given | resolved.preset, keep_freed, plan_to_clock)
     except (ConfigError, DataError, CheckpointError, TokenizerError, OutOfMemory, RankFailed) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2 if isinstance(error, ConfigError) else 1

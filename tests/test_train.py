@@ -120,7 +120,8 @@ def test_pipeline_bleu_equals_sacrebleu_on_its_own_outputs(trained_run) -> None:
     config = translator.model_config
     validation = text_store(config).pairs("validation")
     sources, references = [s for s, _ in validation], [t for _, t in validation]
-    hypotheses = translator.translate_best(sources, DecodingOptions.from_config(config))
+    hypotheses = translator.translate_best(sources, DecodingOptions.from_config(config,
+                                                                            beam_size=config["val_beam_size"]))
     # these are the outputs the run produced: its last printed examples
     printed = [line[len("OUTPUT: "):] for line in run.second.stdout.splitlines() if line.startswith("OUTPUT: ")]
     assert printed[-config["num_examples"]:] == hypotheses[:config["num_examples"]]

@@ -1,0 +1,113 @@
+"""time_budget.py and train.py's plan: the run's length planned to --max_minutes, stored in the
+checkpoint, followed on resume bit for bit, and ended with its schedule; an explicit length wins."""
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import train
+from checkpoint import MANIFEST, load_checkpoint
+from config import parse_config, weights_dir
+from optimizer import lr_factor
+from synthetic_data import synthetic_pairs, write_hub_dataset
+from time_budget import plan_run, validations_until
+
+
+def test_the_plan_fills_the_budget_with_steps_validations_and_checkpoints() -> None:
+    plan = plan_run(step=15, elapsed_s=40, budget_s=900, step_seconds=0.2, validation_seconds=5.0,
+                    checkpoint_seconds=0.5, steps_per_epoch=112, validate_every=0, save_every=0,
+                    base_total=21 * 112, base_warmup=100, max_warmup_share=0.1)
+    left = 900 - 40 - 18  # the margin: 2% of the budget
+    cost = lambda total: (total - 15) * 0.2 + validations_until(15, total, 112, 0) * 5.5  # noqa: E731
+    assert cost(plan.total_steps) <= left < cost(plan.total_steps + 1)
+    assert plan.expected_end_s == pytest.approx(40 + cost(plan.total_steps))
+    assert plan.warmup_steps == round(100 * plan.total_steps / (21 * 112))  # the preset's share of its run
+    assert 30 < plan.epochs < 31
+    # A budget already spent still trains one more step, to end with a validated checkpoint.
+    assert plan_run(15, 950, 900, 0.2, 5, 0.5, 112, 0, 0, 2352, 100, 0.1).total_steps == 16
+    # A warmup as long as the config's whole run is capped at the warmup fraction of the plan.
+    assert plan_run(15, 40, 900, 0.2, 5, 0.5, 112, 0, 0, 200, 200, 0.1).warmup_steps == \
+        round(0.1 * plan.total_steps)
+
+
+def test_validations_are_counted_once_per_step() -> None:
+    assert validations_until(0, 224, 112, 0) == 2  # two epoch ends, the second the run's end
+    assert validations_until(0, 230, 112, 0) == 3  # ... and the run's end apart
+    assert validations_until(0, 224, 112, 50) == 6  # 50, 100, 112, 150, 200, 224
+
+
+class CountingClock:
+    """A clock that advances 0.2 s at each reading: the same readings, the same plan."""
+
+    def __init__(self, jump_at: int | None = None) -> None:
+        self.readings, self.jump_at = itertools.count(), jump_at
+
+    def __call__(self) -> float:
+        reading = next(self.readings)
+        return 0.2 * reading + (1e6 if self.jump_at is not None and reading >= self.jump_at else 0.0)
+
+
+@pytest.fixture
+def planned(tmp_path: Path) -> list[str]:
+    data = write_hub_dataset(tmp_path / "data", {"train": synthetic_pairs(300, 1), "validation": synthetic_pairs(8, 2),
+                                                 "test": synthetic_pairs(8, 3)})
+    return ["--datasource", str(data), "--preset", "tiny", "--batch_tokens", "256", "--val_max_sentences", "4",
+            "--lr_schedule", "cosine", "--max_minutes", "0.5", "--store_folder", str(tmp_path / "s")]
+
+
+def run(args: list[str], folder: Path, clock: CountingClock, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(train, "clock", clock)
+    return train.main([*args, "--model_folder", str(folder / "w"), "--runs_folder", str(folder / "r")])
+
+
+def final_state(args: list[str], folder: Path) -> dict:
+    config = parse_config([*args, "--model_folder", str(folder / "w")])
+    manifest = json.loads((weights_dir(config) / MANIFEST).read_text())
+    return load_checkpoint(weights_dir(config) / manifest["latest"])
+
+
+def test_a_planned_run_ends_its_schedule_at_the_planned_step_and_resumes_bit_exactly(
+        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    assert run(planned, tmp_path / "unbroken", CountingClock(), monkeypatch) == 0
+    log = capsys.readouterr().err
+    plan = final_state(planned, tmp_path / "unbroken")["plan"]
+    steps_per_epoch = plan["steps_per_epoch"]
+    # The preset's 2 epochs are only the starting point: the clock's budget holds more.
+    assert plan["total_steps"] > 2 * steps_per_epoch
+    assert f"plan for --max_minutes 0.5: {plan['total_steps']} steps" in log
+    assert f"finished the plan: {plan['total_steps']} steps" in log
+    unbroken = final_state(planned, tmp_path / "unbroken")
+    assert unbroken["global_step"] == plan["total_steps"]
+    config = parse_config(planned)
+    # The schedule ends where the run does: the cosine is at min_lr at the last step.
+    assert unbroken["optimizer"]["param_groups"][0]["lr"] == pytest.approx(
+        config["lr"] * lr_factor(plan["total_steps"], config, plan["total_steps"], plan["warmup_steps"]))
+    assert lr_factor(plan["total_steps"] - 1, config, plan["total_steps"], plan["warmup_steps"]) == \
+        pytest.approx(config["min_lr"] / config["lr"])
+
+    # The same run stopped by its clock half-way, after it planned, then resumed on a fresh clock.
+    stopped = CountingClock(jump_at=35)
+    assert run(planned, tmp_path / "resumed", stopped, monkeypatch) == 0
+    first = capsys.readouterr().err
+    assert "plan for --max_minutes 0.5" in first and "reached --max_minutes 0.5" in first
+    halfway = final_state(planned, tmp_path / "resumed")
+    assert halfway["plan"] == plan and 0 < halfway["global_step"] < plan["total_steps"]
+    assert run(planned, tmp_path / "resumed", CountingClock(), monkeypatch) == 0
+    second = capsys.readouterr().err
+    assert "following the run's plan" in second and "plan for" not in second
+    resumed = final_state(planned, tmp_path / "resumed")
+    assert resumed["global_step"] == plan["total_steps"]
+    for key, tensor in unbroken["model"].items():
+        assert torch.equal(tensor, resumed["model"][key]), key
+
+
+def test_an_explicit_length_means_what_it_says(planned: list[str], tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    assert run([*planned, "--num_epochs", "2"], tmp_path, CountingClock(), monkeypatch) == 0
+    assert "plan for" not in capsys.readouterr().err
+    state = final_state([*planned, "--num_epochs", "2"], tmp_path)
+    assert state["plan"] is None and state["epoch"] == 2

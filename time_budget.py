@@ -1,0 +1,114 @@
+"""A training run planned to its clock: how many steps fit the rest of `--max_minutes`.
+
+A fixed epoch count either leaves a fast machine's budget unused or is cut short by the clock on a
+slow one, its learning rate still high; a schedule that decays to the budget's end beats one cut
+short (Li et al., "Budgeted training", ICLR 2020). With `--max_minutes` and neither `--num_epochs`
+nor `--max_steps` given, train.py measures its first steps (after a few warm-up steps, and any
+compile), estimates a validation and a checkpoint, and `plan_run` fixes the run's length in steps,
+and with it the learning-rate schedule: the warmup keeps its share of the run that the config
+meant (a preset's warmup_steps over its epochs), the decay ends at the planned step. The plan is
+made once, stored in every checkpoint and followed by a resumed run, so a resume stays bit-exact
+(it depends on the machine's speed: two runs of one seed on different machines differ).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+PLAN_SKIP_STEPS = 3  # steps not timed: the first ones pay for allocation, caching and compiling
+PLAN_TIMED_STEPS = 12  # steps timed; the plan is made after PLAN_SKIP_STEPS + PLAN_TIMED_STEPS steps
+MARGIN_FRACTION = 0.02  # of the budget kept free for what the estimates miss (at least MARGIN_S)
+MARGIN_S = 10.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A run's planned length: `total_steps` optimizer steps with `warmup_steps` of warmup, what it
+    was planned from, and when the run is expected to end (seconds since the process started)."""
+
+    total_steps: int
+    warmup_steps: int
+    steps_per_epoch: int
+    step_seconds: float
+    validation_seconds: float
+    checkpoint_seconds: float
+    planned_at_step: int
+    budget_s: float
+    expected_end_s: float
+
+    @property
+    def epochs(self) -> float:
+        return self.total_steps / self.steps_per_epoch
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return (f"plan for --max_minutes {self.budget_s / 60:g}: {self.total_steps} steps ({self.epochs:.1f} epochs of "
+                f"{self.steps_per_epoch}), warmup {self.warmup_steps}, at {self.step_seconds:.3f} s a step and "
+                f"{self.validation_seconds:.1f} s a validation; expected to end {self.expected_end_s / 60:.1f} min "
+                f"after start")
+
+
+def validations_until(step: int, total: int, steps_per_epoch: int, every: int) -> int:
+    """Validations after `step` up to and including `total`: each epoch's end, every `every` steps
+    (0: none), and the run's end, each step counted once."""
+    at = set(range((step // steps_per_epoch + 1) * steps_per_epoch, total + 1, steps_per_epoch))
+    if every:
+        at |= set(range((step // every + 1) * every, total + 1, every))
+    return len(at | {total})
+
+
+def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, validation_seconds: float,
+             checkpoint_seconds: float, steps_per_epoch: int, validate_every: int, save_every: int,
+             base_total: int, base_warmup: int, max_warmup_share: float) -> Plan:
+    """The most steps whose cost fits what is left of `budget_s` after `elapsed_s`, a margin kept:
+    each remaining step at `step_seconds`, each validation still to come (with its checkpoint),
+    and the checkpoints of `save_every`. Never fewer than `step` + 1. The warmup is the config's
+    share of its own length (`base_warmup` of `base_total`), at most `max_warmup_share` of the run."""
+    left = budget_s - elapsed_s - max(MARGIN_S, MARGIN_FRACTION * budget_s)
+
+    def cost(total: int) -> float:
+        checks = validations_until(step, total, steps_per_epoch, validate_every)
+        saves = (total // save_every - step // save_every) if save_every else 0
+        return (total - step) * step_seconds + checks * (validation_seconds + checkpoint_seconds) + \
+            saves * checkpoint_seconds
+
+    low, high = step + 1, step + 1 + max(1, int(left / max(step_seconds, 1e-9)))
+    while low < high:  # the largest total whose cost fits; cost grows with total
+        middle = (low + high + 1) // 2
+        if cost(middle) <= left:
+            low = middle
+        else:
+            high = middle - 1
+    total = low
+    warmup = round(min(base_warmup / max(base_total, 1), max_warmup_share) * total)
+    return Plan(total, warmup, steps_per_epoch, step_seconds, validation_seconds, checkpoint_seconds, step,
+                budget_s, elapsed_s + cost(total))
+
+
+def plan_from_dict(state: dict[str, Any] | None) -> Plan | None:
+    """A checkpoint's stored plan (None: the run was not planned, or predates plans)."""
+    return Plan(**state) if state else None
+
+
+def timed_window(step: int) -> bool:
+    """Whether optimizer step `step` (1-based, the step just finished) ends inside the timed window."""
+    return PLAN_SKIP_STEPS < step <= PLAN_SKIP_STEPS + PLAN_TIMED_STEPS
+
+
+def is_planning_step(step: int, steps_per_epoch: int) -> bool:
+    """Whether the plan is made after optimizer step `step`: after the timed window, or at the end of
+    a first epoch too short to hold it."""
+    return step == min(PLAN_SKIP_STEPS + PLAN_TIMED_STEPS, max(steps_per_epoch, 1))
+
+
+def window_start(steps_per_epoch: int) -> int:
+    """The step after which timing starts: PLAN_SKIP_STEPS, or fewer in a very short first epoch."""
+    end = min(PLAN_SKIP_STEPS + PLAN_TIMED_STEPS, max(steps_per_epoch, 1))
+    return min(PLAN_SKIP_STEPS, max(end - 1, 0))
+
+
+def expected_epochs(plan: Plan) -> int:
+    return math.ceil(plan.total_steps / plan.steps_per_epoch)
