@@ -493,6 +493,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
             flat.update(value)
         else:
             flat[key] = value
+    if isinstance(flat.get("datasource"), list):
+        flat["datasource"] = corpora_from_tables(flat["datasource"], path)
     for key, value in flat.items():
         if key not in OPTIONS:
             raise ConfigError(f"--config {path}: unknown key {key!r}{closest(key)}")
@@ -501,6 +503,23 @@ def read_config_file(path: Path) -> dict[str, Any]:
         except ConfigError as error:
             raise ConfigError(f"--config {path}: {error}") from None
     return flat
+
+
+def corpora_from_tables(tables: list[Any], path: Path) -> str:
+    """A config file's list of corpora ({source, weight, tag} tables, as TOML's [[datasource]]) as
+    the one `datasource` string, every path escaped: a path may hold any character there."""
+    entries = []
+    for table in tables:
+        if not isinstance(table, dict) or not isinstance(table.get("source"), str) or \
+                set(table) - {"source", "weight", "tag"}:
+            raise ConfigError(f"--config {path}: each corpus of datasource is a table of source, weight and tag")
+        entry = escape_source(table["source"])
+        if "weight" in table or "tag" in table:
+            entry += f":{table.get('weight', 1)}"
+        if table.get("tag"):
+            entry += f":{table['tag']}"
+        entries.append(entry)
+    return ",".join(entries)
 
 
 @dataclass
@@ -597,21 +616,56 @@ def target_tag(lang: str) -> str:
     return f"<2{lang}>"
 
 
+MAX_WEIGHT = 100.0  # a corpus drawn more than 100 times an epoch is a typo, not a mix
+
+
+def split_unescaped(text: str, separator: str) -> list[str]:
+    r"""`text` split at each `separator` not escaped by a backslash; escapes (\\, \: and \,) kept."""
+    parts, current, escaped = [], [], False
+    for char in text:
+        if escaped:
+            current += ["\\", char]
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == separator:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    return parts + ["".join(current + (["\\"] if escaped else []))]
+
+
+def unescape(text: str) -> str:
+    return re.sub(r"\\(.)", r"\1", text)
+
+
+def escape_source(source: str) -> str:
+    """A SOURCE written so that `corpus_entries` reads it whole, whatever characters it holds."""
+    return re.sub(r"([\\:,])", r"\\\1", source)
+
+
 def corpus_entries(datasource: str) -> list[tuple[str, float, str]]:
-    """(SOURCE, WEIGHT, TAG) of each comma-separated SOURCE[:WEIGHT[:TAG]] of `datasource`; a
-    ConfigError names a malformed one."""
+    r"""(SOURCE, WEIGHT, TAG) of each comma-separated SOURCE[:WEIGHT[:TAG]] of `datasource`; a
+    datasource that names an existing path as a whole is that one path, whatever it holds, and a
+    backslash escapes a ':' or ',' in a path of a mix (runs/2024-01-01T10\:00/corpus:2). A ConfigError
+    names a malformed entry or a weight outside (0, MAX_WEIGHT]."""
+    if os.path.exists(datasource):
+        return [(datasource, 1.0, "")]
     found = []
-    for entry in datasource.split(","):
-        parts = entry.split(":")
+    for entry in split_unescaped(datasource, ","):
+        parts = split_unescaped(entry, ":")
         if len(parts) > 3 or not parts[0].strip():
-            raise ConfigError(f"--datasource: {entry!r} is not SOURCE[:WEIGHT[:TAG]]")
-        source, weight, tag = (parts + ["", ""])[:3]
+            raise ConfigError(f"--datasource: {entry!r} is not SOURCE[:WEIGHT[:TAG]] (write a ':' or ',' that a path "
+                              f"holds as \\: or \\,)")
+        source, weight, tag = [unescape(part) for part in (parts + ["", ""])[:3]]
         try:
             number = float(weight) if weight else 1.0
         except ValueError:
             raise ConfigError(f"--datasource: the weight of {source!r} must be a number, got {weight!r}") from None
-        if not 0 < number < math.inf:
-            raise ConfigError(f"--datasource: the weight of {source!r} must be positive, got {weight!r}")
+        if not 0 < number <= MAX_WEIGHT:
+            raise ConfigError(f"--datasource: the weight of {source!r} must be above 0 and at most {MAX_WEIGHT:g}, "
+                              f"got {weight!r}")
         if tag and not TAG_PATTERN.fullmatch(tag):
             raise ConfigError(f"--datasource: the tag of {source!r} must be written <NAME>, e.g. <BT>, got {tag!r}")
         found.append((source.strip(), number, tag))

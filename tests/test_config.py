@@ -271,3 +271,19 @@ def test_more_bad_values_in_process(capsys: pytest.CaptureFixture, case: str) ->
     assert stop.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and key in lines[0]
+
+
+def test_any_path_can_be_named_and_weights_are_bounded(tmp_path: Path) -> None:
+    from config import corpus_entries, escape_source
+    odd = tmp_path / "2024-01-01T10:00" / "a,b"
+    odd.mkdir(parents=True)
+    assert corpus_entries(str(odd)) == [(str(odd), 1.0, "")]  # an existing path is that path, whole
+    mix = f"{escape_source(str(odd))}:2:<BT>,news:0.5"
+    assert corpus_entries(mix) == [(str(odd), 2.0, "<BT>"), ("news", 0.5, "")]
+    for weight in ("1e300", "1e7", "0", "nan"):
+        with pytest.raises(ConfigError, match=f"the weight of 'news' must be above 0 and at most 100, got '{weight}'"):
+            corpus_entries(f"news:{weight}")
+    (tmp_path / "mix.toml").write_text(f'[[datasource]]\nsource = {json.dumps(str(odd))}\nweight = 2\ntag = "<BT>"\n'
+                                       '[[datasource]]\nsource = "news"\n')
+    assert corpus_entries(parse_config(["--config", str(tmp_path / "mix.toml")])["datasource"]) == \
+        [(str(odd), 2.0, "<BT>"), ("news", 1.0, "")]
