@@ -4,7 +4,7 @@ Two layers per corpus of `datasource` (config.corpora), each a folder under `sto
 `stores/`), built once and reused by every restart, resume and torchrun rank (rank 0 builds, the
 others wait and map the same files):
 1. The text store: the usable pairs of every split as UTF-8, in one streaming pass over the corpus
-   (dataset.py). The first corpus's (`text_store`) holds the held-out splits: validation and test
+   (sources.py). The first corpus's (`text_store`) holds the held-out splits: validation and test
    given apart (`valid_data`, `test_data`: a folder's split, or a file pair's only split), else the
    corpus's own, else carved from its train split (capped); training pairs whose source sentence is
    in a carved split or one given apart are removed. Every other corpus's holds its train split
@@ -63,8 +63,9 @@ from tokenizers import Tokenizer
 
 from atomic_files import atomic_write_bytes, lock_file, sha256_of
 from config import Corpus, corpora, corpus_entries, corpus_name, target_tag
-from dataset import (SPLITS, BilingualDataset, DataError, Pair, Source, carve, fits, log, open_source, read_all_pairs,
-                     read_pairs, text_hash)
+from dataset import BilingualDataset, fits
+from diagnostics import log
+from sources import SPLITS, DataError, Pair, Source, carve, open_source, read_all_pairs, read_pairs, text_hash
 from tokenizer import tag_id, tokenizer_hash
 
 STORE_FORMAT = 1

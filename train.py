@@ -52,7 +52,8 @@ from checkpoint import (CheckpointError, RunLock, adopt_unlisted, check_unlisted
 from config import (IDENTITY_KEYS, MODEL_KEYS, ConfigError, build_parser, config_or_exit, corpora, corpus_name, get_config,
                     explicit_keys, runs_dir, validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
-from dataset import BatchPlan, BilingualDataset, CorpusMix, DataError, MicroBatches, log, padding_waste
+from dataset import BatchPlan, BilingualDataset, CorpusMix, MicroBatches, padding_waste
+from diagnostics import log
 from device import pick_device
 from loss import loss_sum
 from model import Transformer, build_model, train_flops
@@ -60,6 +61,7 @@ from optimizer import build_optimizer, lr_factor
 from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
 from ranks import GracefulStop, RankFailed, Ranks, RankWatch, StopRequested, join_ranks
 from scoring import corpus_scores, grouped_scores
+from sources import DataError
 from store import TextStore, TokenStore, text_stores, token_stores, tokenizer_sample
 from tokenizer import (TokenizerError, load_tokenizers, save_tokenizers, tag_id, tokenizer_from_json,
                        train_tokenizers)

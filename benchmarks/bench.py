@@ -82,7 +82,8 @@ if str(ROOT) not in sys.path:  # `python benchmarks/bench.py` puts only this fol
 import cpu_kernels  # noqa: E402  (the project's modules need the sys.path entry above)
 from checkpoint import MANIFEST, checkpoint_name, load_checkpoint, read_manifest  # noqa: E402
 from config import PRESETS, ConfigError, get_config  # noqa: E402
-from dataset import BatchPlan, BilingualDataset, DataError, open_source, padding_waste, read_pairs  # noqa: E402
+from dataset import BatchPlan, BilingualDataset, padding_waste  # noqa: E402
+from sources import DataError, open_source, read_pairs  # noqa: E402
 from decoding import greedy_decode, max_output_tokens  # noqa: E402
 from device import pick_device  # noqa: E402
 from loss import loss_sum  # noqa: E402

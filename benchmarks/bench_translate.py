@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:  # `python benchmarks/bench_translate.py` puts onl
 
 from checkpoint import CheckpointError, load_for_inference  # noqa: E402  (needs the sys.path entry above)
 from config import build_parser, config_or_exit, weights_dir  # noqa: E402
-from dataset import DataError  # noqa: E402
+from sources import DataError  # noqa: E402
 from scoring import corpus_scores  # noqa: E402
 from store import eval_pairs  # noqa: E402
 

@@ -66,7 +66,7 @@ if str(ROOT) not in sys.path:  # `python benchmarks/loadtest.py` puts only this 
     sys.path.insert(0, str(ROOT))
 
 from config import ConfigError, build_parser, config_or_exit, get_config  # noqa: E402  (the sys.path entry above)
-from dataset import DataError  # noqa: E402
+from sources import DataError  # noqa: E402
 from store import eval_pairs  # noqa: E402
 from translator import ENGINES  # noqa: E402
 SERVING = re.compile(r"^serve\.py: serving .* on https?://\[?([^\]]+?)\]?:(\d+)/$")
