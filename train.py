@@ -46,9 +46,8 @@ from tqdm import tqdm
 
 from atomic_files import atomic_write_bytes
 from attention_plot import attention_figure
-from checkpoint import (CheckpointError, RunLock, adopt_unlisted, check_unlisted_above, checkpoint_files,
-                        improves, load_checkpoint, load_latest, load_weights, named, read_manifest, save_average,
-                        save_checkpoint)
+from checkpoint import (CheckpointError, adopt_unlisted, check_unlisted_above, checkpoint_files, load_checkpoint,
+                        load_latest, load_weights, named, read_manifest, save_average, save_checkpoint)
 from config import (IDENTITY_KEYS, MODEL_KEYS, ConfigError, build_parser, config_or_exit, corpora, corpus_name, get_config,
                     explicit_keys, runs_dir, validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
@@ -60,7 +59,8 @@ from model import Transformer, build_model, train_flops
 from optimizer import build_optimizer, lr_factor
 from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
 from ranks import GracefulStop, RankFailed, Ranks, RankWatch, StopRequested, join_ranks
-from scoring import corpus_scores, grouped_scores
+from run_lock import RunLock, RunLockError
+from scoring import corpus_scores, grouped_scores, improves
 from sources import DataError
 from store import TextStore, TokenStore, text_stores, token_stores, tokenizer_sample
 from tokenizer import (TokenizerError, load_tokenizers, save_tokenizers, tag_id, tokenizer_from_json,
@@ -825,7 +825,7 @@ def main(argv: list[str] | None = None, command_line: bool = False) -> int:
     try:
         keep_freed = command_line and config["keep_freed_memory"] and pick_device(config["device"]).type == "cpu"
         return train(config, started, explicit_keys(args), keep_freed)
-    except (ConfigError, DataError, CheckpointError, TokenizerError, OutOfMemory, RankFailed) as error:
+    except (ConfigError, DataError, CheckpointError, RunLockError, TokenizerError, OutOfMemory, RankFailed) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2 if isinstance(error, ConfigError) else 1
     except KeyboardInterrupt:
