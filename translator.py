@@ -22,9 +22,7 @@ expected length), as it did in the training data; it is a special token, so no o
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -35,12 +33,14 @@ import torch
 from tokenizers import Tokenizer
 
 from checkpoint import load_for_inference
-from config import get_config, target_languages, target_tag, validate_config, weights_dir
+from config import get_config, target_languages, target_tag, weights_dir
+from ct2_model import ct2_setup, read_project_files
 from decoding import beam_search, brevity_term, expected_length, greedy_decode, max_output_tokens, sample
 from device import pick_device
+from diagnostics import first_line
 from model import Transformer
 from precision import autocast_context, inference_dtype
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, TokenizerError, decode_ids, load_tokenizer
+from tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK, TokenizerError, decode_ids, missing_target_tag
 
 ENGINES = ("pytorch", "ctranslate2")
 
@@ -94,14 +94,6 @@ class DecodingOptions:
                                   f"got {self.beam_size}")
         if not self.sampling and self.n_best > self.beam_size:
             raise TranslatorError(f"n_best {self.n_best} needs a beam at least as wide (beam_size {self.beam_size})")
-
-
-def missing_target_tag(tok_src: Tokenizer, model_config: dict[str, Any]) -> str:
-    """A target-language tag that a model of several target languages needs and its source
-    tokenizer lacks; "" when none is missing (always, for a one-target model)."""
-    targets = target_languages(model_config)
-    tags = [target_tag(lang) for lang in targets] if len(targets) > 1 else []
-    return next((tag for tag in tags if tok_src.token_to_id(tag) is None), "")
 
 
 class Source(NamedTuple):
@@ -282,45 +274,6 @@ class TorchTranslator(Translator):
         return CrossAttention(sources, outputs, weights.mean(dim=0).tolist())
 
 
-# Files export.py writes beside CTranslate2's own (model.bin, config.json, vocabularies).
-CT2_SOURCE_TOKENIZER, CT2_TARGET_TOKENIZER, CT2_PROJECT_CONFIG = \
-    "tokenizer_source.json", "tokenizer_target.json", "project.json"
-
-
-def cpu_family() -> tuple[str, bool]:
-    """This machine's CPU vendor ('GenuineIntel', 'AuthenticAMD', ...; '' where /proc/cpuinfo is
-    not) and whether it has AVX-512."""
-    try:
-        info = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "", False
-    vendor = re.search(r"^vendor_id\s*:\s*(\S+)", info, re.MULTILINE)
-    flags = re.search(r"^flags\s*:(.*)$", info, re.MULTILINE)
-    return (vendor[1] if vendor else ""), bool(flags and " avx512f" in f"{flags[1]} ")
-
-
-def ct2_setup(compute_type: str, device: str, quantization: str,
-              family: tuple[str, bool] | None = None) -> tuple[str, dict[str, str]]:
-    """The compute type and the CPU-backend environment CTranslate2 runs a model exported as
-    `quantization` with. `compute_type` other than `auto` is taken as given. `auto` is a fixed rule
-    per device, CPU family and instruction set (never a timing, so outputs never depend on one),
-    from the measurements in docs/serving.md, and never changes what the weights are:
-    - CUDA: 16-bit (float16, or the export's own bfloat16 or int8_float16; int8 as int8_float16);
-    - an Intel CPU with AVX-512: float32 on oneDNN (CT2_USE_MKL=0), from any export: there beam 5 ran
-      at 302 sentences/s against 173 for int8 and 146 for float32 on CTranslate2's default MKL;
-    - any other CPU (AMD: int8 on oneDNN, CTranslate2's default there, was 3.4x this project's
-      PyTorch engine): the export's own type (`default`)."""
-    if compute_type != "auto":
-        return compute_type, {}
-    if device == "cuda":
-        return {"bfloat16": "bfloat16", "int8": "int8_float16", "int8_float16": "int8_float16"}.get(
-            quantization, "float16"), {}
-    vendor, avx512 = family if family is not None else cpu_family()
-    if vendor == "GenuineIntel" and avx512:
-        return "float32", {"CT2_USE_MKL": "0"}
-    return "default", {}
-
-
 class CTranslate2Translator(Translator):
     """A model directory written by export.py, run by CTranslate2 with the compute type and CPU
     backend of `ct2_setup`. A CT2_USE_MKL the user set is never overridden."""
@@ -333,14 +286,10 @@ class CTranslate2Translator(Translator):
         if not model_dir.is_dir():
             raise TranslatorError(f"model directory {model_dir} does not exist (write one with export.py)")
         try:
-            project = json.loads((model_dir / CT2_PROJECT_CONFIG).read_text(encoding="utf-8"))
-            model_config = {**get_config(), **project["config"]}  # keys added since the export get defaults
-            validate_config(model_config)
-            tok_src = load_tokenizer(model_dir / CT2_SOURCE_TOKENIZER)
-            tok_tgt = load_tokenizer(model_dir / CT2_TARGET_TOKENIZER)
+            project, model_config, tok_src, tok_tgt = read_project_files(model_dir)
         except (OSError, ValueError, KeyError, TypeError, TokenizerError) as error:
             raise TranslatorError(f"{model_dir} is not a model directory written by export.py: "
-                                  f"{str(error).splitlines()[0]}") from None
+                                  f"{first_line(error)}") from None
         super().__init__(tok_src, tok_tgt, model_config, model_dir, str(model_dir))
         self.project = project
         self.compute_type, backend = ct2_setup(compute_type, device, project.get("quantization", ""))
@@ -354,8 +303,18 @@ class CTranslate2Translator(Translator):
             self.ct2 = ctranslate2.Translator(str(model_dir), device=device, compute_type=self.compute_type,
                                               intra_threads=threads or torch.get_num_threads())
         except (RuntimeError, ValueError, OSError) as error:
-            raise TranslatorError(f"cannot load the CTranslate2 model in {model_dir}: "
-                                  f"{str(error).splitlines()[0]}") from None
+            raise TranslatorError(f"cannot load the CTranslate2 model in {model_dir}: {first_line(error)}") from None
+        self.warm_up(device)
+
+    def warm_up(self, device: str) -> None:
+        """Translate one token: what the device lacks shows when CTranslate2 first runs there, not when
+        it loads (on a GPU without cuBLAS: "Library libcublas.so.12 is not found or cannot be loaded"
+        from translate_batch), and is found now, as one TranslatorError, not by a program's first batch."""
+        try:
+            self.ct2.translate_batch([[UNK]], beam_size=1, max_decoding_length=1)
+        except (RuntimeError, ValueError, OSError) as error:
+            raise TranslatorError(f"cannot run the CTranslate2 model in {self.path} on {device}: "
+                                  f"{first_line(error)}") from None
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "checkpoint": self.project.get("checkpoint"),

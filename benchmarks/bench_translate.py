@@ -11,7 +11,7 @@ float32 and CTranslate2 int8. A child loads the model, translates the first 64 s
 warm up, then times the whole split through the same `Translator.translate` batching translate.py
 uses (`--eval_batch_size` sentences per batch, sorted by length), on all the CPU threads torch
 uses, CTranslate2 with the compute type and CPU backend `--compute_type` gives (auto: the fixed
-rule per machine of translator.ct2_setup). Reported: the set-up of each row, sentences/s, target
+rule per machine of ct2_model.ct2_setup). Reported: the set-up of each row, sentences/s, target
 tokens/s (tokens of the outputs, [EOS] not counted), peak RSS, and sacreBLEU/chrF of the outputs against the references, with the signatures. The target: int8
 with beam 5 at least 3x this project's PyTorch beam 5 in sentences/s, and int8 within 0.5 BLEU of
 float32.
