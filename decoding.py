@@ -36,11 +36,9 @@ confident repetition loops ("il re re re ..."), which this rules out.
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-from tokenizers import Tokenizer
 
 from model import Transformer
 from tokenizer import EOS_ID, SOS_ID
@@ -309,11 +307,3 @@ def sample(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_to
             _drop_finished(cache, keep, samples)
     return [[(hypothesis, score) for score, hypothesis in sorted(found, key=lambda item: item[0], reverse=True)]
             for found in results]
-
-
-def encode_sources(tok_src: Tokenizer, sentences: Sequence[str], seq_len: int) -> tuple[list[list[int]], int]:
-    """Token ids with [SOS]/[EOS], sources longer than the model's seq_len truncated to it; and
-    how many were truncated."""
-    encoded = [e.ids for e in tok_src.encode_batch(list(sentences), add_special_tokens=False)]
-    truncated = sum(len(ids) + 2 > seq_len for ids in encoded)
-    return [[SOS_ID, *ids[:seq_len - 2], EOS_ID] for ids in encoded], truncated

@@ -270,7 +270,9 @@ def validation_metrics(shares: list[dict[str, Any]], pairs: list[tuple[str, str]
         examples.append(f"SOURCE: {source}\nTARGET: {reference}\nOUTPUT: {hypothesis}")
     if examples:
         writer.add_text("val/examples", "\n\n".join(e.replace("\n", "  \n") for e in examples), global_step)
-        writer.add_figure("val/attention", attention_figure(model, tok_src, tok_tgt, sources[0]), global_step)
+        attention = TorchTranslator(model, tok_src, tok_tgt, config).cross_attention(sources[0],
+                                                                                     corpora(config)[0].lang_tgt)
+        writer.add_figure("val/attention", attention_figure(attention), global_step)
     print(f"step {global_step}: val loss {metrics['loss']:.3f} | BLEU {metrics['bleu']:.2f} | chrF {metrics['chrf']:.2f} "
           f"on {len(distinct)} distinct sources with {len(pairs)} references | line by line: BLEU "
           f"{metrics['bleu_nrefs1']:.2f}, chrF {metrics['chrf_nrefs1']:.2f}, CER {metrics['cer']:.3f}, WER "

@@ -22,12 +22,14 @@ expected length), as it did in the training data; it is a special token, so no o
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import torch
 from tokenizers import Tokenizer
@@ -38,7 +40,7 @@ from ct2_model import ct2_setup, read_project_files
 from decoding import beam_search, brevity_term, expected_length, greedy_decode, max_output_tokens, sample
 from device import pick_device
 from diagnostics import first_line
-from model import Transformer
+from model import Transformer, causal_mask
 from precision import autocast_context, inference_dtype
 from tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK, TokenizerError, decode_ids, missing_target_tag
 
@@ -112,12 +114,14 @@ class Hypothesis(NamedTuple):
 
 @dataclass
 class CrossAttention:
-    """The last decoder layer's cross-attention while translating one sentence, mean over heads:
-    weights[i][j] is how much output token i attended to source token j."""
+    """The last decoder layer's cross-attention while greedily translating one sentence, mean over
+    heads: weights[i][j] is how much output token i attended to source token j. `heads` holds each
+    head's weights where the engine gives them (this project's; CTranslate2 gives the mean only)."""
 
     source_tokens: list[str]
     output_tokens: list[str]
     weights: list[list[float]]
+    heads: list[list[list[float]]] = field(default_factory=list)
 
 
 class Translator(ABC):
@@ -226,22 +230,32 @@ class TorchTranslator(Translator):
 
     def translate_batch(self, sources: list[Source], options: DecodingOptions,
                         max_tokens: int) -> list[list[tuple[list[int], float]]]:
-        model = self.model
-        device = next(model.parameters()).device
+        src, src_mask = self.source_batch(sources)
+        with self.evaluating():
+            return self.decode(src, src_mask, options, max_tokens)
+
+    def source_batch(self, sources: list[Source]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`sources` as the model takes them: [SOS] ids [EOS], padded on the right into one batch (B, S)
+        on the model's device, and its src_mask (B, 1, 1, S)."""
         src = torch.full((len(sources), max(len(source.ids) for source in sources) + 2), PAD_ID, dtype=torch.long)
         for row, source in enumerate(sources):
             src[row, :len(source.ids) + 2] = torch.tensor([SOS_ID, *source.ids, EOS_ID])
-        src = src.to(device)
-        src_mask = (src != PAD_ID)[:, None, None, :]
-        was_training = model.training
-        model.eval()
-        # On a GPU in bf16/fp16 through autocast rather than by casting the weights: validation
-        # decodes the model being trained, whose weights stay fp32. Log-probabilities stay fp32.
+        src = src.to(next(self.model.parameters()).device)
+        return src, (src != PAD_ID)[:, None, None, :]
+
+    @contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """The model in eval mode, and back in its mode after. On a GPU in bf16/fp16 through autocast
+        rather than by casting the weights: validation decodes the model being trained, whose weights
+        stay fp32. Log-probabilities stay fp32."""
+        was_training = self.model.training
+        self.model.eval()
+        device = next(self.model.parameters()).device
         try:
             with autocast_context(device, inference_dtype(device)):
-                return self.decode(src, src_mask, options, max_tokens)
+                yield
         finally:
-            model.train(was_training)
+            self.model.train(was_training)
 
     def decode(self, src: torch.Tensor, src_mask: torch.Tensor, options: DecodingOptions,
                max_tokens: int) -> list[list[tuple[list[int], float]]]:
@@ -261,17 +275,50 @@ class TorchTranslator(Translator):
         return beam_search(model, src, src_mask, max_tokens, options.beam_size, options.length_penalty,
                            options.n_best, options.no_repeat_ngram_size, options.brevity_penalty, self.length_ratio)
 
-    def tagged_text(self, sentence: str, target_lang: str) -> str:
-        """`sentence` as text for attention_plot.py, which tokenizes it itself: the tag written first
-        is read as that special token, so the source is [SOS] <2fr> ... [EOS] as translate() makes it."""
-        tag = self.source_tag(target_lang)
-        return f"{tag} {sentence}" if tag else sentence
-
     def cross_attention(self, sentence: str, target_lang: str = "") -> CrossAttention:
-        from attention_plot import cross_attention_weights  # matplotlib is imported only for attention
-        sources, outputs, weights = cross_attention_weights(self.model, self.tok_src, self.tok_tgt,
-                                                            self.tagged_text(sentence, target_lang))
-        return CrossAttention(sources, outputs, weights.mean(dim=0).tolist())
+        """The source tokens with [SOS] and [EOS], as the model sees them (the tag too, truncated as
+        `translate` truncates); the output tokens, the last one what ended the translation (usually
+        [EOS]); and the weights of each head."""
+        [source] = self.encode([sentence], self.source_tag(target_lang))
+        src, src_mask = self.source_batch([source])
+        with self.evaluating():
+            [(generated, _)] = greedy_decode(self.model, src, src_mask, max_output_tokens(len(source.ids),
+                                                                                          self.seq_len))
+            heads, last = last_layer_cross_attention(self.model, src, src_mask, generated)
+        return CrossAttention([self.tok_src.id_to_token(i) for i in src[0].tolist()],
+                              [self.tok_tgt.id_to_token(i) for i in [*generated, last]],
+                              heads.mean(dim=0).tolist(), heads.tolist())
+
+
+@torch.no_grad()
+def last_layer_cross_attention(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor,
+                               generated: list[int]) -> tuple[torch.Tensor, int]:
+    """The weights (heads, outputs, sources) of the last decoder layer's cross-attention over the one
+    source `src` (1, S) while the decoder produces `generated` then one token more, and that token.
+    The model attends with `scaled_dot_product_attention`, which never returns its weights, so they
+    are recomputed: the decoder runs once more over [SOS] + `generated` (teacher-forced, so its query
+    positions are the decoding steps) with a forward hook on that layer's cross-attention to capture
+    its inputs, and softmax(Q K^T / sqrt(d_k)) is formed from the layer's own w_q and w_k. The
+    model's code is not touched."""
+    device = src.device
+    decoder_input = torch.tensor([[SOS_ID, *generated]], device=device)
+    attention = model.decoder.layers[-1].cross_attention
+    captured: dict[str, torch.Tensor] = {}
+
+    def capture(module: torch.nn.Module, args: tuple) -> None:
+        captured["query"], captured["key"] = args[0], args[1]
+
+    handle = attention.register_forward_pre_hook(capture)
+    try:
+        memory = model.encode(src, src_mask)
+        hidden = model.decode(memory, src_mask, decoder_input, causal_mask(decoder_input.size(1), device)[None])
+    finally:
+        handle.remove()
+    q = attention.split_heads(attention.w_q(captured["query"]))
+    k = attention.split_heads(attention.w_k(captured["key"]))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(attention.d_k)
+    # The rerun reproduces the greedy tokens; its last step shows what ended the translation.
+    return scores.float().softmax(dim=-1)[0].cpu(), int(model.project(hidden[0, -1]).argmax())
 
 
 class CTranslate2Translator(Translator):

@@ -12,18 +12,16 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from decoding import (beam_search, block_repeats, encode_sources, expected_lengths, greedy_decode,
-                      hypothesis_score, max_output_tokens, sample)
+from decoding import (beam_search, block_repeats, expected_lengths, greedy_decode, hypothesis_score, max_output_tokens,
+                      sample)
 from model import KVCache, build_transformer, causal_mask
 from tokenizer import EOS_ID, PAD_ID, SOS_ID
 
 
 def source_batch(toy, sentences: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, _ = encode_sources(toy.tok_src, sentences, toy.seq_len)
-    src = torch.full((len(rows), max(map(len, rows))), PAD_ID)
-    for i, row in enumerate(rows):
-        src[i, :len(row)] = torch.tensor(row)
-    return src, (src != PAD_ID)[:, None, None, :]
+    """`sentences` as the translator feeds them to the model: a padded batch and its mask."""
+    translator = toy.translator()
+    return translator.source_batch(translator.encode(sentences, ""))
 
 
 def tokens_of(hypotheses: list[tuple[list[int], float]]) -> list[list[int]]:

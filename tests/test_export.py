@@ -194,6 +194,16 @@ def test_translate_and_evaluate_with_the_exported_model(trained_run, exported: P
     assert "(ctranslate2)" in out[0]
 
 
+def test_plot_attention_draws_either_engines_heatmap(trained_run, exported: Path, capsys, tmp_path: Path) -> None:
+    engines = {"pytorch": ["--datasource", str(trained_run.datasource), "--model_folder", str(trained_run.model_folder)],
+               "ctranslate2": ["--engine", "ctranslate2", "--model_dir", str(exported)]}
+    for engine, choice in engines.items():
+        plot = tmp_path / f"{engine}.png"
+        code, out, err = run(capsys, translate.main, choice + ["--plot_attention", str(plot), "The cat sees the dog."])
+        assert code == 0 and len(out) == 1 and err[-1] == f"translate.py: saved the attention plot to {plot}", err
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_a_model_of_several_targets_exports_its_languages(several_targets, capsys, tmp_path: Path) -> None:
     sentences = ["the cat sees the dog .", "a red house ."]
     exported = tmp_path / "ct2"
