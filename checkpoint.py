@@ -421,15 +421,17 @@ def best_checkpoint(folder: Path) -> Path | None:
 
 
 def load_for_inference(path: Path | None, folder: Path, device: torch.device, average: int = 1,
-                       choice: str = "best", min_gap: int = 0):
+                       choice: str | None = None, min_gap: int = 0):
     """(model in eval mode on `device`, source tokenizer, target tokenizer, its config, its path) from
-    the checkpoint at `path`, or else from `folder` by `choice`: `latest`, the newest good
-    checkpoint; `best`, the best by the run's --best_metric on validation (the newest, with a note, where
-    no validation has scored one); `average`, the average training wrote of its last checkpoints while
-    it belongs to the newest (else the newest). With
+    the checkpoint at `path`, or else from `folder` by `choice` (None: the config's default
+    `checkpoint_choice`): `latest`, the newest good checkpoint; `best`, the best by the run's
+    --best_metric on validation (the newest, with a note, where no validation has scored one);
+    `average`, the average training wrote of its last checkpoints while it belongs to the newest
+    (else the newest). With
     `average` N > 1, the mean weights of N checkpoints at least `min_gap` steps apart, ending at
     `path` or at the best (`checkpoints_to_average`)."""
     folder = Path(path).parent if path is not None else Path(folder)
+    choice = choice or get_config()["checkpoint_choice"]
     if path is None and choice == "best":
         path = best_checkpoint(folder)
     if average > 1:

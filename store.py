@@ -372,14 +372,11 @@ def text_store(config: dict[str, Any]) -> TextStore:
     given = _given_apart(config, corpus)
     reads = {name: (source, name) for name in SPLITS if name in source.splits and name not in given} | given
     missing = [name for name in ("validation", "test") if name not in reads]
-    key = {"format": STORE_FORMAT, "datasource": source.fingerprint, "pair": source.pair,
-           "filter_duplicates": config["filter_duplicates"]}
-    if missing:  # carving settings matter only to a source that is carved
-        key.update({k: config[k] for k in ("seed", "val_fraction", "test_fraction", "val_max_pairs",
-                                           "test_max_pairs")})
-    key.update({f"{name}_given": held.fingerprint for name, (held, _) in given.items()})
-    return _text_store(config, corpus, key, partial(_fill_text_store, config=config, corpus=corpus, reads=reads,
-                                                    missing=missing, apart=list(given)))
+    # Carving settings matter only to a source that is carved.
+    carving = {k: config[k] for k in ("seed", "val_fraction", "test_fraction", "val_max_pairs", "test_max_pairs")} \
+        if missing else {}
+    apart = {f"{name}_given": held.fingerprint for name, (held, _) in given.items()}
+    return _text_store(config, corpus, source, {**carving, **apart}, reads=reads, missing=missing, apart=list(given))
 
 
 def eval_pairs(config: dict[str, Any], split: str, model_config: dict[str, Any], lang_tgt: str = "") -> list[Pair]:
@@ -423,19 +420,21 @@ def text_stores(config: dict[str, Any]) -> list[TextStore]:
     stores = [first]
     for corpus in corpora(config)[1:]:
         source = _open_corpus(config, corpus)
-        key = {"format": STORE_FORMAT, "datasource": source.fingerprint, "pair": source.pair,
-               "filter_duplicates": config["filter_duplicates"],
-               "held_out": hashlib.sha256(held_out.tobytes()).hexdigest()}
-        stores.append(_text_store(config, corpus, key, partial(_fill_text_store, config=config, corpus=corpus,
-                                                               reads={"train": (source, "train")}, missing=[],
-                                                               apart=[], held_out=held_out)))
+        stores.append(_text_store(config, corpus, source, {"held_out": hashlib.sha256(held_out.tobytes()).hexdigest()},
+                                  reads={"train": (source, "train")}, missing=[], apart=[], held_out=held_out))
     return stores
 
 
-def _text_store(config: dict[str, Any], corpus: Corpus, key: dict[str, Any],
-                fill: Callable[[Path], dict[str, Any]]) -> TextStore:
+def _text_store(config: dict[str, Any], corpus: Corpus, source: Source, held: dict[str, Any],
+                **fill: Any) -> TextStore:
+    """The text store of `corpus`, read from `source`: opened, or built by `_fill_text_store` with the
+    arguments `fill`. Keyed by the corpus's fingerprint and pair, `filter_duplicates`, and `held`:
+    what decides its held-out splits (carving settings, held-out sources, hashes)."""
+    key = {"format": STORE_FORMAT, "datasource": source.fingerprint, "pair": source.pair,
+           "filter_duplicates": config["filter_duplicates"], **held}
     folder = _store_folder(config, corpus, "text", key)
-    store = TextStore.open_or_build(folder, key, fill, f"building the data store {folder} from {corpus.source}")
+    store = TextStore.open_or_build(folder, key, partial(_fill_text_store, config=config, corpus=corpus, **fill),
+                                    f"building the data store {folder} from {corpus.source}")
     log(f"data store {store.folder}: " + ", ".join(f"{name} {store.size(name)}" for name in store.splits())
         + " pairs")
     return store

@@ -219,10 +219,10 @@ class TorchTranslator(Translator):
 
     @classmethod
     def load(cls, checkpoint: Path | None, folder: Path, device: torch.device, average: int = 1,
-             seed: int = 0, choice: str = "average", min_gap: int = 0) -> "TorchTranslator":
+             seed: int = 0, choice: str | None = None, min_gap: int = 0) -> "TorchTranslator":
         """From the checkpoint at `checkpoint`, or the one of `folder` that `choice` names (latest, best
-        or average); `average` > 1 averages that many checkpoints at least `min_gap` steps apart
-        (checkpoint.load_for_inference)."""
+        or average; None: the config's default); `average` > 1 averages that many checkpoints at least
+        `min_gap` steps apart (checkpoint.load_for_inference)."""
         model, tok_src, tok_tgt, config, path = load_for_inference(checkpoint, folder, device, average, choice,
                                                                    min_gap)
         source = str(path) + (f" (average of {average} ending here)" if average > 1 else "")

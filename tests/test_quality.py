@@ -10,6 +10,7 @@ from config import ConfigError, get_config, validate_config
 from model import build_transformer
 from synthetic_data import synthetic_pairs
 from tokenizer import decode_ids, encode_ids, train_tokenizer
+from translator import TorchTranslator
 
 # ---------------------------------------------------------------------------- tokenizers
 
@@ -136,6 +137,10 @@ def test_best_latest_and_average_load_what_they_name(tmp_path, tokenizer, capsys
         loaded, *_, path = load_for_inference(None, tmp_path, torch.device("cpu"), choice=choice)
         assert path.name == f"ckpt_{step:08d}.pt"
         torch.testing.assert_close(loaded.state_dict(), models[step].state_dict(), rtol=0, atol=0)
+    # No choice given: the config's default (best), in the loader and in the translator alike.
+    assert get_config()["checkpoint_choice"] == "best"
+    assert load_for_inference(None, tmp_path, torch.device("cpu"))[4].name == "ckpt_00000020.pt"
+    assert TorchTranslator.load(None, tmp_path, torch.device("cpu")).path.name == "ckpt_00000020.pt"
     unscored = tmp_path / "unscored"
     save_checkpoint(unscored, tiny_state(models[10], 10, tokenizer), 10, keep=1)
     assert load_for_inference(None, unscored, torch.device("cpu"), choice="best")[4] == unscored / "ckpt_00000010.pt"
