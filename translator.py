@@ -3,15 +3,18 @@
 One interface, two engines:
 - `TorchTranslator`: this project's PyTorch model and decoding.py, from a checkpoint (or the
   average of several), or from a model already in memory (validation during training).
-- `CTranslate2Translator`: a model directory written by export.py, run by CTranslate2 (fast CPU
-  inference, int8 weights).
+- `CTranslate2Translator`: a model directory written by export.py (ct2_model.py), run by
+  CTranslate2 (fast CPU inference, int8 weights). It translates one token when it loads, so that a
+  model the device cannot run is one TranslatorError then.
 translate.py, evaluate.py and serve.py get a `Translator` from `load_translator` and never branch on
 the engine. Both engines tokenize each source once, with the model's own tokenizer
 (`Translator.encode`), truncate sources to its seq_len (with a warning on stderr), translate in
 length-sorted batches, and score hypotheses the same way (decoding.py: log-probability including
 [EOS] over length ** length_penalty, plus the brevity penalty's term). CTranslate2 has no brevity
 penalty in its search: with one, its engine asks for beam_size hypotheses and ranks them with the
-term added, which picks from its final beam only.
+term added, which picks from its final beam only. `cross_attention`, the heatmap's weights
+(attention_plot.py draws them), takes the same path: the source as `encode` makes it, decoded
+greedily.
 
 A model of several target languages (`lang_tgt` fr+it) is told which to produce by a tag after
 [SOS], as training stored its sources ([SOS] <2fr> ... [EOS], Johnson et al. 2017): the decoding
