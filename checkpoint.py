@@ -19,8 +19,6 @@
   the config stored inside is plain data and is validated before use.
 - `latest` falls back to the newest good checkpoint, warning about each bad one; when none loads,
   it says so in one line naming them, and never pretends the folder is empty.
-- `RunLock` keeps two training processes out of one experiment folder (atomic_files.lock_file: the
-  kernel drops the lock when its owner dies, so a stale lock file never blocks).
 """
 from __future__ import annotations
 
@@ -36,9 +34,10 @@ from typing import Any, Callable
 
 import torch
 
-from atomic_files import atomic_write, atomic_write_bytes, lock_file, sha256_of
+from atomic_files import atomic_write, atomic_write_bytes, sha256_of
 from config import ConfigError, get_config, validate_config
 from model import build_model
+from scoring import improves
 from tokenizer import TokenizerError, tokenizer_from_json, tokenizer_paths
 
 MANIFEST = "checkpoints.json"
@@ -137,15 +136,6 @@ def _record(manifest: dict[str, Any], path: Path, digest: str, global_step: int,
                                           "metrics": metrics}
     manifest["latest"] = path.name
     _choose_best(manifest, best_metric)
-
-
-# Which way each validation metric improves; `--best_metric` is one of them.
-HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "loss": False}
-
-
-def improves(metric: str, value: float, best: float | None) -> bool:
-    """Whether `value` of `metric` beats `best` (None: nothing yet)."""
-    return best is None or (value > best if HIGHER_IS_BETTER[metric] else value < best)
 
 
 def _choose_best(manifest: dict[str, Any], metric: str) -> None:
@@ -431,15 +421,17 @@ def best_checkpoint(folder: Path) -> Path | None:
 
 
 def load_for_inference(path: Path | None, folder: Path, device: torch.device, average: int = 1,
-                       choice: str = "best", min_gap: int = 0):
+                       choice: str | None = None, min_gap: int = 0):
     """(model in eval mode on `device`, source tokenizer, target tokenizer, its config, its path) from
-    the checkpoint at `path`, or else from `folder` by `choice`: `latest`, the newest good
-    checkpoint; `best`, the best by the run's --best_metric on validation (the newest, with a note, where
-    no validation has scored one); `average`, the average training wrote of its last checkpoints while
-    it belongs to the newest (else the newest). With
+    the checkpoint at `path`, or else from `folder` by `choice` (None: the config's default
+    `checkpoint_choice`): `latest`, the newest good checkpoint; `best`, the best by the run's
+    --best_metric on validation (the newest, with a note, where no validation has scored one);
+    `average`, the average training wrote of its last checkpoints while it belongs to the newest
+    (else the newest). With
     `average` N > 1, the mean weights of N checkpoints at least `min_gap` steps apart, ending at
     `path` or at the best (`checkpoints_to_average`)."""
     folder = Path(path).parent if path is not None else Path(folder)
+    choice = choice or get_config()["checkpoint_choice"]
     if path is None and choice == "best":
         path = best_checkpoint(folder)
     if average > 1:
@@ -472,26 +464,3 @@ def load_for_inference(path: Path | None, folder: Path, device: torch.device, av
     load_weights(model, state["model"], path)
     return model.to(device).eval(), tok_src, tok_tgt, config, Path(path)
 
-
-class RunLock:
-    """An exclusive lock on an experiment folder, holding the owner's PID for the message."""
-
-    def __init__(self, folder: Path) -> None:
-        self.path = Path(folder) / "train.lock"
-        self.handle = None
-
-    def acquire(self) -> None:
-        def refuse(owner: str) -> None:
-            raise CheckpointError(f"{self.path.parent} is in use by another training run (pid {owner}); "
-                                  f"wait for it or choose another --experiment_name")
-
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.handle = lock_file(self.path, refuse)
-        except OSError as error:
-            raise CheckpointError(f"cannot lock {self.path}: {error.strerror or error}") from None
-
-    def release(self) -> None:
-        if self.handle is not None:
-            self.handle.close()
-            self.handle = None

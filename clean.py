@@ -27,7 +27,7 @@ from checkpoint import CheckpointError
 from cleaning import (REASONS, Cleaner, CleaningReport, CleaningSettings, Removal, dual_conditional_cross_entropy,
                       keep_best, settings_from_config)
 from config import CLEAN, ConfigError, Corpus, OneLineParser, build_parser, corpora, corpus_name, parse_args
-from dataset import DataError, Pair, open_source, read_pairs
+from sources import DataError, Pair, open_source, read_pairs
 from device import pick_device
 from translator import TorchTranslator, TranslatorError
 

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from config import OPTIONS
-from dataset import Pair, text_hash
+from sources import Pair, text_hash
 from precision import autocast_context, inference_dtype
 from tokenizer import EOS_ID, PAD_ID, SOS_ID
 

@@ -36,11 +36,9 @@ confident repetition loops ("il re re re ..."), which this rules out.
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-from tokenizers import Tokenizer
 
 from model import Transformer
 from tokenizer import EOS_ID, SOS_ID
@@ -73,22 +71,30 @@ def hypothesis_score(log_prob: float, length: int, length_penalty: float, expect
     return log_prob / (length ** length_penalty) + brevity_term(length, expected_length, brevity_penalty)
 
 
-def brevity_term(length: int, expected_length: float, brevity_penalty: float) -> float:
+def brevity_term(length: int, expected_length: float | torch.Tensor,
+                 brevity_penalty: float) -> float | torch.Tensor:
     """brevity_penalty x log of BLEU's brevity penalty for `length` against `expected_length`: 0
-    from the expected length on, negative below it."""
-    return brevity_penalty * min(0.0, 1.0 - expected_length / length) if brevity_penalty else 0.0
+    from the expected length on, negative below it. For one hypothesis (a number), or for one length
+    against every sentence's expected length at once (a float64 tensor: a step of beam search, whose
+    scores stay on the device), with the same operations, so both give the same bits."""
+    tensor = isinstance(expected_length, torch.Tensor)
+    if not brevity_penalty:
+        return torch.zeros_like(expected_length) if tensor else 0.0
+    shortfall = 1.0 - expected_length / length
+    return brevity_penalty * (shortfall.clamp(max=0.0) if tensor else min(0.0, shortfall))
 
 
-def expected_length(source_tokens: int, length_ratio: float) -> float:
+def expected_length(source_tokens: int | torch.Tensor, length_ratio: float) -> float | torch.Tensor:
     """The output length the brevity penalty expects for a source of `source_tokens` tokens (no
-    special tokens): length_ratio times its length, [EOS] counted on both sides."""
+    special tokens): length_ratio times its length, [EOS] counted on both sides. A number, or a
+    float64 tensor of each row's (`source_token_counts(src_mask)`)."""
     return length_ratio * (source_tokens + 1)
 
 
-def expected_lengths(src_mask: torch.Tensor, length_ratio: float) -> list[float]:
-    """expected_length of each source row of a batch, its [SOS] and [EOS] not counted as tokens."""
-    return [expected_length(count - 2, length_ratio)
-            for count in src_mask.reshape(src_mask.size(0), -1).sum(dim=1).tolist()]
+def source_token_counts(src_mask: torch.Tensor) -> torch.Tensor:
+    """The tokens of each source row of a batch, its [SOS] and [EOS] and padding not counted, in
+    float64 (exact, and the precision of the scores they go into)."""
+    return src_mask.reshape(src_mask.size(0), -1).sum(dim=1).double() - 2
 
 
 def _drop_finished(cache, keep: torch.Tensor, per_sentence: int) -> None:
@@ -104,7 +110,7 @@ def greedy_decode(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor,
                   brevity_penalty: float = 0.0, length_ratio: float = 0.0) -> list[tuple[list[int], float]]:
     """The most likely next token at each step, for each row of `src` (B, S): (tokens without
     [EOS], score) per row."""
-    expected = expected_lengths(src_mask, length_ratio)
+    expected = expected_length(source_token_counts(src_mask), length_ratio).tolist()
     memory = model.encode(src, src_mask)
     cache = model.new_cache() if use_cache else None
     rows = torch.arange(src.size(0), device=src.device)  # original row of each sentence still decoding
@@ -150,7 +156,7 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, m
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size {beam_size}, got {n_best}")
     k, device, count = beam_size, src.device, src.size(0)
-    expected = torch.tensor(expected_lengths(src_mask, length_ratio), dtype=torch.float64, device=device)
+    expected = expected_length(source_token_counts(src_mask), length_ratio)
     memory = model.encode(src, src_mask)
     cache = model.new_cache()
     sentences = torch.arange(count, device=device)  # original row of each sentence still searching
@@ -178,7 +184,7 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, m
         history = tokens[:, 1:].view(len(sentences), k, step)
         ended = history.gather(1, top_beam[:, :k, None].expand(-1, -1, step))
         divisor = (step + 1) ** length_penalty
-        terms = brevity_terms(step + 1, expected[sentences], brevity_penalty)[:, None]
+        terms = brevity_term(step + 1, expected[sentences], brevity_penalty)[:, None]
         ended_scores = torch.where(ends[:, :k], top_scores[:, :k].double() / divisor + terms, float("-inf"))
         finished.add(sentences, ended_scores, ended, step)
         open_best = next_scores[:, 0].double()
@@ -203,11 +209,6 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, m
         tokens = torch.cat([tokens[flat_origin], next_tokens.reshape(-1, 1)], dim=1)
         log_probs_so_far = next_scores
     return finished.ranked()
-
-
-def brevity_terms(length: int, expected: torch.Tensor, brevity_penalty: float) -> torch.Tensor:
-    """`brevity_term` of one length against each expected length (float64, as the host computes it)."""
-    return brevity_penalty * (1.0 - expected / length).clamp(max=0.0) if brevity_penalty else torch.zeros_like(expected)
 
 
 class FinishedHypotheses:
@@ -257,7 +258,7 @@ def sample(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_to
     Scores are those of the module docstring under the model's own distribution (temperature 1,
     nothing cut off), as rescoring wants them; each sentence's samples come best first."""
     device = src.device
-    expected = expected_lengths(src_mask, length_ratio)
+    expected = expected_length(source_token_counts(src_mask), length_ratio).tolist()
     memory = model.encode(src, src_mask)
     cache = model.new_cache()
     sentences = torch.arange(src.size(0), device=device)
@@ -309,11 +310,3 @@ def sample(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_to
             _drop_finished(cache, keep, samples)
     return [[(hypothesis, score) for score, hypothesis in sorted(found, key=lambda item: item[0], reverse=True)]
             for found in results]
-
-
-def encode_sources(tok_src: Tokenizer, sentences: Sequence[str], seq_len: int) -> tuple[list[list[int]], int]:
-    """Token ids with [SOS]/[EOS], sources longer than the model's seq_len truncated to it; and
-    how many were truncated."""
-    encoded = [e.ids for e in tok_src.encode_batch(list(sentences), add_special_tokens=False)]
-    truncated = sum(len(ids) + 2 > seq_len for ids in encoded)
-    return [[SOS_ID, *ids[:seq_len - 2], EOS_ID] for ids in encoded], truncated

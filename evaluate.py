@@ -30,8 +30,9 @@ from typing import Any
 
 from checkpoint import CheckpointError
 from config import EVALUATE, ConfigError, OneLineParser, build_parser, corpus_entries, corpus_name, parse_args
-from dataset import DataError, log
+from diagnostics import log
 from scoring import corpus_scores, grouped_scores
+from sources import DataError
 from store import eval_pairs
 from translator import DecodingOptions, TranslatorError, add_translator_arguments, load_translator
 

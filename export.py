@@ -17,12 +17,12 @@ first). The model is described to CTranslate2 through its own spec API
   attention_plot.py draws it.
 Every tensor of the checkpoint must find its place: one that does not (a model this exporter does
 not know) is refused in one line naming it. The model's tokenizers and its training config are
-written beside CTranslate2's files (translator.py reads them): the config's `lang_tgt` records a
-model's target languages (fr+it), and the tags <2fr>, <2it> that translator.py puts before every
-source are tokens of the exported source vocabulary, which a model of several target languages
-must hold (refused otherwise). `--quantization` takes CTranslate2's names: int8, int16, float32,
-bfloat16, and for GPUs float16 and int8_float16 (on a CPU, CTranslate2 runs those in float32 and
-int8). translator.ct2_setup chooses the compute type a model runs with on each machine.
+written beside CTranslate2's files (ct2_model.py says which; translator.py reads them): the config's
+`lang_tgt` records a model's target languages (fr+it), and the tags <2fr>, <2it> that translator.py
+puts before every source are tokens of the exported source vocabulary, which a model of several
+target languages must hold (refused otherwise). `--quantization` takes CTranslate2's names: int8,
+int16, float32, bfloat16, and for GPUs float16 and int8_float16 (on a CPU, CTranslate2 runs those in
+float32 and int8). ct2_model.ct2_setup chooses the compute type a model runs with on each machine.
 
 `--output DIR` is never a folder export.py did not write. Each export holds a marker, `export.json`,
 listing the files it wrote; DIR may be new, an empty folder, or, with `--overwrite`
@@ -50,13 +50,11 @@ import torch
 from atomic_files import atomic_write_bytes
 from checkpoint import CheckpointError, load_for_inference
 from config import EXPORT, ConfigError, OneLineParser, build_parser, choose_run, parse_args, weights_dir
+from ct2_model import MARKER, QUANTIZATIONS, write_project_files
 from model import Transformer
-from tokenizer import EOS, SOS, UNK
-from translator import CT2_PROJECT_CONFIG, CT2_SOURCE_TOKENIZER, CT2_TARGET_TOKENIZER, missing_target_tag
+from tokenizer import EOS, SOS, UNK, missing_target_tag
 
-QUANTIZATIONS = ("int8", "int16", "float32", "bfloat16", "float16", "int8_float16")  # the last two for GPUs
 LAYER_NORM_EPSILON = 1e-5  # nn.LayerNorm's default, which model.py uses
-MARKER = "export.json"  # in every export: what --overwrite may replace, and which files are its own
 MARKER_NOTE = ("a model directory written by export.py, which may replace it when given --overwrite if it holds no "
                "file but those listed here")
 SHOWN_EXTRAS = 3  # entries named in the message refusing to replace an export that holds others
@@ -247,10 +245,8 @@ def export_model(model: Transformer, config: dict[str, Any], tok_src: Any, tok_t
     try:
         staging = own / "model"  # made by the converter, with the user's umask (mkdtemp's folder is 0700)
         SpecConverter().convert(str(staging), quantization=quantization)
-        atomic_write_bytes(staging / CT2_SOURCE_TOKENIZER, tok_src.to_str().encode("utf-8"))
-        atomic_write_bytes(staging / CT2_TARGET_TOKENIZER, tok_tgt.to_str().encode("utf-8"))
-        project = {"checkpoint": checkpoint, "quantization": quantization, "config": config}
-        atomic_write_bytes(staging / CT2_PROJECT_CONFIG, json.dumps(project, indent=1).encode("utf-8"))
+        write_project_files(staging, tok_src, tok_tgt, {"checkpoint": checkpoint, "quantization": quantization,
+                                                        "config": config})
         marker = {"written_by": "export.py", "note": MARKER_NOTE, "files": sorted(entries(staging))}
         atomic_write_bytes(staging / MARKER, json.dumps(marker, indent=1).encode("utf-8"))
         swap_in(staging, output, aside if overwrite else None)

@@ -10,6 +10,8 @@ tokenization, which is what makes scores comparable across systems.
   references (sacreBLEU's several reference streams, `nrefs:var`). tatoeba's validation split holds
   one English sentence 24 times with 24 Italian references: line by line it weighs 24 times as
   much as any other sentence, and its one translation can match at most one of them per line.
+- `improves`: whether a validation metric's value beats the best so far, which way each improves
+  (the best checkpoint and early stopping both ask it).
 """
 from __future__ import annotations
 
@@ -77,3 +79,12 @@ def grouped_scores(sources: Sequence[str], hypotheses: Sequence[str], references
         "bleu_signature": str(bleu_metric.get_signature()),
         "chrf_signature": str(chrf_metric.get_signature()),
     }
+
+
+# Which way each validation metric improves; `--best_metric` is one of them.
+HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "loss": False}
+
+
+def improves(metric: str, value: float, best: float | None) -> bool:
+    """Whether `value` of `metric` beats `best` (None: nothing yet)."""
+    return best is None or (value > best if HIGHER_IS_BETTER[metric] else value < best)

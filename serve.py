@@ -567,10 +567,25 @@ class Recorder:
 
 
 def build_app(service: Service, api_key: str | None) -> FastAPI:
-    """The application around the service."""
-    config = service.config
-    max_chars = config["serve_max_chars"]
+    """The application around the service: the metrics middleware, errors as JSON, the API routes
+    (behind the key, when there is one) and the status routes."""
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        yield
 
+    app = FastAPI(title="translation server", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.add_middleware(Recorder, service=service)
+    add_error_handlers(app)
+    keyed = [Depends(key_check(api_key))]
+    add_api_routes(app, service, keyed)
+    add_status_routes(app, service, keyed)
+    return app
+
+
+def key_check(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
+    """The dependency that refuses a request without `Authorization: Bearer <api_key>` (401); with no
+    key, it lets every request through."""
     async def require_key(request: Request) -> None:
         if api_key is None:
             return
@@ -579,15 +594,12 @@ def build_app(service: Service, api_key: str | None) -> FastAPI:
             raise ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
                            {"WWW-Authenticate": "Bearer"})
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        service.start()
-        yield
+    return require_key
 
-    app = FastAPI(title="translation server", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    app.add_middleware(Recorder, service=service)
-    api = [Depends(require_key)]
 
+def add_error_handlers(app: FastAPI) -> None:
+    """Every refusal as {"error": "..."}: ours (ApiError, with its status and headers), a client that
+    left (499), and Starlette's own (an unknown path, a wrong method)."""
     @app.exception_handler(ApiError)
     async def refused(request: Request, error: ApiError) -> JSONResponse:
         return JSONResponse({"error": error.message}, error.status, headers=error.headers)
@@ -601,35 +613,23 @@ def build_app(service: Service, api_key: str | None) -> FastAPI:
         return JSONResponse({"error": f"{request.method} {request.url.path}: {error.detail}"}, error.status_code,
                             headers=error.headers)
 
-    @app.post("/translate", dependencies=api)
+
+def add_api_routes(app: FastAPI, service: Service, keyed: list) -> None:
+    """POST /translate and POST /attention."""
+    max_chars = service.config["serve_max_chars"]
+
+    @app.post("/translate", dependencies=keyed)
     async def translate(request: Request) -> dict[str, list[str]]:
         arrived = now()
         payload = check_fields(await service.read_json(request), "text", ["beam_size", "target_lang"])
-        text = payload["text"]
-        if not isinstance(text, list):
-            raise ApiError(400, f"'text' must be a list of strings, got {json_type(text)}")
-        if not text:
-            raise ApiError(400, "'text' is an empty list: send at least one sentence")
-        if len(text) > config["serve_max_sentences"]:
-            raise ApiError(400, f"'text' has {len(text)} sentences; the limit is {config['serve_max_sentences']} "
-                                f"(serve_max_sentences)")
-        sentences = [check_sentence(s, f"sentence {i} of 'text'", max_chars) for i, s in enumerate(text, start=1)]
+        sentences = check_sentences(payload["text"], service.config)
         options = service.defaults
         if "beam_size" in payload:
-            beam_size = payload["beam_size"]
-            if type(beam_size) is not int:
-                raise ApiError(400, f"'beam_size' must be an integer, got {json_type(beam_size)}")
-            if not 1 <= beam_size <= config["serve_max_beam_size"]:
-                raise ApiError(400, f"'beam_size' must be from 1 to {config['serve_max_beam_size']} "
-                                    f"(serve_max_beam_size), got {beam_size}")
-            try:
-                options = options.replace(beam_size=beam_size)
-            except TranslatorError as error:
-                raise ApiError(400, f"'beam_size' {beam_size}: {error}") from None
+            options = with_beam_size(options, payload["beam_size"], service.config["serve_max_beam_size"])
         options = options.replace(target_lang=service.target_lang(payload))
         return {"translations": await service.translate(request, arrived, sentences, options)}
 
-    @app.post("/attention", dependencies=api)
+    @app.post("/attention", dependencies=keyed)
     async def attention(request: Request) -> dict[str, Any]:
         arrived = now()
         payload = check_fields(await service.read_json(request), "text", ["target_lang"])
@@ -637,7 +637,37 @@ def build_app(service: Service, api_key: str | None) -> FastAPI:
         found = await service.attention(request, arrived, sentence, service.target_lang(payload))
         return {"source_tokens": found.source_tokens, "output_tokens": found.output_tokens, "weights": found.weights}
 
-    @app.get("/health", dependencies=api)
+
+def check_sentences(text: Any, config: dict[str, Any]) -> list[str]:
+    """The sentences of a /translate request's 'text', each stripped, or a 400 saying what is wrong."""
+    if not isinstance(text, list):
+        raise ApiError(400, f"'text' must be a list of strings, got {json_type(text)}")
+    if not text:
+        raise ApiError(400, "'text' is an empty list: send at least one sentence")
+    if len(text) > config["serve_max_sentences"]:
+        raise ApiError(400, f"'text' has {len(text)} sentences; the limit is {config['serve_max_sentences']} "
+                            f"(serve_max_sentences)")
+    limit = config["serve_max_chars"]
+    return [check_sentence(sentence, f"sentence {i} of 'text'", limit) for i, sentence in enumerate(text, start=1)]
+
+
+def with_beam_size(options: DecodingOptions, beam_size: Any, limit: int) -> DecodingOptions:
+    """`options` with a request's beam_size, or a 400 when it is not an integer from 1 to `limit`
+    (serve_max_beam_size) or does not go with the other options."""
+    if type(beam_size) is not int:
+        raise ApiError(400, f"'beam_size' must be an integer, got {json_type(beam_size)}")
+    if not 1 <= beam_size <= limit:
+        raise ApiError(400, f"'beam_size' must be from 1 to {limit} (serve_max_beam_size), got {beam_size}")
+    try:
+        return options.replace(beam_size=beam_size)
+    except TranslatorError as error:
+        raise ApiError(400, f"'beam_size' {beam_size}: {error}") from None
+
+
+def add_status_routes(app: FastAPI, service: Service, keyed: list) -> None:
+    """GET /health and /metrics (behind the key), the probes /health/live and /health/ready (never),
+    and the web page."""
+    @app.get("/health", dependencies=keyed)
     async def health() -> dict[str, Any]:
         if service.translator is None:
             raise unavailable("the model is still loading", 1)
@@ -652,7 +682,7 @@ def build_app(service: Service, api_key: str | None) -> FastAPI:
         state = service.state()
         return JSONResponse({"status": state}, 200 if state == "ready" else 503)
 
-    @app.get("/metrics", dependencies=api)
+    @app.get("/metrics", dependencies=keyed)
     async def metrics() -> Response:
         return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -661,7 +691,6 @@ def build_app(service: Service, api_key: str | None) -> FastAPI:
         return FileResponse(STATIC / "index.html")
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    return app
 
 
 class DrainingServer(uvicorn.Server):

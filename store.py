@@ -4,7 +4,7 @@ Two layers per corpus of `datasource` (config.corpora), each a folder under `sto
 `stores/`), built once and reused by every restart, resume and torchrun rank (rank 0 builds, the
 others wait and map the same files):
 1. The text store: the usable pairs of every split as UTF-8, in one streaming pass over the corpus
-   (dataset.py). The first corpus's (`text_store`) holds the held-out splits: validation and test
+   (sources.py). The first corpus's (`text_store`) holds the held-out splits: validation and test
    given apart (`valid_data`, `test_data`: a folder's split, or a file pair's only split), else the
    corpus's own, else carved from its train split (capped); training pairs whose source sentence is
    in a carved split or one given apart are removed. Every other corpus's holds its train split
@@ -63,8 +63,9 @@ from tokenizers import Tokenizer
 
 from atomic_files import atomic_write_bytes, lock_file, sha256_of
 from config import Corpus, corpora, corpus_entries, corpus_name, target_tag
-from dataset import (SPLITS, BilingualDataset, DataError, Pair, Source, carve, fits, log, open_source, read_all_pairs,
-                     read_pairs, text_hash)
+from dataset import BilingualDataset, fits
+from diagnostics import log
+from sources import SPLITS, DataError, Pair, Source, carve, open_source, read_all_pairs, read_pairs, text_hash
 from tokenizer import tag_id, tokenizer_hash
 
 STORE_FORMAT = 1
@@ -371,14 +372,11 @@ def text_store(config: dict[str, Any]) -> TextStore:
     given = _given_apart(config, corpus)
     reads = {name: (source, name) for name in SPLITS if name in source.splits and name not in given} | given
     missing = [name for name in ("validation", "test") if name not in reads]
-    key = {"format": STORE_FORMAT, "datasource": source.fingerprint, "pair": source.pair,
-           "filter_duplicates": config["filter_duplicates"]}
-    if missing:  # carving settings matter only to a source that is carved
-        key.update({k: config[k] for k in ("seed", "val_fraction", "test_fraction", "val_max_pairs",
-                                           "test_max_pairs")})
-    key.update({f"{name}_given": held.fingerprint for name, (held, _) in given.items()})
-    return _text_store(config, corpus, key, partial(_fill_text_store, config=config, corpus=corpus, reads=reads,
-                                                    missing=missing, apart=list(given)))
+    # Carving settings matter only to a source that is carved.
+    carving = {k: config[k] for k in ("seed", "val_fraction", "test_fraction", "val_max_pairs", "test_max_pairs")} \
+        if missing else {}
+    apart = {f"{name}_given": held.fingerprint for name, (held, _) in given.items()}
+    return _text_store(config, corpus, source, {**carving, **apart}, reads=reads, missing=missing, apart=list(given))
 
 
 def eval_pairs(config: dict[str, Any], split: str, model_config: dict[str, Any], lang_tgt: str = "") -> list[Pair]:
@@ -422,19 +420,21 @@ def text_stores(config: dict[str, Any]) -> list[TextStore]:
     stores = [first]
     for corpus in corpora(config)[1:]:
         source = _open_corpus(config, corpus)
-        key = {"format": STORE_FORMAT, "datasource": source.fingerprint, "pair": source.pair,
-               "filter_duplicates": config["filter_duplicates"],
-               "held_out": hashlib.sha256(held_out.tobytes()).hexdigest()}
-        stores.append(_text_store(config, corpus, key, partial(_fill_text_store, config=config, corpus=corpus,
-                                                               reads={"train": (source, "train")}, missing=[],
-                                                               apart=[], held_out=held_out)))
+        stores.append(_text_store(config, corpus, source, {"held_out": hashlib.sha256(held_out.tobytes()).hexdigest()},
+                                  reads={"train": (source, "train")}, missing=[], apart=[], held_out=held_out))
     return stores
 
 
-def _text_store(config: dict[str, Any], corpus: Corpus, key: dict[str, Any],
-                fill: Callable[[Path], dict[str, Any]]) -> TextStore:
+def _text_store(config: dict[str, Any], corpus: Corpus, source: Source, held: dict[str, Any],
+                **fill: Any) -> TextStore:
+    """The text store of `corpus`, read from `source`: opened, or built by `_fill_text_store` with the
+    arguments `fill`. Keyed by the corpus's fingerprint and pair, `filter_duplicates`, and `held`:
+    what decides its held-out splits (carving settings, held-out sources, hashes)."""
+    key = {"format": STORE_FORMAT, "datasource": source.fingerprint, "pair": source.pair,
+           "filter_duplicates": config["filter_duplicates"], **held}
     folder = _store_folder(config, corpus, "text", key)
-    store = TextStore.open_or_build(folder, key, fill, f"building the data store {folder} from {corpus.source}")
+    store = TextStore.open_or_build(folder, key, partial(_fill_text_store, config=config, corpus=corpus, **fill),
+                                    f"building the data store {folder} from {corpus.source}")
     log(f"data store {store.folder}: " + ", ".join(f"{name} {store.size(name)}" for name in store.splits())
         + " pairs")
     return store

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from atomic_files import atomic_write_bytes
-from config import tokenizer_tags
+from config import target_languages, target_tag, tokenizer_tags
 
 UNK, PAD, SOS, EOS = "[UNK]", "[PAD]", "[SOS]", "[EOS]"
 SPECIAL_TOKENS = [UNK, PAD, SOS, EOS]
@@ -76,6 +76,14 @@ def tag_id(tokenizer: Tokenizer, tag: str, owner: str) -> int:
         raise TokenizerError(f"tag {tag} is not in the tokenizers of {owner}; reserve it with --reserved_tags when "
                              f"training the first model")
     return found
+
+
+def missing_target_tag(tok_src: Tokenizer, model_config: dict[str, Any]) -> str:
+    """A target-language tag that a model of several target languages needs and its source
+    tokenizer lacks; "" when none is missing (always, for a one-target model)."""
+    targets = target_languages(model_config)
+    tags = [target_tag(lang) for lang in targets] if len(targets) > 1 else []
+    return next((tag for tag in tags if tok_src.token_to_id(tag) is None), "")
 
 
 def check_special_tokens(tokenizer: Tokenizer) -> None:

@@ -48,13 +48,13 @@ from tqdm import tqdm
 
 from atomic_files import atomic_write_bytes
 from attention_plot import attention_figure
-from checkpoint import (CheckpointError, RunLock, adopt_unlisted, check_unlisted_above, checkpoint_files,
-                        improves, load_checkpoint, load_latest, load_weights, named, read_manifest, save_average,
-                        save_checkpoint)
-from config import (IDENTITY_KEYS, MODEL_KEYS, TRAIN, ConfigError, OneLineParser, build_parser, corpora, corpus_name, get_config, parse_args,
-                    runs_dir, validate_config, weights_dir)
+from checkpoint import (CheckpointError, adopt_unlisted, check_unlisted_above, checkpoint_files, load_checkpoint,
+                        load_latest, load_weights, named, read_manifest, save_average, save_checkpoint)
+from config import (IDENTITY_KEYS, MODEL_KEYS, TRAIN, ConfigError, OneLineParser, build_parser, corpora, corpus_name,
+                    get_config, parse_args, runs_dir, validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
-from dataset import BatchPlan, BilingualDataset, CorpusMix, DataError, MicroBatches, log, padding_waste
+from dataset import BatchPlan, BilingualDataset, CorpusMix, MicroBatches, padding_waste
+from diagnostics import log
 from device import pick_device
 from loss import loss_sum
 from model import Transformer, build_model, train_flops
@@ -62,7 +62,9 @@ from optimizer import build_optimizer, lr_factor, warmup_steps
 from time_budget import PLAN_SKIP_STEPS, PLAN_TIMED_STEPS, Plan, plan_from_dict, plan_run
 from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
 from ranks import GracefulStop, RankFailed, Ranks, RankWatch, StopRequested, join_ranks
-from scoring import corpus_scores, grouped_scores
+from run_lock import RunLock, RunLockError
+from scoring import corpus_scores, grouped_scores, improves
+from sources import DataError
 from store import TextStore, TokenStore, text_stores, token_stores, tokenizer_sample
 from tokenizer import (TokenizerError, load_tokenizers, save_tokenizers, tag_id, tokenizer_from_json,
                        train_tokenizers)
@@ -274,7 +276,9 @@ def validation_metrics(shares: list[dict[str, Any]], pairs: list[tuple[str, str]
         examples.append(f"SOURCE: {source}\nTARGET: {reference}\nOUTPUT: {hypothesis}")
     if examples:
         writer.add_text("val/examples", "\n\n".join(e.replace("\n", "  \n") for e in examples), global_step)
-        writer.add_figure("val/attention", attention_figure(model, tok_src, tok_tgt, sources[0]), global_step)
+        attention = TorchTranslator(model, tok_src, tok_tgt, config).cross_attention(sources[0],
+                                                                                     corpora(config)[0].lang_tgt)
+        writer.add_figure("val/attention", attention_figure(attention), global_step)
     print(f"step {global_step}: val loss {metrics['loss']:.3f} | BLEU {metrics['bleu']:.2f} | chrF {metrics['chrf']:.2f} "
           f"on {len(distinct)} distinct sources with {len(pairs)} references | line by line: BLEU "
           f"{metrics['bleu_nrefs1']:.2f}, chrF {metrics['chrf_nrefs1']:.2f}, CER {metrics['cer']:.3f}, WER "
@@ -925,7 +929,7 @@ def main(argv: list[str] | None = None, command_line: bool = False) -> int:
         # --config) means what it says.
         plan_to_clock = config["max_minutes"] > 0 and not {"num_epochs", "max_steps"} & resolved.given
         return train(config, started, resolved.given | resolved.preset, keep_freed, plan_to_clock)
-    except (ConfigError, DataError, CheckpointError, TokenizerError, OutOfMemory, RankFailed) as error:
+    except (ConfigError, DataError, CheckpointError, RunLockError, TokenizerError, OutOfMemory, RankFailed) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2 if isinstance(error, ConfigError) else 1
     except KeyboardInterrupt:

@@ -24,7 +24,7 @@ only decoding options matter here:
 - `--n_best N`: N hypotheses per input (the N best of the beam, or N samples), one per line as
   `LINE<TAB>SCORE<TAB>TRANSLATION`: LINE is the input's number (1-based), SCORE its score with four
   decimals, best first within a line. An input that cannot be translated gets no hypothesis lines.
-`--plot_attention FILE.png` also saves the first sentence's cross-attention heatmap (PyTorch engine).
+`--plot_attention FILE.png` also saves the first sentence's cross-attention heatmap (either engine).
 """
 from __future__ import annotations
 
@@ -114,8 +114,6 @@ def main(argv: list[str] | None = None) -> int:
             text.encode("utf-8")
         except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
             parser.error(f"sentence {number} is not valid UTF-8")
-    if args.plot_attention is not None and args.engine != "pytorch":
-        parser.error("--plot_attention draws the PyTorch model's attention: it needs --engine pytorch")
     try:
         options = DecodingOptions.from_config(config, n_best=max(1, args.n_best))
         translator = load_translator(args, resolved)
@@ -144,8 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot_attention is not None and first_sentence is not None:
         from attention_plot import save_attention_plot  # matplotlib is only needed here
         try:
-            save_attention_plot(translator.model, translator.tok_src, translator.tok_tgt,
-                                translator.tagged_text(first_sentence, options.target_lang), args.plot_attention)
+            save_attention_plot(translator.cross_attention(first_sentence, options.target_lang), args.plot_attention)
         except (OSError, ValueError) as error:
             print(f"translate.py: error: cannot write {args.plot_attention}: {error}", file=sys.stderr)
             return 1

@@ -3,15 +3,18 @@
 One interface, two engines:
 - `TorchTranslator`: this project's PyTorch model and decoding.py, from a checkpoint (or the
   average of several), or from a model already in memory (validation during training).
-- `CTranslate2Translator`: a model directory written by export.py, run by CTranslate2 (fast CPU
-  inference, int8 weights).
+- `CTranslate2Translator`: a model directory written by export.py (ct2_model.py), run by
+  CTranslate2 (fast CPU inference, int8 weights). It translates one token when it loads, so that a
+  model the device cannot run is one TranslatorError then.
 translate.py, evaluate.py and serve.py get a `Translator` from `load_translator` and never branch on
 the engine. Both engines tokenize each source once, with the model's own tokenizer
 (`Translator.encode`), truncate sources to its seq_len (with a warning on stderr), translate in
 length-sorted batches, and score hypotheses the same way (decoding.py: log-probability including
 [EOS] over length ** length_penalty, plus the brevity penalty's term). CTranslate2 has no brevity
 penalty in its search: with one, its engine asks for beam_size hypotheses and ranks them with the
-term added, which picks from its final beam only.
+term added, which picks from its final beam only. `cross_attention`, the heatmap's weights
+(attention_plot.py draws them), takes the same path: the source as `encode` makes it, decoded
+greedily.
 
 A model of several target languages (`lang_tgt` fr+it) is told which to produce by a tag after
 [SOS], as training stored its sources ([SOS] <2fr> ... [EOS], Johnson et al. 2017): the decoding
@@ -22,25 +25,27 @@ expected length), as it did in the training data; it is a special token, so no o
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
-import re
 import sys
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import torch
 from tokenizers import Tokenizer
 
 from checkpoint import load_for_inference
-from config import Resolved, choose_run, get_config, target_languages, target_tag, validate_config, weights_dir
+from config import Resolved, choose_run, get_config, target_languages, target_tag, weights_dir
+from ct2_model import ct2_setup, read_project_files
 from decoding import beam_search, brevity_term, expected_length, greedy_decode, max_output_tokens, sample
 from device import pick_device
-from model import Transformer
+from diagnostics import first_line
+from model import Transformer, causal_mask
 from precision import autocast_context, inference_dtype
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, TokenizerError, decode_ids, load_tokenizer
+from tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK, TokenizerError, decode_ids, missing_target_tag
 
 ENGINES = ("pytorch", "ctranslate2")
 
@@ -100,14 +105,6 @@ class DecodingOptions:
             raise TranslatorError(f"n_best {self.n_best} needs a beam at least as wide (beam_size {self.beam_size})")
 
 
-def missing_target_tag(tok_src: Tokenizer, model_config: dict[str, Any]) -> str:
-    """A target-language tag that a model of several target languages needs and its source
-    tokenizer lacks; "" when none is missing (always, for a one-target model)."""
-    targets = target_languages(model_config)
-    tags = [target_tag(lang) for lang in targets] if len(targets) > 1 else []
-    return next((tag for tag in tags if tok_src.token_to_id(tag) is None), "")
-
-
 class Source(NamedTuple):
     """One source sentence as the model takes it, without [SOS]/[EOS]: the tag of the target
     language first when the model needs one, truncated to the model's limit; ids for this
@@ -124,12 +121,14 @@ class Hypothesis(NamedTuple):
 
 @dataclass
 class CrossAttention:
-    """The last decoder layer's cross-attention while translating one sentence, mean over heads:
-    weights[i][j] is how much output token i attended to source token j."""
+    """The last decoder layer's cross-attention while greedily translating one sentence, mean over
+    heads: weights[i][j] is how much output token i attended to source token j. `heads` holds each
+    head's weights where the engine gives them (this project's; CTranslate2 gives the mean only)."""
 
     source_tokens: list[str]
     output_tokens: list[str]
     weights: list[list[float]]
+    heads: list[list[list[float]]] = field(default_factory=list)
 
 
 class Translator(ABC):
@@ -227,10 +226,10 @@ class TorchTranslator(Translator):
 
     @classmethod
     def load(cls, checkpoint: Path | None, folder: Path, device: torch.device, average: int = 1,
-             seed: int = 0, choice: str = "average", min_gap: int = 0) -> "TorchTranslator":
+             seed: int = 0, choice: str | None = None, min_gap: int = 0) -> "TorchTranslator":
         """From the checkpoint at `checkpoint`, or the one of `folder` that `choice` names (latest, best
-        or average); `average` > 1 averages that many checkpoints at least `min_gap` steps apart
-        (checkpoint.load_for_inference)."""
+        or average; None: the config's default); `average` > 1 averages that many checkpoints at least
+        `min_gap` steps apart (checkpoint.load_for_inference)."""
         model, tok_src, tok_tgt, config, path = load_for_inference(checkpoint, folder, device, average, choice,
                                                                    min_gap)
         source = str(path) + (f" (average of {average} ending here)" if average > 1 else "")
@@ -238,22 +237,32 @@ class TorchTranslator(Translator):
 
     def translate_batch(self, sources: list[Source], options: DecodingOptions,
                         max_tokens: int) -> list[list[tuple[list[int], float]]]:
-        model = self.model
-        device = next(model.parameters()).device
+        src, src_mask = self.source_batch(sources)
+        with self.evaluating():
+            return self.decode(src, src_mask, options, max_tokens)
+
+    def source_batch(self, sources: list[Source]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`sources` as the model takes them: [SOS] ids [EOS], padded on the right into one batch (B, S)
+        on the model's device, and its src_mask (B, 1, 1, S)."""
         src = torch.full((len(sources), max(len(source.ids) for source in sources) + 2), PAD_ID, dtype=torch.long)
         for row, source in enumerate(sources):
             src[row, :len(source.ids) + 2] = torch.tensor([SOS_ID, *source.ids, EOS_ID])
-        src = src.to(device)
-        src_mask = (src != PAD_ID)[:, None, None, :]
-        was_training = model.training
-        model.eval()
-        # On a GPU in bf16/fp16 through autocast rather than by casting the weights: validation
-        # decodes the model being trained, whose weights stay fp32. Log-probabilities stay fp32.
+        src = src.to(next(self.model.parameters()).device)
+        return src, (src != PAD_ID)[:, None, None, :]
+
+    @contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """The model in eval mode, and back in its mode after. On a GPU in bf16/fp16 through autocast
+        rather than by casting the weights: validation decodes the model being trained, whose weights
+        stay fp32. Log-probabilities stay fp32."""
+        was_training = self.model.training
+        self.model.eval()
+        device = next(self.model.parameters()).device
         try:
             with autocast_context(device, inference_dtype(device)):
-                return self.decode(src, src_mask, options, max_tokens)
+                yield
         finally:
-            model.train(was_training)
+            self.model.train(was_training)
 
     def decode(self, src: torch.Tensor, src_mask: torch.Tensor, options: DecodingOptions,
                max_tokens: int) -> list[list[tuple[list[int], float]]]:
@@ -273,56 +282,50 @@ class TorchTranslator(Translator):
         return beam_search(model, src, src_mask, max_tokens, options.beam_size, options.length_penalty,
                            options.n_best, options.no_repeat_ngram_size, options.brevity_penalty, self.length_ratio)
 
-    def tagged_text(self, sentence: str, target_lang: str) -> str:
-        """`sentence` as text for attention_plot.py, which tokenizes it itself: the tag written first
-        is read as that special token, so the source is [SOS] <2fr> ... [EOS] as translate() makes it."""
-        tag = self.source_tag(target_lang)
-        return f"{tag} {sentence}" if tag else sentence
-
     def cross_attention(self, sentence: str, target_lang: str = "") -> CrossAttention:
-        from attention_plot import cross_attention_weights  # matplotlib is imported only for attention
-        sources, outputs, weights = cross_attention_weights(self.model, self.tok_src, self.tok_tgt,
-                                                            self.tagged_text(sentence, target_lang))
-        return CrossAttention(sources, outputs, weights.mean(dim=0).tolist())
+        """The source tokens with [SOS] and [EOS], as the model sees them (the tag too, truncated as
+        `translate` truncates); the output tokens, the last one what ended the translation (usually
+        [EOS]); and the weights of each head."""
+        [source] = self.encode([sentence], self.source_tag(target_lang))
+        src, src_mask = self.source_batch([source])
+        with self.evaluating():
+            [(generated, _)] = greedy_decode(self.model, src, src_mask, max_output_tokens(len(source.ids),
+                                                                                          self.seq_len))
+            heads, last = last_layer_cross_attention(self.model, src, src_mask, generated)
+        return CrossAttention([self.tok_src.id_to_token(i) for i in src[0].tolist()],
+                              [self.tok_tgt.id_to_token(i) for i in [*generated, last]],
+                              heads.mean(dim=0).tolist(), heads.tolist())
 
 
-# Files export.py writes beside CTranslate2's own (model.bin, config.json, vocabularies).
-CT2_SOURCE_TOKENIZER, CT2_TARGET_TOKENIZER, CT2_PROJECT_CONFIG = \
-    "tokenizer_source.json", "tokenizer_target.json", "project.json"
+@torch.no_grad()
+def last_layer_cross_attention(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor,
+                               generated: list[int]) -> tuple[torch.Tensor, int]:
+    """The weights (heads, outputs, sources) of the last decoder layer's cross-attention over the one
+    source `src` (1, S) while the decoder produces `generated` then one token more, and that token.
+    The model attends with `scaled_dot_product_attention`, which never returns its weights, so they
+    are recomputed: the decoder runs once more over [SOS] + `generated` (teacher-forced, so its query
+    positions are the decoding steps) with a forward hook on that layer's cross-attention to capture
+    its inputs, and softmax(Q K^T / sqrt(d_k)) is formed from the layer's own w_q and w_k. The
+    model's code is not touched."""
+    device = src.device
+    decoder_input = torch.tensor([[SOS_ID, *generated]], device=device)
+    attention = model.decoder.layers[-1].cross_attention
+    captured: dict[str, torch.Tensor] = {}
 
+    def capture(module: torch.nn.Module, args: tuple) -> None:
+        captured["query"], captured["key"] = args[0], args[1]
 
-def cpu_family() -> tuple[str, bool]:
-    """This machine's CPU vendor ('GenuineIntel', 'AuthenticAMD', ...; '' where /proc/cpuinfo is
-    not) and whether it has AVX-512."""
+    handle = attention.register_forward_pre_hook(capture)
     try:
-        info = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "", False
-    vendor = re.search(r"^vendor_id\s*:\s*(\S+)", info, re.MULTILINE)
-    flags = re.search(r"^flags\s*:(.*)$", info, re.MULTILINE)
-    return (vendor[1] if vendor else ""), bool(flags and " avx512f" in f"{flags[1]} ")
-
-
-def ct2_setup(compute_type: str, device: str, quantization: str,
-              family: tuple[str, bool] | None = None) -> tuple[str, dict[str, str]]:
-    """The compute type and the CPU-backend environment CTranslate2 runs a model exported as
-    `quantization` with. `compute_type` other than `auto` is taken as given. `auto` is a fixed rule
-    per device, CPU family and instruction set (never a timing, so outputs never depend on one),
-    from the measurements in docs/serving.md, and never changes what the weights are:
-    - CUDA: 16-bit (float16, or the export's own bfloat16 or int8_float16; int8 as int8_float16);
-    - an Intel CPU with AVX-512: float32 on oneDNN (CT2_USE_MKL=0), from any export: there beam 5 ran
-      at 302 sentences/s against 173 for int8 and 146 for float32 on CTranslate2's default MKL;
-    - any other CPU (AMD: int8 on oneDNN, CTranslate2's default there, was 3.4x this project's
-      PyTorch engine): the export's own type (`default`)."""
-    if compute_type != "auto":
-        return compute_type, {}
-    if device == "cuda":
-        return {"bfloat16": "bfloat16", "int8": "int8_float16", "int8_float16": "int8_float16"}.get(
-            quantization, "float16"), {}
-    vendor, avx512 = family if family is not None else cpu_family()
-    if vendor == "GenuineIntel" and avx512:
-        return "float32", {"CT2_USE_MKL": "0"}
-    return "default", {}
+        memory = model.encode(src, src_mask)
+        hidden = model.decode(memory, src_mask, decoder_input, causal_mask(decoder_input.size(1), device)[None])
+    finally:
+        handle.remove()
+    q = attention.split_heads(attention.w_q(captured["query"]))
+    k = attention.split_heads(attention.w_k(captured["key"]))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(attention.d_k)
+    # The rerun reproduces the greedy tokens; its last step shows what ended the translation.
+    return scores.float().softmax(dim=-1)[0].cpu(), int(model.project(hidden[0, -1]).argmax())
 
 
 class CTranslate2Translator(Translator):
@@ -337,14 +340,10 @@ class CTranslate2Translator(Translator):
         if not model_dir.is_dir():
             raise TranslatorError(f"model directory {model_dir} does not exist (write one with export.py)")
         try:
-            project = json.loads((model_dir / CT2_PROJECT_CONFIG).read_text(encoding="utf-8"))
-            model_config = {**get_config(), **project["config"]}  # keys added since the export get defaults
-            validate_config(model_config)
-            tok_src = load_tokenizer(model_dir / CT2_SOURCE_TOKENIZER)
-            tok_tgt = load_tokenizer(model_dir / CT2_TARGET_TOKENIZER)
+            project, model_config, tok_src, tok_tgt = read_project_files(model_dir)
         except (OSError, ValueError, KeyError, TypeError, TokenizerError) as error:
             raise TranslatorError(f"{model_dir} is not a model directory written by export.py: "
-                                  f"{str(error).splitlines()[0]}") from None
+                                  f"{first_line(error)}") from None
         super().__init__(tok_src, tok_tgt, model_config, model_dir, str(model_dir))
         self.project = project
         self.compute_type, backend = ct2_setup(compute_type, device, project.get("quantization", ""))
@@ -358,8 +357,18 @@ class CTranslate2Translator(Translator):
             self.ct2 = ctranslate2.Translator(str(model_dir), device=device, compute_type=self.compute_type,
                                               intra_threads=threads or torch.get_num_threads())
         except (RuntimeError, ValueError, OSError) as error:
-            raise TranslatorError(f"cannot load the CTranslate2 model in {model_dir}: "
-                                  f"{str(error).splitlines()[0]}") from None
+            raise TranslatorError(f"cannot load the CTranslate2 model in {model_dir}: {first_line(error)}") from None
+        self.warm_up(device)
+
+    def warm_up(self, device: str) -> None:
+        """Translate one token: what the device lacks shows when CTranslate2 first runs there, not when
+        it loads (on a GPU without cuBLAS: "Library libcublas.so.12 is not found or cannot be loaded"
+        from translate_batch), and is found now, as one TranslatorError, not by a program's first batch."""
+        try:
+            self.ct2.translate_batch([[UNK]], beam_size=1, max_decoding_length=1)
+        except (RuntimeError, ValueError, OSError) as error:
+            raise TranslatorError(f"cannot run the CTranslate2 model in {self.path} on {device}: "
+                                  f"{first_line(error)}") from None
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "checkpoint": self.project.get("checkpoint"),

@@ -1,6 +1,6 @@
 """Speed benchmark: this project's Transformer against the tutorial way and torch.nn.Transformer.
 
-    python benchmarks/bench.py [--datasource FOLDER] [--json] [--quick] [--device auto|cpu|cuda]
+    python -m benchmarks.bench [--datasource FOLDER] [--json] [--quick] [--device auto|cpu|cuda]
 
 One process, one device, one run. Prints a table (or with --json one JSON object) on stdout and
 its progress on stderr. The phases, in order:
@@ -75,22 +75,24 @@ import numpy as np
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python benchmarks/bench.py` puts only this folder on the path
-    sys.path.insert(0, str(ROOT))
+if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the project
+    sys.exit("bench.py: run it from the repository root as: python -m benchmarks.bench")
 
-import cpu_kernels  # noqa: E402  (the project's modules need the sys.path entry above)
+import cpu_kernels  # noqa: E402  (after the check above)
 from checkpoint import MANIFEST, checkpoint_name, load_checkpoint, read_manifest  # noqa: E402
 from config import PRESETS, ConfigError, get_config  # noqa: E402
-from dataset import BatchPlan, BilingualDataset, DataError, open_source, padding_waste, read_pairs  # noqa: E402
+from dataset import BatchPlan, BilingualDataset, padding_waste  # noqa: E402
 from decoding import greedy_decode, max_output_tokens  # noqa: E402
 from device import pick_device  # noqa: E402
 from loss import loss_sum  # noqa: E402
 from model import PositionalEncoding, build_model, train_flops  # noqa: E402
 from optimizer import build_optimizer  # noqa: E402
 from precision import amp_dtype, autocast_context, native_bf16_cpu  # noqa: E402
+from sources import DataError, open_source, read_pairs  # noqa: E402
 from tokenizer import EOS_ID, PAD_ID, SOS_ID, TokenizerError, decode_ids, train_tokenizer  # noqa: E402
 from translator import DecodingOptions, TorchTranslator  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository, where train.py runs from
 
 VOCAB_FLOOR = (8000, 10000)  # opus_books-sized vocabularies (source, target)
 TUTORIAL_SEQ_LEN = 350
@@ -745,7 +747,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         settings = on_cuda(settings)
     config = settings["config"]
     result: dict[str, Any] = {
-        "command": " ".join(["python", "benchmarks/bench.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "-m", "benchmarks.bench", *sys.argv[1:]]),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
         f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
         "device_type": device.type, "torch": torch.__version__, "quick": args.quick,

@@ -1,6 +1,6 @@
 """Data benchmark: preparing corpora of millions of pairs, and restarting on them.
 
-    python benchmarks/bench_data.py [--sizes 100000,1000000,4000000] [--source ../shared/data/tatoeba] [--json]
+    python -m benchmarks.bench_data [--sizes 100000,1000000,4000000] [--source ../shared/data/tatoeba] [--json]
                                     [--before CHECKOUT]
 
 For each size it writes an opus_books-shaped folder (parquet, one `en-it` config, only a train
@@ -34,9 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python benchmarks/bench_data.py` puts only this folder on the path
-    sys.path.insert(0, str(ROOT))
+if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the project
+    sys.exit("bench_data.py: run it from the repository root as: python -m benchmarks.bench_data")
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository, where train.py runs from
 PREPARED_LINE = "steps per epoch"
 
 
@@ -45,7 +46,7 @@ def write_corpus(folder: Path, pairs: int, source: Path, seed: int = 0) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from dataset import open_source, read_pairs
+    from sources import open_source, read_pairs
     base = [pair for batch in read_pairs(open_source(str(source), "en-it"), "train", "en", "it") for pair in batch]
     rng = random.Random(seed)
     (folder / "en-it").mkdir(parents=True)
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep and args.work is None:
             shutil.rmtree(work, ignore_errors=True)  # made above by mkdtemp
-    result = {"command": " ".join(["python", "benchmarks/bench_data.py", *sys.argv[1:]]), "rows": rows}
+    result = {"command": " ".join(["python", "-m", "benchmarks.bench_data", *sys.argv[1:]]), "rows": rows}
     print(json.dumps(result, indent=1) if args.json else table(rows))
     return 0
 

@@ -1,6 +1,6 @@
 """Language-ID libraries on tatoeba's sentences: how often each names the right language, by length, and how fast.
 
-    python benchmarks/bench_langid.py [--source data/tatoeba] [--lingua PATH]
+    python -m benchmarks.bench_langid [--source data/tatoeba] [--lingua PATH]
 
 Both sides of the en-it training pairs (30,718 sentences, 5 to 478 characters) are identified by
 py3langid (the project's, requirements.txt) and, when importable, lingua-language-detector (not a

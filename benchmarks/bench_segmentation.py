@@ -1,6 +1,6 @@
 """Sentence segmentation: how often the segmenter finds the boundaries between sentences, and its cost.
 
-    python benchmarks/bench_segmentation.py [--data FOLDER:SPLIT ...] [--seed 0] [--libraries sentencex,pysbd]
+    python -m benchmarks.bench_segmentation [--data FOLDER:SPLIT ...] [--seed 0] [--libraries sentencex,pysbd]
                                             [--errors N] [--json]
 
 Each data set (a folder in Hub layout, `en-it` pairs; default: the FLORES-200 devtest and
@@ -41,11 +41,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python benchmarks/bench_segmentation.py` puts only this folder on the path
-    sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the project
+    sys.exit("bench_segmentation.py: run it from the repository root as: python -m benchmarks.bench_segmentation")
 
-from dataset import DataError, open_source, read_all_pairs  # noqa: E402  (needs the sys.path entry above)
+from sources import DataError, open_source, read_all_pairs  # noqa: E402  (after the check above)
 from sentences import plan_lines, sentence_spans  # noqa: E402
 
 DEFAULT_DATA = [f"{ROOT.parent}/shared/data/flores200_devtest:test", f"{ROOT.parent}/shared/data/newstest2009:test",

@@ -1,6 +1,6 @@
 """Translation speed and quality of the two engines, on one split, in one run.
 
-    python benchmarks/bench_translate.py --datasource ../shared/data/tatoeba [--split test]
+    python -m benchmarks.bench_translate --datasource ../shared/data/tatoeba [--split test]
                                          [--experiment_name NAME | --checkpoint PATH] [--json]
 
 The checkpoint (found like translate.py finds it) is exported by export.py to CTranslate2 in
@@ -11,7 +11,7 @@ float32 and CTranslate2 int8. A child loads the model, translates the first 64 s
 warm up, then times the whole split through the same `Translator.translate` batching translate.py
 uses (`--eval_batch_size` sentences per batch, sorted by length), on all the CPU threads torch
 uses, CTranslate2 with the compute type and CPU backend `--compute_type` gives (auto: the fixed
-rule per machine of translator.ct2_setup). Reported: the set-up of each row, sentences/s, target
+rule per machine of ct2_model.ct2_setup). Reported: the set-up of each row, sentences/s, target
 tokens/s (tokens of the outputs, [EOS] not counted), peak RSS, and sacreBLEU/chrF of the outputs against the references, with the signatures. The target: int8
 with beam 5 at least 3x this project's PyTorch beam 5 in sentences/s, and int8 within 0.5 BLEU of
 float32.
@@ -29,15 +29,16 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python benchmarks/bench_translate.py` puts only this folder on the path
-    sys.path.insert(0, str(ROOT))
+if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the project
+    sys.exit("bench_translate.py: run it from the repository root as: python -m benchmarks.bench_translate")
 
-from checkpoint import CheckpointError, load_for_inference  # noqa: E402  (needs the sys.path entry above)
+from checkpoint import CheckpointError, load_for_inference  # noqa: E402  (after the check above)
 from config import EVALUATE, Resolved, build_parser, parse_args, weights_dir  # noqa: E402
-from dataset import DataError  # noqa: E402
 from scoring import corpus_scores  # noqa: E402
+from sources import DataError  # noqa: E402
 from store import eval_pairs  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository, where the children run from
 
 CONFIGURATIONS = [(engine, beam) for engine in ("pytorch", "ctranslate2 float32", "ctranslate2 int8")
                   for beam in (1, 5)]
@@ -75,7 +76,8 @@ def child(args: argparse.Namespace, resolved: Resolved) -> int:
 
 
 def run_child(argv: list[str]) -> dict[str, Any]:
-    result = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "benchmarks.bench_translate", *argv], cwd=ROOT, capture_output=True,
+                            text=True)
     if result.returncode != 0:
         raise RuntimeError(f"bench_translate.py {' '.join(argv)} failed: {result.stderr.strip().splitlines()[-1:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     sources, references = [p[0] for p in pairs], [p[1] for p in pairs]
     common = [arg for arg in (argv if argv is not None else sys.argv[1:]) if arg != "--json"]
-    result: dict[str, Any] = {"command": " ".join(["python", "benchmarks/bench_translate.py", *sys.argv[1:]]),
+    result: dict[str, Any] = {"command": " ".join(["python", "-m", "benchmarks.bench_translate", *sys.argv[1:]]),
                               "model": str(path), "split": f"{config['datasource']} {args.split}",
                               "sentences": len(sources), "length_penalty": config["length_penalty"],
                               "threads": torch.get_num_threads(), "rows": []}

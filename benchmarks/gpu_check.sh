@@ -27,7 +27,7 @@ $python -c "import datasets" 2>>"$out/machine.txt" || data="${TSV_DATA:-$data}"
 echo "data: $data" >>"$out/machine.txt"
 
 step "bench.py --device cuda"
-timeout 240 $python benchmarks/bench.py --device cuda --datasource "$data" --json >"$out/bench.json" 2>"$out/bench.log"
+timeout 240 $python -m benchmarks.bench --device cuda --datasource "$data" --json >"$out/bench.json" 2>"$out/bench.log"
 echo "exit $?" >>"$out/bench.log"
 
 step "train.py, paper base, $minutes minutes"

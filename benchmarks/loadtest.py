@@ -1,4 +1,4 @@
-"""Load-test serve.py on loopback, closed-loop or open-loop: `python benchmarks/loadtest.py --datasource FOLDER`.
+"""Load-test serve.py on loopback, closed-loop or open-loop: `python -m benchmarks.loadtest --datasource FOLDER`.
 
 For each engine of --engines (pytorch: the experiment's newest checkpoint or --checkpoint PATH;
 ctranslate2: --model_dir DIR) it starts serve.py on a free 127.0.0.1 port, passing on the config
@@ -61,14 +61,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python benchmarks/loadtest.py` puts only this folder on the path
-    sys.path.insert(0, str(ROOT))
+if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the project
+    sys.exit("loadtest.py: run it from the repository root as: python -m benchmarks.loadtest")
 
-from config import EVALUATE, SERVE, ConfigError, build_parser, get_config, parse_args  # noqa: E402  (the sys.path entry above)
-from dataset import DataError  # noqa: E402
+from config import EVALUATE, SERVE, ConfigError, build_parser, get_config, parse_args  # noqa: E402  (after the check above)
+from sources import DataError  # noqa: E402
 from store import eval_pairs  # noqa: E402
 from translator import ENGINES  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository, where serve.py runs from
 SERVING = re.compile(r"^serve\.py: serving .* on https?://\[?([^\]]+?)\]?:(\d+)/$")
 DEADLINE_KEY = "serve_request_timeout_s"  # the server's own deadline, when its config has one
 DEFAULT_DEADLINE_S = 10.0

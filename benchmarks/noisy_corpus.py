@@ -1,7 +1,7 @@
 """Noisy-corpus benchmark: tatoeba's training pairs with a share replaced by seeded noise, and what
 the default cleaning removes of it.
 
-    python benchmarks/noisy_corpus.py --output NOISY_FOLDER [--seed 1] [--fraction 0.3] [--source data/tatoeba]
+    python -m benchmarks.noisy_corpus --output NOISY_FOLDER [--seed 1] [--fraction 0.3] [--source data/tatoeba]
                                       [--json] [--score_forward CKPT --score_backward CKPT [--score_keep 0.9]]
 
 Writes NOISY_FOLDER in the Hub layout (a README whose `configs:` header names the files for en-it
@@ -34,14 +34,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the project
+    sys.exit("noisy_corpus.py: run it from the repository root as: python -m benchmarks.noisy_corpus")
 
-from atomic_files import atomic_write_bytes  # noqa: E402  (needs the sys.path entry above)
+from atomic_files import atomic_write_bytes  # noqa: E402  (after the check above)
 from checkpoint import CheckpointError  # noqa: E402
 from cleaning import Cleaner, CleaningSettings, Removal, dual_conditional_cross_entropy, keep_best  # noqa: E402
-from dataset import open_source, read_pairs  # noqa: E402
+from sources import open_source, read_pairs  # noqa: E402
 from device import pick_device  # noqa: E402
 from translator import TorchTranslator, TranslatorError  # noqa: E402
 

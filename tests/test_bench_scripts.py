@@ -13,7 +13,7 @@ import torch
 
 from benchmarks import bench_data, bench_segmentation, bench_translate
 from config import Resolved, get_config
-from dataset import open_source, read_pairs
+from sources import open_source, read_pairs
 from synthetic_data import synthetic_pairs, write_hub_dataset
 from translator import DecodingOptions, TorchTranslator
 

@@ -12,18 +12,16 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from decoding import (beam_search, block_repeats, encode_sources, expected_lengths, greedy_decode,
-                      hypothesis_score, max_output_tokens, sample)
+from decoding import (beam_search, block_repeats, brevity_term, expected_length, greedy_decode, hypothesis_score,
+                      max_output_tokens, sample, source_token_counts)
 from model import KVCache, build_transformer, causal_mask
 from tokenizer import EOS_ID, PAD_ID, SOS_ID
 
 
 def source_batch(toy, sentences: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, _ = encode_sources(toy.tok_src, sentences, toy.seq_len)
-    src = torch.full((len(rows), max(map(len, rows))), PAD_ID)
-    for i, row in enumerate(rows):
-        src[i, :len(row)] = torch.tensor(row)
-    return src, (src != PAD_ID)[:, None, None, :]
+    """`sentences` as the translator feeds them to the model: a padded batch and its mask."""
+    translator = toy.translator()
+    return translator.source_batch(translator.encode(sentences, ""))
 
 
 def tokens_of(hypotheses: list[tuple[list[int], float]]) -> list[list[int]]:
@@ -225,7 +223,19 @@ def test_brevity_penalty_lowers_only_hypotheses_shorter_than_expected() -> None:
     assert hypothesis_score(-1.5, 6, 0.0, expected_length=3.0, brevity_penalty=2.0) == pytest.approx(-1.5)
     # The expected length: length_ratio x the source's tokens after [SOS], padding not counted.
     src = torch.tensor([[SOS_ID, 9, 9, 9, EOS_ID], [SOS_ID, 9, EOS_ID, PAD_ID, PAD_ID]])
-    assert expected_lengths((src != PAD_ID)[:, None, None, :], 1.5) == pytest.approx([6.0, 3.0])
+    expected = expected_length(source_token_counts((src != PAD_ID)[:, None, None, :]), 1.5)
+    assert expected.dtype == torch.float64 and expected.tolist() == [6.0, 3.0]
+    assert [expected_length(n, 1.5) for n in (3, 1)] == [6.0, 3.0]
+
+
+def test_the_brevity_term_of_a_number_and_of_a_tensor_are_the_same_bits() -> None:
+    """Greedy decoding, sampling and CTranslate2's ranking take the number; beam search the tensor."""
+    expected = [expected_length(n, ratio) for n in range(0, 40, 3) for ratio in (0.0, 0.93, 1.0, 1.17)]
+    for brevity_penalty in (0.0, 0.2, 1.0):
+        for length in range(1, 60, 7):
+            as_numbers = torch.tensor([brevity_term(length, e, brevity_penalty) for e in expected], dtype=torch.float64)
+            as_tensor = brevity_term(length, torch.tensor(expected, dtype=torch.float64), brevity_penalty)
+            assert_close(as_tensor, as_numbers, rtol=0, atol=0)
 
 
 def test_brevity_penalty_makes_beam_search_prefer_the_expected_length() -> None:

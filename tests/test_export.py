@@ -31,7 +31,8 @@ from model import build_transformer
 from synthetic_data import synthetic_pairs
 from test_translator import several_targets  # noqa: F401  (a fixture: an untrained model of en -> fr+it)
 from tokenizer import EOS_ID, train_tokenizer
-from translator import CTranslate2Translator, DecodingOptions, TorchTranslator, ct2_setup
+from ct2_model import ct2_setup
+from translator import CTranslate2Translator, DecodingOptions, TorchTranslator, TranslatorError
 
 SENTENCES = 80
 
@@ -194,6 +195,16 @@ def test_translate_and_evaluate_with_the_exported_model(trained_run, exported: P
     assert "(ctranslate2)" in out[0]
 
 
+def test_plot_attention_draws_either_engines_heatmap(trained_run, exported: Path, capsys, tmp_path: Path) -> None:
+    engines = {"pytorch": ["--datasource", str(trained_run.datasource), "--model_folder", str(trained_run.model_folder)],
+               "ctranslate2": ["--engine", "ctranslate2", "--model_dir", str(exported)]}
+    for engine, choice in engines.items():
+        plot = tmp_path / f"{engine}.png"
+        code, out, err = run(capsys, translate.main, choice + ["--plot_attention", str(plot), "The cat sees the dog."])
+        assert code == 0 and len(out) == 1 and err[-1] == f"translate.py: saved the attention plot to {plot}", err
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_a_model_of_several_targets_exports_its_languages(several_targets, capsys, tmp_path: Path) -> None:
     sentences = ["the cat sees the dog .", "a red house ."]
     exported = tmp_path / "ct2"
@@ -226,6 +237,28 @@ def test_missing_or_damaged_model_directory_is_one_line(exported: Path, tmp_path
     (damaged / "tokenizer_target.json").unlink()
     code, out, err = run(capsys, translate.main, ["--engine", "ctranslate2", "--model_dir", str(damaged), "Hello."])
     assert code == 1 and len(err) == 1 and "not a model directory written by export.py" in err[0]
+
+
+def test_a_model_the_device_cannot_run_is_found_when_it_loads(exported: Path, capsys,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """CTranslate2 loads a model on a GPU without cuBLAS and fails only when it first translates: the
+    translator's warm-up finds that before any program translates, and says it in one line."""
+    real = ctranslate2.Translator
+
+    class WithoutCublas:  # what CTranslate2 does on such a GPU, here on the CPU
+        def __init__(self, *args, **kwargs) -> None:
+            self.loaded = real(*args, **kwargs)
+
+        def translate_batch(self, *args, **kwargs) -> None:
+            raise RuntimeError("Library libcublas.so.12 is not found or cannot be loaded")
+
+    monkeypatch.setattr(ctranslate2, "Translator", WithoutCublas)
+    with pytest.raises(TranslatorError, match=f"^cannot run the CTranslate2 model in {exported} on cpu: Library "
+                                              f"libcublas.so.12 is not found or cannot be loaded$"):
+        CTranslate2Translator(exported)
+    code, out, err = run(capsys, evaluate.main, ["--engine", "ctranslate2", "--model_dir", str(exported)])
+    assert code == 1 and out == [] and err == [f"evaluate.py: error: cannot run the CTranslate2 model in {exported} on "
+                                               f"cpu: Library libcublas.so.12 is not found or cannot be loaded"]
 
 
 def snapshot(folder: Path) -> dict[str, bytes | str]:
@@ -358,22 +391,6 @@ def test_gpu_quantizations_export_and_run_on_the_cpu_too(toy_translator, toy_sou
     ours = toy_translator.translator().translate_best(toy_sources, DecodingOptions())
     theirs = ct2.translate_best(toy_sources, DecodingOptions())
     assert sum(a == b for a, b in zip(ours, theirs)) >= 0.5 * len(toy_sources)
-
-
-@pytest.mark.parametrize("device, quantization, family, expected", [
-    ("cuda", "float32", ("GenuineIntel", True), ("float16", {})),
-    ("cuda", "int8", ("AuthenticAMD", False), ("int8_float16", {})),
-    ("cuda", "bfloat16", ("", False), ("bfloat16", {})),
-    ("cpu", "int8", ("GenuineIntel", True), ("float32", {"CT2_USE_MKL": "0"})),  # 302 against 173 sentences/s
-    ("cpu", "float32", ("GenuineIntel", True), ("float32", {"CT2_USE_MKL": "0"})),
-    ("cpu", "int8", ("AuthenticAMD", False), ("default", {})),  # int8 on oneDNN, 3.4x the PyTorch engine
-    ("cpu", "int8", ("AuthenticAMD", True), ("default", {})),
-    ("cpu", "float32", ("GenuineIntel", False), ("default", {})),
-])
-def test_the_default_set_up_is_a_fixed_rule_per_machine(device: str, quantization: str, family: tuple[str, bool],
-                                                         expected: tuple[str, dict]) -> None:
-    assert ct2_setup("auto", device, quantization, family) == expected
-    assert ct2_setup("int16", device, quantization, family) == ("int16", {})  # an explicit choice holds
 
 
 def test_compute_type_auto_runs_this_machines_rule(toy_translator, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import train
-from dataset import DataError
+from sources import DataError
 from store import text_store
 from config import get_config
 from synthetic_data import synthetic_pairs, tiny_corpus, write_hub_dataset

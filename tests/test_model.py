@@ -10,6 +10,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ import train
 from dataset import BilingualDataset
 from loss import loss_sum
 from synthetic_data import tiny_corpus
-from translator import DecodingOptions
+from translator import DecodingOptions, TorchTranslator
 from model import (DecoderBlock, EncoderBlock, InputEmbeddings, MultiHeadAttention, PositionalEncoding, Transformer,
                    build_model, build_transformer, causal_mask)
 from config import parse_config
@@ -254,12 +255,12 @@ class AttentionCall:
     training: bool  # gradients on: a training step, not validation or decoding
     mask: torch.Tensor | None
     is_causal: bool
-    plot: bool  # attention_plot.py's rerun, which passes its own causal mask through the tutorial API
+    plot: bool  # within Translator.cross_attention, whose rerun passes its own causal mask through the tutorial API
 
 
-def called_from(frame, module: str) -> bool:
+def called_from(frame, function: Callable) -> bool:
     while frame is not None:
-        if frame.f_globals.get("__name__") == module:
+        if frame.f_code is function.__code__:
             return True
         frame = frame.f_back
     return False
@@ -292,7 +293,7 @@ def attention_calls(monkeypatch: pytest.MonkeyPatch) -> list[AttentionCall]:
     def recorder(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
         caller = sys._getframe(1)
         calls.append(AttentionCall(*attention_role(caller), torch.is_grad_enabled(), attn_mask, is_causal,
-                                   called_from(caller, "attention_plot")))
+                                   called_from(caller, TorchTranslator.cross_attention)))
         return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", recorder)

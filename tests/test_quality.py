@@ -1,15 +1,16 @@
-"""Quality features: subword tokenizers, tied embeddings, checkpoint averaging, attention plots."""
+"""Quality features: subword tokenizers, tied embeddings, checkpoint averaging. (Attention plots:
+tests/test_attention_plot.py.)"""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from attention_plot import attention_figure, cross_attention_weights, save_attention_plot
 from checkpoint import average_checkpoints, checkpoints_to_average, load_for_inference, save_checkpoint, CheckpointError
 from config import ConfigError, get_config, validate_config
 from model import build_transformer
 from synthetic_data import synthetic_pairs
 from tokenizer import decode_ids, encode_ids, train_tokenizer
+from translator import TorchTranslator
 
 # ---------------------------------------------------------------------------- tokenizers
 
@@ -136,43 +137,12 @@ def test_best_latest_and_average_load_what_they_name(tmp_path, tokenizer, capsys
         loaded, *_, path = load_for_inference(None, tmp_path, torch.device("cpu"), choice=choice)
         assert path.name == f"ckpt_{step:08d}.pt"
         torch.testing.assert_close(loaded.state_dict(), models[step].state_dict(), rtol=0, atol=0)
+    # No choice given: the config's default (best), in the loader and in the translator alike.
+    assert get_config()["checkpoint_choice"] == "best"
+    assert load_for_inference(None, tmp_path, torch.device("cpu"))[4].name == "ckpt_00000020.pt"
+    assert TorchTranslator.load(None, tmp_path, torch.device("cpu")).path.name == "ckpt_00000020.pt"
     unscored = tmp_path / "unscored"
     save_checkpoint(unscored, tiny_state(models[10], 10, tokenizer), 10, keep=1)
     assert load_for_inference(None, unscored, torch.device("cpu"), choice="best")[4] == unscored / "ckpt_00000010.pt"
     assert capsys.readouterr().err == f"{unscored} has no best checkpoint (no validation has scored one yet): using " \
                                       f"the newest\n"
-
-
-# ---------------------------------------------------------------------------- attention plot
-
-def test_attention_weights_are_distributions_and_the_plot_is_a_png(tmp_path, tokenizer) -> None:
-    torch.manual_seed(0)
-    size = tokenizer.get_vocab_size()
-    model = build_transformer(size, size, 24, 24, d_model=16, N=2, h=2, d_ff=32, tie_embeddings=True)
-    model.train()
-    sentence = "The cat sees the dog."
-    sources, outputs, weights = cross_attention_weights(model, tokenizer, tokenizer, sentence)
-    assert model.training, "the model's mode is restored"
-    assert sources[0] == "[SOS]" and sources[-1] == "[EOS]" and len(sources) == len(encode_ids(tokenizer, sentence)) + 2
-    assert weights.shape == (2, len(outputs), len(sources))
-    torch.testing.assert_close(weights.sum(dim=-1), torch.ones(2, len(outputs)))
-    path = save_attention_plot(model, tokenizer, tokenizer, sentence, tmp_path / "attention.png")
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
-    figure = attention_figure(model, tokenizer, tokenizer, sentence, per_head=True)
-    assert sum(ax.get_visible() for ax in figure.axes) == 2 + 1  # two heads and the colour bar
-
-
-def test_attention_figure_logs_to_tensorboard(tmp_path, tokenizer) -> None:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from torch.utils.tensorboard import SummaryWriter
-
-    size = tokenizer.get_vocab_size()
-    model = build_transformer(size, size, 24, 24, d_model=16, N=1, h=2, d_ff=32, tie_embeddings=True)
-    writer = SummaryWriter(str(tmp_path))
-    writer.add_figure("val/attention", attention_figure(model, tokenizer, tokenizer, "The dog eats."), 7)
-    writer.close()
-    events = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
-    events.Reload()
-    [image] = events.Images("val/attention")
-    assert image.step == 7 and image.width > 100 and image.encoded_image_string[:4] == b"\x89PNG"

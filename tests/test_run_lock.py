@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 import train
-from checkpoint import CheckpointError, RunLock
+from run_lock import RunLock, RunLockError
 from synthetic_data import tiny_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
-HOLD_LOCK = "import sys, time; from checkpoint import RunLock; lock = RunLock(sys.argv[1]); lock.acquire(); print('held', flush=True); time.sleep(60)"
+HOLD_LOCK = "import sys, time; from run_lock import RunLock; lock = RunLock(sys.argv[1]); lock.acquire(); print('held', flush=True); time.sleep(60)"
 
 
 def test_second_run_refuses_while_first_holds_the_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -41,7 +41,7 @@ def test_stale_lock_of_a_dead_process_does_not_block(tmp_path: Path) -> None:
     lock = RunLock(folder)
     lock.acquire()
     try:
-        with pytest.raises(CheckpointError, match="in use"):
+        with pytest.raises(RunLockError, match="in use"):
             RunLock(folder).acquire()
     finally:
         lock.release()
@@ -51,9 +51,9 @@ def test_stale_lock_of_a_dead_process_does_not_block(tmp_path: Path) -> None:
 
 
 def test_a_folder_that_cannot_be_locked_is_one_line(tmp_path: Path) -> None:
-    """--model_folder under a plain file: a CheckpointError (one line from train.py), not a traceback."""
+    """--model_folder under a plain file: a RunLockError (one line from train.py), not a traceback."""
     (tmp_path / "afile").write_text("mine\n")
-    with pytest.raises(CheckpointError, match=f"cannot lock {tmp_path / 'afile' / 'exp' / 'train.lock'}: Not a "
+    with pytest.raises(RunLockError, match=f"cannot lock {tmp_path / 'afile' / 'exp' / 'train.lock'}: Not a "
                                               f"directory"):
         RunLock(tmp_path / "afile" / "exp").acquire()
     assert (tmp_path / "afile").read_text() == "mine\n"

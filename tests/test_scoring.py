@@ -7,7 +7,7 @@ from typing import Sequence
 import pytest
 import sacrebleu
 
-from scoring import corpus_scores, group_by_source, grouped_scores
+from scoring import corpus_scores, group_by_source, grouped_scores, improves
 
 REFERENCES = [
     "Il gatto è sul tavolo.",
@@ -97,3 +97,9 @@ def test_repeated_sources_scored_once_equal_sacrebleus_multi_reference_score() -
     assert (scores["sources"], scores["references"]) == (3, 6)
     # The station, right against one of its references, counts once: grouped BLEU is above line-by-line BLEU.
     assert scores["bleu"] > corpus_scores(hypotheses, references)["bleu"]
+
+
+def test_improves_knows_which_way_each_metric_goes() -> None:
+    assert improves("bleu", 30.1, 30.0) and not improves("bleu", 30.0, 30.0) and not improves("chrf", 49.0, 50.0)
+    assert improves("loss", 1.9, 2.0) and not improves("loss", 2.1, 2.0)
+    assert all(improves(metric, 0.0, None) for metric in ("bleu", "chrf", "loss"))  # nothing to beat yet

@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-import dataset
+import sources
 import store
 import train
 from config import get_config
@@ -187,7 +187,7 @@ def test_stores_are_reused_without_reading_or_tokenizing_again(built, monkeypatc
     def no_tokenizing(*args):
         raise AssertionError("the pairs were tokenized again")
 
-    monkeypatch.setattr(dataset.Source, "rows", no_reading)
+    monkeypatch.setattr(sources.Source, "rows", no_reading)
     monkeypatch.setattr(store, "_fill_token_store", no_tokenizing)
     capsys.readouterr()
     again = token_store(config, text_store(config), tok_src, tok_tgt)
@@ -228,17 +228,17 @@ def test_a_half_built_store_is_never_used_and_is_cleared(train_only: Path, tmp_p
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     config = config_for(train_only, tmp_path)
     stores = Path(config["store_folder"])
-    original = dataset.Source.rows
+    original = sources.Source.rows
 
     def dies_halfway(self, split):
         yield next(original(self, split))
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(dataset.Source, "rows", dies_halfway)
+    monkeypatch.setattr(sources.Source, "rows", dies_halfway)
     with pytest.raises(KeyboardInterrupt):
         text_store(config)
     assert [p.suffix for p in stores.iterdir()] == [".lock"], "an interrupted build leaves only its lock file"
-    monkeypatch.setattr(dataset.Source, "rows", original)
+    monkeypatch.setattr(sources.Source, "rows", original)
     built = text_store(config)
     shutil.rmtree(built.folder)
     leftover = built.folder.with_name(f".{built.folder.name}.tmp99")  # what a build killed by SIGKILL leaves
@@ -359,10 +359,10 @@ def test_a_reader_never_deletes_a_damaged_store(train_only: Path, tmp_path: Path
     damaged.write_bytes(damaged.read_bytes()[:-1])
     files = {p.name: p.read_bytes() for p in built.folder.iterdir()}
     for verify in (False, True):
-        with pytest.raises(dataset.DataError, match=r"is damaged \(raw-train\.src\.bin has \d+ bytes"):
+        with pytest.raises(sources.DataError, match=r"is damaged \(raw-train\.src\.bin has \d+ bytes"):
             TextStore.open(built.folder, verify=verify)
     assert {p.name: p.read_bytes() for p in built.folder.iterdir()} == files
-    with pytest.raises(dataset.DataError, match="does not exist"):
+    with pytest.raises(sources.DataError, match="does not exist"):
         TextStore.open(built.folder.with_name("nowhere"), verify=False)
 
 
@@ -373,7 +373,7 @@ def build_with_file_size_limit(config: dict, limit: int, report: Path) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
     try:
         text_store(config)
-    except dataset.DataError as error:  # what train.py prints as one line, with exit 1
+    except sources.DataError as error:  # what train.py prints as one line, with exit 1
         report.write_text(str(error))
         os._exit(1)
     except BaseException:
@@ -417,7 +417,7 @@ def test_a_store_that_cannot_be_read_is_one_line_and_never_deleted(train_only: P
     with monkeypatch.context() as patch:
         patch.setattr(store, "sha256_of", failing_read)
         for opening in (lambda: text_store(config), lambda: TextStore.open(built.folder)):
-            with pytest.raises(dataset.DataError, match=f"cannot read the data store {built.folder}: Input/output "
+            with pytest.raises(sources.DataError, match=f"cannot read the data store {built.folder}: Input/output "
                                                         f"error: {built.folder}{os.sep}"):
                 opening()
     assert {p.name: p.read_bytes() for p in built.folder.iterdir()} == files
@@ -429,7 +429,7 @@ def test_a_store_that_cannot_be_read_is_one_line_and_never_deleted(train_only: P
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
 
     monkeypatch.setattr(store.shutil, "rmtree", refused)
-    with pytest.raises(dataset.DataError) as error:
+    with pytest.raises(sources.DataError) as error:
         text_store(config)
     assert str(error.value) == (f"data store {built.folder} is damaged (raw-train.src.bin has 7 bytes, not "
                                 f"{len(files['raw-train.src.bin'])}) and cannot be removed: Permission denied: "
@@ -454,13 +454,13 @@ def test_a_store_folder_that_cannot_be_written_is_one_line(train_only: Path, tmp
     lock = folder.with_name(f".{folder.name}.lock")
     lock.unlink()
     lock.mkdir()
-    with pytest.raises(dataset.DataError, match=f"cannot write the data store {folder}: Is a directory: {lock}$"):
+    with pytest.raises(sources.DataError, match=f"cannot write the data store {folder}: Is a directory: {lock}$"):
         text_store(config)
     if os.geteuid() == 0:
         return  # root writes into a read-only folder
     shutil.rmtree(Path(config["store_folder"]))
     Path(config["store_folder"]).mkdir(mode=0o555)
-    with pytest.raises(dataset.DataError, match=f"cannot write the data store {folder}: Permission denied"):
+    with pytest.raises(sources.DataError, match=f"cannot write the data store {folder}: Permission denied"):
         text_store(config)
     assert not any(Path(config["store_folder"]).iterdir())
 
@@ -477,5 +477,5 @@ def test_eval_pairs_reads_a_file_given_apart_a_corpus_split_or_the_carved_one(tm
     assert store.eval_pairs(config, "validation", config) == pairs[:5]
     carved = store.eval_pairs(config, "test", config)
     assert carved == text_store(config).pairs("test") and carved and set(carved) <= set(pairs)
-    with pytest.raises(dataset.DataError, match="no 'dev' split"):
+    with pytest.raises(sources.DataError, match="no 'dev' split"):
         store.eval_pairs(config, "dev", config)

@@ -18,7 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from torch.utils.tensorboard import SummaryWriter
 
-import dataset
+import sources
 import train
 from checkpoint import MANIFEST, checkpoint_name, load_checkpoint, load_for_inference, load_latest
 from config import parse_config, runs_dir, validate_config, weights_dir
@@ -247,7 +247,7 @@ def test_finished_run_is_not_trained_again(trained_run, capsys: pytest.CaptureFi
 
 def test_unreachable_hub_is_one_line_without_hanging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture) -> None:
-    monkeypatch.setattr(dataset, "_hub_reachable", lambda timeout=5.0: False)
+    monkeypatch.setattr(sources, "_hub_reachable", lambda timeout=5.0: False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     started = time.monotonic()
     code = train.main(["--preset", "tiny", "--model_folder", str(tmp_path / "w"), "--runs_folder",

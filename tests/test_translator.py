@@ -1,9 +1,10 @@
 """translator.py: the PyTorch engine keeps the input order across length-sorted batches, truncates
-over-long sources with a warning, returns n-best lists and samples, and refuses options it cannot
-decode with; a model of several target languages gets the chosen language's tag after [SOS] in its
-encoder input and refuses a missing or foreign target_lang in one line, a one-target model gets
-no tag; each source is tokenized once, on both engines; tags never reach an output. (The
-CTranslate2 engine is checked against it in tests/test_export.py.)
+over-long sources with a warning, returns n-best lists and samples, refuses options it cannot
+decode with, and gives the cross-attention of the source it translates; a model of several target
+languages gets the chosen language's tag after [SOS] in its encoder input and refuses a missing or
+foreign target_lang in one line, a one-target model gets no tag; each source is tokenized once, on
+both engines; tags never reach an output. (The CTranslate2 engine is checked against it in
+tests/test_export.py.)
 
 `several_targets` (imported by the tests of translate.py, evaluate.py, serve.py and export.py) is
 an untrained tiny model of en -> fr+it whose tokenizers reserve <2fr> and <2it> after the four fixed
@@ -174,6 +175,29 @@ def test_too_long_source_is_truncated_with_a_warning(toy_translator, capsys: pyt
     assert out[0] == translator.translate_best([fitting], DecodingOptions())[0]
     assert out[1] == "tre due uno."
     assert capsys.readouterr().err == ""  # the fitting sentence alone triggers no warning
+
+
+def test_cross_attention_follows_the_translation_path(toy_translator, capsys: pytest.CaptureFixture) -> None:
+    """The heatmap's source is the one `translate` decodes (tokenized and truncated by the translator,
+    with [SOS] and [EOS]), its outputs the greedy translation and what ended it, each row of each
+    head a distribution over the source; the model's mode is restored."""
+    translator = toy_translator.translator()
+    toy_translator.model.train()
+    try:
+        attention = translator.cross_attention("one two three.")
+        assert toy_translator.model.training
+    finally:
+        toy_translator.model.eval()
+    assert attention.source_tokens == ["[SOS]", "▁one", "▁two", "▁three", ".", "[EOS]"]  # Metaspace marks word starts
+    assert attention.output_tokens == ["▁tre", "▁due", "▁uno", ".", "[EOS]"]
+    heads = torch.tensor(attention.heads)
+    assert heads.shape == (2, 5, 6)
+    torch.testing.assert_close(heads.sum(dim=-1), torch.ones(2, 5))
+    torch.testing.assert_close(torch.tensor(attention.weights), heads.mean(dim=0))
+    long_sentence = " ".join(("one two three four five six seven eight " * 4).split())
+    truncated = translator.cross_attention(long_sentence)
+    assert len(truncated.source_tokens) == toy_translator.seq_len
+    assert "warning: truncated 1 source sentence(s)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("options, message", [
