@@ -21,11 +21,14 @@ fragments are replaced by their translations.
   prefix (>, list markers, indentation) and its hard break. Inside the text, inline code, URLs,
   e-mail addresses, autolinks, HTML tags, entities, escapes, emphasis markers, link and image
   targets and table pipes are kept; link texts and image descriptions are translated.
-`document_format(path, override)` picks the format; `plan_document` gives the pieces to translate
-and `DocumentPlan.assemble` the document; `translate_document` does both with one translate call.
+`document_format(path, override)` picks the format; `plan_document` gives the pieces to translate,
+`DocumentPlan.assemble` the document and `DocumentPlan.sentences` each sentence's span in the
+document's text with its translation; `translate_document` does both with one translate call.
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +36,7 @@ from typing import Sequence
 
 from markdown_it import MarkdownIt
 
-from sentences import EMAIL, URL, URL_OR_EMAIL, Span, TextPlan, Translate, plan_flows
+from sentences import EMAIL, URL, URL_OR_EMAIL, Sentence, Span, TextPlan, Translate, plan_flows
 
 FORMATS = {"text": (".txt", ".text"), "srt": (".srt",), "markdown": (".md", ".markdown")}
 
@@ -101,6 +104,19 @@ class DocumentPlan:
             for (line, start, end), fragment in zip(places, fragments):
                 out[line] = out[line][:start] + fragment + out[line][end:]
         return "".join(out)
+
+    def sentences(self, translations: Sequence[str]) -> list[Sentence]:
+        """Each sentence (TextPlan.sentences) with its span as offsets into the document's text."""
+        line_starts = list(itertools.accumulate(map(len, self.lines), initial=0))
+
+        def offset(flow: int, position: int) -> int:
+            fragments = self.text.flows[flow].fragments
+            index = bisect.bisect_right([fragment.start for fragment in fragments], position) - 1
+            line, start, _ = self.places[flow][index]
+            return line_starts[line] + start + position - fragments[index].start
+
+        return [Sentence(s.flow, Span(offset(s.flow, s.span.start), offset(s.flow, s.span.end)), s.translation)
+                for s in self.text.sentences(translations)]
 
 
 def split_lines(text: str) -> list[str]:

@@ -21,6 +21,11 @@ file, a folder's test or validation split) as `--split test` / `validation`. Oth
 datasource has (flores200_devtest and newstest2009 have only `test`) is used as it is, and a
 validation or test split it lacks is the one training carved out of train, with the model's seed and
 settings.
+
+Each source line is translated as one sentence, as the references align with it; a line over the
+model's limit is translated in pieces (translator.py), never truncated. `--split_sentences true`
+cuts lines into sentences first, as translate.py does by default (to score text made of several
+sentences a line); the default (auto) is off here, so scores are those of line-by-line translation.
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ from diagnostics import log
 from scoring import corpus_scores, grouped_scores
 from sources import DataError
 from store import eval_pairs
-from translator import DecodingOptions, TranslatorError, add_translator_arguments, load_translator
+from translator import DecodingOptions, TranslatorError, add_translator_arguments, load_translator, split_sentences_on
 
 
 def default_output(config: dict[str, Any], model: Path, average: int, split: str, engine: str, lang_tgt: str) -> Path:
@@ -85,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.split} into {target} with beam size {config['beam_size']}")
 
     sources, references = [p[0] for p in pairs], [p[1] for p in pairs]
-    translations = translator.translate_best(sources, options)
+    translated = translator.translate_text(sources, options, split_sentences_on(config, auto=False))
+    translations = translated.lines
+    if translated.split_for_length:
+        log(f"evaluate.py: {translated.split_for_length} sentence(s) over the model's limit of "
+            f"{translator.max_source_tokens} tokens translated in pieces")
     # One line per sentence in the file (any line break a model might emit becomes a space; both
     # metrics ignore runs of whitespace), and the scores are of exactly what the file holds.
     hypotheses = [" ".join(t.split()) for t in translations]

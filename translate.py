@@ -1,13 +1,25 @@
 """Translate with a trained model: `python translate.py "I love you."`.
 
-Prints translations on stdout, one line per input; diagnostics go to stderr. With no sentence
-arguments it translates standard input, one sentence per line, `--chunk_size` lines at a time: each
-chunk's translations are written and flushed as soon as they are done, so memory stays bounded on
-inputs of any length and a killed run leaves complete lines behind. A line that cannot be translated
-(empty, invalid UTF-8) gets an empty output line and a message naming it, the others are translated,
-and the exit code is 1. When the reader of stdout goes away (`translate.py < big.txt | head -1`),
-it stops quietly with exit code 141, what a Unix tool killed by SIGPIPE reports (`yes | head -1`):
-not 0, since not everything was written, and no traceback.
+Text in, the same shape out: prints one line on stdout per input line; diagnostics go to stderr.
+Each line is cut into sentences by the source language's rules (sentencex, sentences.py), all
+sentences of a chunk are translated in one call, and each line is put back together around them:
+its indentation, the spacing between its sentences, and URLs and e-mail addresses as they were.
+A blank or whitespace-only line comes back as it was. `--split_sentences false` sends each line as
+one sentence, as it is (the behaviour before segmentation). Either way a sentence over the model's
+limit is cut at its best boundary (clause punctuation, else whitespace) and its pieces translated
+and joined, never truncated; how many were cut goes to stderr. With no sentence arguments it
+translates standard input, `--chunk_size` lines at a time: each chunk's translations are written
+and flushed as soon as they are done, so memory stays bounded on inputs of any length and a killed
+run leaves complete lines behind. A line that is not valid UTF-8 gets an empty output line and a
+message naming it, the others are translated, and the exit code is 1. When the reader of stdout
+goes away (`translate.py < big.txt | head -1`), it stops quietly with exit code 141, what a Unix
+tool killed by SIGPIPE reports (`yes | head -1`): not 0, since not everything was written, and no
+traceback.
+
+Documents: `--input FILE` translates a whole file in its own shape (documents.py): plain text,
+SubRip subtitles (.srt: numbers and timings kept) or Markdown (.md: structure, code, URLs and link
+targets kept), the format from the file's name or `--format text|srt|markdown`; the translation
+goes to `--output FILE`, written atomically (replacing a file there, never the input), or to stdout.
 
 The model: the newest good checkpoint of the experiment that --datasource and the language pair
 name, or `--checkpoint PATH`, or the average of the N newest (`--average N`); or with
@@ -21,22 +33,30 @@ only decoding options matter here:
   training data predicts; decoding.py);
 - sampling, for back-translation: `--sampling_topk K` and/or `--sampling_topp P`, `--temperature T`,
   reproducible with `--seed S`;
-- `--n_best N`: N hypotheses per input (the N best of the beam, or N samples), one per line as
-  `LINE<TAB>SCORE<TAB>TRANSLATION`: LINE is the input's number (1-based), SCORE its score with four
-  decimals, best first within a line. An input that cannot be translated gets no hypothesis lines.
+- `--n_best N`: N hypotheses per sentence (the N best of the beam, or N samples), one per line as
+  `LINE<TAB>SCORE<TAB>TRANSLATION`, best first. With segmentation on, each hypothesis is of one
+  sentence and LINE is `LINE.SENTENCE` (`3.2`: the second sentence of input line 3, both 1-based);
+  with `--split_sentences false` it is the line's number alone. SCORE has four decimals (a sentence
+  cut for length: the mean of its pieces' scores, its k-th hypothesis joining theirs; one with no
+  letter to translate: itself, 0.0000). Blank lines and lines that cannot be read get none.
 `--plot_attention FILE.png` also saves the first sentence's cross-attention heatmap (either engine).
 """
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import sys
 from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from atomic_files import atomic_write_bytes
 from checkpoint import CheckpointError
 from config import TRANSLATE, ConfigError, OneLineParser, build_parser, parse_args
-from translator import DecodingOptions, Translator, TranslatorError, add_translator_arguments, load_translator
+from documents import FORMATS, DocumentError, document_format
+from translator import (DecodingOptions, TextTranslation, Translator, TranslatorError, add_translator_arguments,
+                        load_translator, split_sentences_on)
 
 
 def numbered_stdin_lines() -> Iterator[str | None]:
@@ -55,24 +75,54 @@ def chunks(lines: Iterable[str | None], size: int) -> Iterator[list[str | None]]
 
 
 def translate_chunk(translator: Translator, inputs: list[str | None], first_number: int, options: DecodingOptions,
-                    n_best: bool) -> tuple[str, int]:
-    """The output text of one chunk of inputs, numbered from `first_number`, and how many were bad."""
-    usable = [i for i, text in enumerate(inputs) if text is not None and text.strip()]
+                    n_best: bool, split_sentences: bool) -> tuple[TextTranslation, str, int]:
+    """One chunk of input lines, numbered from `first_number`, translated: the translation, the
+    output text, and how many lines could not be read."""
     for offset, text in enumerate(inputs):
         if text is None:
             print(f"translate.py: line {first_number + offset}: not valid UTF-8, skipped", file=sys.stderr)
-        elif not text.strip():
-            print(f"translate.py: line {first_number + offset}: empty, skipped", file=sys.stderr)
-    found = translator.translate([inputs[i].strip() for i in usable], options)
-    hypotheses: list[list] = [[] for _ in inputs]
-    for index, result in zip(usable, found):
-        hypotheses[index] = result
-    if n_best:
-        lines = [f"{first_number + offset}\t{h.score:.4f}\t{h.text}" for offset, result in enumerate(hypotheses)
-                 for h in result]
-    else:
-        lines = [result[0].text if result else "" for result in hypotheses]
-    return "".join(line + "\n" for line in lines), len(inputs) - len(usable)
+    result = translator.translate_text([text or "" for text in inputs], options, split_sentences)
+    lines = n_best_lines(result, first_number, split_sentences) if n_best else result.lines
+    return result, "".join(line + "\n" for line in lines), inputs.count(None)
+
+
+def n_best_lines(result: TextTranslation, first_number: int, numbered: bool) -> list[str]:
+    """LINE<TAB>SCORE<TAB>TRANSLATION for every hypothesis of every sentence; LINE is LINE.SENTENCE
+    when `numbered` (segmentation on)."""
+    lines, previous, number = [], None, 0
+    for sentence, hypotheses in result.sentences:
+        number = number + 1 if sentence.flow == previous else 1
+        previous = sentence.flow
+        label = f"{first_number + sentence.flow}" + (f".{number}" if numbered else "")
+        lines += [f"{label}\t{h.score:.4f}\t{h.text}" for h in hypotheses]
+    return lines
+
+
+def translate_file(translator: Translator, args: argparse.Namespace, text: str, options: DecodingOptions,
+                   split_sentences: bool) -> int:
+    """--input: the document translated in its shape, to --output (atomically) or stdout."""
+    try:
+        translated, cut = translator.translate_document(text, args.format, options, split_sentences)
+    except DocumentError as error:
+        print(f"translate.py: error: {args.input}: {error}", file=sys.stderr)
+        return 1
+    report_cut(cut, translator)
+    if args.output is None:
+        sys.stdout.write(translated)
+        return 0
+    try:
+        atomic_write_bytes(args.output, translated.encode("utf-8"))
+    except OSError as error:
+        print(f"translate.py: error: cannot write {args.output}: {error.strerror or error}", file=sys.stderr)
+        return 1
+    print(f"translate.py: wrote {args.output} ({args.format})", file=sys.stderr)
+    return 0
+
+
+def report_cut(cut: int, translator: Translator) -> None:
+    if cut:
+        print(f"translate.py: {cut} sentence(s) over the model's limit of {translator.max_source_tokens} tokens "
+              f"translated in pieces", file=sys.stderr)
 
 
 # 128 + SIGPIPE: what a shell reports for a tool that wrote into a closed pipe.
@@ -90,15 +140,60 @@ def stdout_closed() -> int:
 
 def argument_parser() -> OneLineParser:
     parser = build_parser(TRANSLATE, __doc__.splitlines()[0])
-    parser.add_argument("sentences", nargs="*", help="sentences to translate; none = read standard input")
+    parser.add_argument("sentences", nargs="*", help="text to translate, each argument a line; none = read standard "
+                                                     "input")
     add_translator_arguments(parser)
     parser.add_argument("--n_best", type=int, default=0, metavar="N",
-                        help="print the N best hypotheses (or N samples) per input as LINE<TAB>SCORE<TAB>TRANSLATION")
+                        help="print the N best hypotheses (or N samples) per sentence as "
+                             "LINE<TAB>SCORE<TAB>TRANSLATION (LINE.SENTENCE with segmentation on)")
     parser.add_argument("--chunk_size", type=int, default=500, metavar="LINES",
                         help="standard input lines translated, written and flushed together (default: 500)")
+    parser.add_argument("--input", type=Path, default=None, metavar="FILE",
+                        help="translate this document in its own shape: plain text, SubRip (.srt) or Markdown (.md)")
+    parser.add_argument("--output", type=Path, default=None, metavar="FILE",
+                        help="with --input: write the translation to this file, atomically (default: standard output)")
+    parser.add_argument("--format", default="", metavar="{" + ",".join(FORMATS) + "}",
+                        help="with --input: the document's format (default: from its file name)")
     parser.add_argument("--plot_attention", type=Path, default=None, metavar="FILE.png",
                         help="also save the cross-attention heatmap of the first sentence to this file")
     return parser
+
+
+def command_line_lines(parser: OneLineParser, args: argparse.Namespace) -> list[str]:
+    """The sentence arguments as input lines (an argument with line breaks is several lines), or a
+    parser error for an empty one or one that is not UTF-8."""
+    lines = []
+    for number, text in enumerate(args.sentences, start=1):
+        if not text.strip():
+            parser.error(f"sentence {number} is empty: nothing to translate")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
+            parser.error(f"sentence {number} is not valid UTF-8")
+        lines += re.split(r"\r\n|\r|\n", text)
+    return lines
+
+
+def read_document(parser: OneLineParser, args: argparse.Namespace) -> str | None:
+    """--input's text with its format settled in args.format (None without --input), or a parser
+    error for options that do not go with it, an unknown format or a file that cannot be read."""
+    if args.input is None:
+        if args.output is not None or args.format:
+            parser.error("--output and --format go with --input FILE")
+        return None
+    if args.sentences or args.n_best:
+        parser.error("--input translates a document: not with sentence arguments or --n_best")
+    try:
+        args.format = document_format(args.input, args.format)
+        if args.output is not None and args.output.exists() and args.output.samefile(args.input):
+            parser.error(f"--output {args.output} is the input: give another file")
+        return args.input.read_bytes().decode("utf-8")
+    except DocumentError as error:
+        parser.error(str(error))
+    except OSError as error:
+        parser.error(f"cannot read --input {args.input}: {error.strerror or error}")
+    except UnicodeDecodeError as error:
+        parser.error(f"--input {args.input} is not valid UTF-8 (byte {error.start})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,13 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     config = resolved.config
     if args.n_best < 0 or args.chunk_size < 1:
         parser.error("--n_best must not be negative and --chunk_size must be at least 1")
-    for number, text in enumerate(args.sentences, start=1):
-        if not text.strip():
-            parser.error(f"sentence {number} is empty: nothing to translate")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
-            parser.error(f"sentence {number} is not valid UTF-8")
+    arguments, document = command_line_lines(parser, args), read_document(parser, args)
     try:
         options = DecodingOptions.from_config(config, n_best=max(1, args.n_best))
         translator = load_translator(args, resolved)
@@ -125,20 +214,26 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     into = f", translating into {target}" if len(translator.target_languages) > 1 else ""
     print(f"translate.py: using {translator.source}{into}", file=sys.stderr)
+    split_sentences = split_sentences_on(config, auto=True)
+    if document is not None:
+        return translate_file(translator, args, document, options, split_sentences)
 
-    inputs = chunks(args.sentences, len(args.sentences)) if args.sentences else \
-        chunks(numbered_stdin_lines(), args.chunk_size)
-    first_number, bad, first_sentence = 1, 0, None
+    inputs = chunks(arguments, len(arguments)) if arguments else chunks(numbered_stdin_lines(), args.chunk_size)
+    first_number, bad, cut, first_sentence = 1, 0, 0, None
     try:
         for chunk in inputs:
-            text, chunk_bad = translate_chunk(translator, chunk, first_number, options, args.n_best > 0)
+            result, text, chunk_bad = translate_chunk(translator, chunk, first_number, options, args.n_best > 0,
+                                                      split_sentences)
             # One write per chunk, flushed: what a killed run leaves behind is whole lines.
             sys.stdout.write(text)
             sys.stdout.flush()
-            first_sentence = first_sentence or next((line.strip() for line in chunk if line and line.strip()), None)
-            first_number, bad = first_number + len(chunk), bad + chunk_bad
+            if first_sentence is None and result.sentences:
+                sentence = result.sentences[0][0]
+                first_sentence = chunk[sentence.flow][sentence.span.start:sentence.span.end]
+            first_number, bad, cut = first_number + len(chunk), bad + chunk_bad, cut + result.split_for_length
     except BrokenPipeError:
         return stdout_closed()
+    report_cut(cut, translator)
     if args.plot_attention is not None and first_sentence is not None:
         from attention_plot import save_attention_plot  # matplotlib is only needed here
         try:

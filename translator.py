@@ -7,27 +7,35 @@ One interface, two engines:
   CTranslate2 (fast CPU inference, int8 weights). It translates one token when it loads, so that a
   model the device cannot run is one TranslatorError then.
 translate.py, evaluate.py and serve.py get a `Translator` from `load_translator` and never branch on
-the engine. Both engines tokenize each source once, with the model's own tokenizer
-(`Translator.encode`), truncate sources to its seq_len (with a warning on stderr), translate in
-length-sorted batches, and score hypotheses the same way (decoding.py: log-probability including
-[EOS] over length ** length_penalty, plus the brevity penalty's term). CTranslate2 has no brevity
-penalty in its search: with one, its engine asks for beam_size hypotheses and ranks them with the
-term added, which picks from its final beam only. `cross_attention`, the heatmap's weights
-(attention_plot.py draws them), takes the same path: the source as `encode` makes it, decoded
-greedily.
+the engine. Text reaches both engines by one path, which decides segmentation for every caller:
+`segment_lines` / `segment_document` cut lines or a document into the pieces the model translates
+(sentences.py: sentences by the source language's rules when `split_sentences` is on, URLs and
+e-mail addresses left out; with it off, each line is one sentence, sent as it is) and cut a piece
+over the model's limit (max_source_tokens, the target tag counted) at its best boundary, so
+nothing is truncated; each piece is tokenized once, with the model's own tokenizer
+(`Translator.encode`). `translate_text` and `translate_document` translate those pieces and put
+the text back in its shape; `translate` takes each input as one sentence (a piece over the limit
+still cut, its pieces' translations joined). Both engines translate in length-sorted batches and
+score hypotheses the same way (decoding.py: log-probability including [EOS] over length **
+length_penalty, plus the brevity penalty's term). CTranslate2 has no brevity penalty in its
+search: with one, its engine asks for beam_size hypotheses and ranks them with the term added,
+which picks from its final beam only. `cross_attention`, the heatmap's weights
+(attention_plot.py draws them), takes the same path: the source as `translate` takes it (the
+first piece of one over the limit), decoded greedily.
 
 A model of several target languages (`lang_tgt` fr+it) is told which to produce by a tag after
 [SOS], as training stored its sources ([SOS] <2fr> ... [EOS], Johnson et al. 2017): the decoding
 option `target_lang` names it, and is required then; a one-target model takes it empty or equal to
-its `lang_tgt`, and gets no tag. The tag counts as a source token (truncation, the brevity penalty's
-expected length), as it did in the training data; it is a special token, so no output shows it.
+its `lang_tgt`, and gets no tag. The tag counts as a source token (the model's limit, the brevity
+penalty's expected length), as it did in the training data; it is a special token, so no output
+shows it.
 """
 from __future__ import annotations
 
 import argparse
 import math
 import os
-import sys
+import re
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -43,8 +51,10 @@ from ct2_model import ct2_setup, read_project_files
 from decoding import beam_search, brevity_term, expected_length, greedy_decode, max_output_tokens, sample
 from device import pick_device
 from diagnostics import first_line
+from documents import DocumentPlan, plan_document
 from model import Transformer, causal_mask
 from precision import autocast_context, inference_dtype
+from sentences import URL_OR_EMAIL, Sentence, TextPlan, plan_lines
 from tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK, TokenizerError, decode_ids, missing_target_tag
 
 ENGINES = ("pytorch", "ctranslate2")
@@ -107,8 +117,8 @@ class DecodingOptions:
 
 class Source(NamedTuple):
     """One source sentence as the model takes it, without [SOS]/[EOS]: the tag of the target
-    language first when the model needs one, truncated to the model's limit; ids for this
-    project's model, token strings for CTranslate2."""
+    language first when the model needs one; ids for this project's model, token strings for
+    CTranslate2."""
 
     ids: list[int]
     tokens: list[str]
@@ -129,6 +139,71 @@ class CrossAttention:
     output_tokens: list[str]
     weights: list[list[float]]
     heads: list[list[list[float]]] = field(default_factory=list)
+
+
+@dataclass
+class TextTranslation:
+    """Lines translated: `lines` in the input's shape (the best translations), `sentences` each with
+    its hypotheses, best first (sentence_hypotheses), and how many sentences were cut because they
+    were over the model's limit."""
+
+    lines: list[str]
+    sentences: list[tuple[Sentence, list[Hypothesis]]]
+    split_for_length: int
+
+
+NOTHING = re.compile(r"(?!)")  # segmentation off: a line is sent as it is, URLs included
+
+
+def split_sentences_on(config: dict[str, Any], auto: bool) -> bool:
+    """The config's split_sentences for a program in which `auto` means `auto` (on in translate.py,
+    serve.py and the page, off in evaluate.py and training's validation)."""
+    return {"true": True, "false": False}.get(config["split_sentences"], auto)
+
+
+def sentence_hypotheses(plan: TextPlan,
+                        found: Sequence[Sequence[Hypothesis]]) -> list[tuple[Sentence, list[Hypothesis]]]:
+    """Each sentence of `plan` with its hypotheses, given its pieces' (`found`, one list per piece):
+    the k-th joins the k-th hypothesis of each of its pieces (the last one of a piece that has fewer)
+    with what lies between them, scored by the mean of their scores; a sentence with no piece to
+    translate is its own text, scored 0."""
+    ranges, offset = [], 0
+    for flow in plan.flows:
+        ranges += [(offset + first, offset + end) for _, first, end in flow.sentences]
+        offset += len(flow.pieces)
+    depth = max((len(hypotheses) for hypotheses in found), default=1)
+    ranked = [plan.sentences([hypotheses[min(k, len(hypotheses) - 1)].text for hypotheses in found])
+              for k in range(depth)]
+    result = []
+    for index, (first, end) in enumerate(ranges):
+        pieces = found[first:end]
+        hypotheses = []
+        for k in range(max((len(h) for h in pieces), default=1)):
+            scores = [h[min(k, len(h) - 1)].score for h in pieces]
+            hypotheses.append(Hypothesis(ranked[k][index].translation, sum(scores) / len(scores) if scores else 0.0))
+        result.append((ranked[0][index], hypotheses))
+    return result
+
+
+class Tokenized:
+    """Texts encoded for one model and target tag, each once: what planning counts is what the
+    engine is given. `known` texts are encoded together first."""
+
+    def __init__(self, translator: "Translator", tag: str, known: Sequence[str] = ()) -> None:
+        self.translator, self.tag = translator, tag
+        self.encoded: dict[str, Source] = dict(zip(known, translator.encode(known, tag))) if known else {}
+
+    def count(self, text: str) -> int:
+        """Tokens of `text`, the tag included (what the model's limit counts)."""
+        if text not in self.encoded:
+            self.encoded[text] = self.translator.encode([text], self.tag)[0]
+        return len(self.encoded[text].ids)
+
+    def sources(self, texts: Sequence[str]) -> list[Source]:
+        missing = [text for text in dict.fromkeys(texts) if text not in self.encoded]
+        if missing:
+            self.encoded.update(zip(missing, self.translator.encode(missing, self.tag)))
+        return [self.encoded[text] for text in texts]
 
 
 class Translator(ABC):
@@ -174,23 +249,65 @@ class Translator(ABC):
         return target_tag(language) if len(self.target_languages) > 1 else ""
 
     def encode(self, sentences: Sequence[str], tag: str) -> list[Source]:
-        """Each sentence tokenized, once, with `tag` ("" = none) first and truncated to the model's
-        limit (counting the tag), with a warning on stderr naming how many were cut."""
+        """Each sentence tokenized, once, with `tag` ("" = none) first. Nothing is cut here: the
+        pieces `segment_lines` and `segment_document` make fit the model's limit."""
         prefix = ([self.tok_src.token_to_id(tag)], [tag]) if tag else ([], [])
-        limit = self.max_source_tokens - len(prefix[0])
         encodings = self.tok_src.encode_batch(list(sentences), add_special_tokens=False)
-        truncated = sum(len(e.ids) > limit for e in encodings)
-        if truncated:
-            print(f"warning: truncated {truncated} source sentence(s) to the model's limit of {limit} tokens",
-                  file=sys.stderr, flush=True)
-        return [Source(prefix[0] + e.ids[:limit], prefix[1] + e.tokens[:limit]) for e in encodings]
+        return [Source(prefix[0] + e.ids, prefix[1] + e.tokens) for e in encodings]
+
+    def segment_lines(self, lines: Sequence[str], target_lang: str,
+                      split_sentences: bool) -> tuple[TextPlan, list[Source]]:
+        """Lines of text as the pieces to translate (one flow per line), and those pieces encoded.
+        With `split_sentences` a line's sentences are found by the source language's rules and URLs
+        and e-mail addresses are left out of them; without, the line is one sentence, sent as it is.
+        Either way a piece over the model's limit is cut (sentences.py)."""
+        tokenized = Tokenized(self, self.source_tag(target_lang), () if split_sentences else
+                              [line.strip() for line in lines])
+        plan = plan_lines(lines, self.model_config["lang_src"], split_sentences=split_sentences,
+                          protected=URL_OR_EMAIL if split_sentences else NOTHING, count_tokens=tokenized.count,
+                          max_tokens=self.max_source_tokens)
+        return plan, tokenized.sources(plan.sources)
+
+    def segment_document(self, text: str, fmt: str, target_lang: str,
+                         split_sentences: bool) -> tuple[DocumentPlan, list[Source]]:
+        """A document (documents.FORMATS) as the pieces to translate, and those pieces encoded; its
+        format decides what is left as it is (code, tags, URLs), `split_sentences` as in segment_lines."""
+        tokenized = Tokenized(self, self.source_tag(target_lang))
+        plan = plan_document(text, fmt, self.model_config["lang_src"], split_sentences=split_sentences,
+                             count_tokens=tokenized.count, max_tokens=self.max_source_tokens)
+        return plan, tokenized.sources(plan.sources)
+
+    def translate_text(self, lines: Sequence[str], options: DecodingOptions, split_sentences: bool) -> TextTranslation:
+        """Lines translated in their shape (segment_lines), every piece in one call of the engine."""
+        options.check()
+        plan, sources = self.segment_lines(lines, options.target_lang, split_sentences)
+        found = self.decode_sources(sources, options)
+        return TextTranslation([fragments[0] for fragments in plan.assemble([h[0].text for h in found])],
+                               sentence_hypotheses(plan, found), plan.split_for_length)
+
+    def translate_document(self, text: str, fmt: str, options: DecodingOptions,
+                           split_sentences: bool) -> tuple[str, int]:
+        """A document translated in its own shape, and how many sentences were cut for length."""
+        options.check()
+        plan, sources = self.segment_document(text, fmt, options.target_lang, split_sentences)
+        return plan.assemble([h[0].text for h in self.decode_sources(sources, options)]), plan.text.split_for_length
 
     def translate(self, sentences: Sequence[str], options: DecodingOptions) -> list[list[Hypothesis]]:
+        """Each input translated as one sentence (a piece over the model's limit is cut, and the
+        pieces' translations joined: sentence_hypotheses); an input without a letter comes back as
+        it is, a blank one as "" (score 0). Results in the input order."""
+        found: list[list[Hypothesis]] = [[Hypothesis("", 0.0)] for _ in sentences]
+        for sentence, hypotheses in self.translate_text(sentences, options, split_sentences=False).sentences:
+            found[sentence.flow] = hypotheses
+        return found
+
+    def decode_sources(self, sources: list[Source], options: DecodingOptions) -> list[list[Hypothesis]]:
         """Translate in batches of similar length; results in the input order."""
-        options.check()
-        sources = self.encode(sentences, self.source_tag(options.target_lang))
+        limit = self.max_source_tokens
+        if any(len(source.ids) > limit for source in sources):
+            raise TranslatorError(f"a source over the model's limit of {limit} tokens: segment it first")
         order = sorted(range(len(sources)), key=lambda i: len(sources[i].ids), reverse=True)
-        results: list[list[Hypothesis]] = [[] for _ in sentences]
+        results: list[list[Hypothesis]] = [[] for _ in sources]
         for start in range(0, len(order), options.batch_size):
             chunk = order[start:start + options.batch_size]
             batch = [sources[i] for i in chunk]
@@ -202,6 +319,12 @@ class Translator(ABC):
     def translate_best(self, sentences: Sequence[str], options: DecodingOptions) -> list[str]:
         """The best translation of each sentence."""
         return [hypotheses[0].text for hypotheses in self.translate(sentences, options)]
+
+    def attention_source(self, sentence: str, target_lang: str) -> Source:
+        """The source whose heatmap `cross_attention` draws: the sentence as `translate` takes it, or
+        its first piece when it is over the model's limit."""
+        _, sources = self.segment_lines([sentence], target_lang, split_sentences=False)
+        return sources[0] if sources else self.encode([sentence.strip()], self.source_tag(target_lang))[0]
 
     @abstractmethod
     def translate_batch(self, sources: list[Source], options: DecodingOptions,
@@ -283,10 +406,10 @@ class TorchTranslator(Translator):
                            options.n_best, options.no_repeat_ngram_size, options.brevity_penalty, self.length_ratio)
 
     def cross_attention(self, sentence: str, target_lang: str = "") -> CrossAttention:
-        """The source tokens with [SOS] and [EOS], as the model sees them (the tag too, truncated as
-        `translate` truncates); the output tokens, the last one what ended the translation (usually
-        [EOS]); and the weights of each head."""
-        [source] = self.encode([sentence], self.source_tag(target_lang))
+        """The source tokens with [SOS] and [EOS], as the model sees them (the tag too; the first piece
+        of a sentence over the model's limit: attention_source); the output tokens, the last one what
+        ended the translation (usually [EOS]); and the weights of each head."""
+        source = self.attention_source(sentence, target_lang)
         src, src_mask = self.source_batch([source])
         with self.evaluating():
             [(generated, _)] = greedy_decode(self.model, src, src_mask, max_output_tokens(len(source.ids),
@@ -392,7 +515,7 @@ class CTranslate2Translator(Translator):
             max_input_length=self.seq_len, return_scores=True, **sampling)
         found = []
         for source, result in zip(tokens, results):
-            # Lengths count [EOS], as in decoding.py; the source as truncated to the model's seq_len.
+            # Lengths count [EOS], as in decoding.py.
             expected = expected_length(len(source), self.length_ratio)
             hypotheses = [([self.tok_tgt.token_to_id(t) for t in hypothesis],
                            score + brevity_term(len(hypothesis) + 1, expected, brevity))
@@ -401,7 +524,7 @@ class CTranslate2Translator(Translator):
         return found
 
     def cross_attention(self, sentence: str, target_lang: str = "") -> CrossAttention:
-        [(_, tokens)] = self.encode([sentence], self.source_tag(target_lang))
+        tokens = self.attention_source(sentence, target_lang).tokens
         [result] = self.ct2.translate_batch([tokens], beam_size=1, min_decoding_length=0, return_attention=True,
                                             max_decoding_length=max_output_tokens(len(tokens), self.seq_len),
                                             max_input_length=self.seq_len)

@@ -1,7 +1,10 @@
 """translate.py: translations alone on stdout, one clear line for bad input, batch mode from
-stdin that survives bad lines, a quiet end when the reader of stdout goes away, --checkpoint
-PATH (here a checkpoint written on a GPU), and a model of several target languages: named by
-their set, --target_lang required, a --lang_tgt of one of them refused with the way to name it."""
+stdin that survives bad lines, text that keeps its shape (indentation, spacing, blank lines, one
+output line per input line) with segmentation on and off, a sentence over the model's limit
+translated in pieces, documents (.srt, Markdown) through --input/--output, n-best numbering, a
+quiet end when the reader of stdout goes away, --checkpoint PATH (here a checkpoint written on a
+GPU), and a model of several target languages: named by their set, --target_lang required, a
+--lang_tgt of one of them refused with the way to name it."""
 from __future__ import annotations
 
 import io
@@ -15,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import documents
 import translate
 from test_translator import several_targets  # noqa: F401  (a fixture: an untrained model of en -> fr+it)
 from translator import DecodingOptions, TorchTranslator
@@ -73,21 +77,45 @@ def test_bad_option_is_one_line(trained_run, capsys: pytest.CaptureFixture) -> N
     assert code == 2 and out == [] and len(err) == 1 and "--beam_size" in err[0]
 
 
-def test_too_long_sentence_is_truncated_with_a_warning(trained_run, capsys: pytest.CaptureFixture) -> None:
+def test_a_sentence_over_the_limit_is_translated_in_pieces(trained_run, capsys: pytest.CaptureFixture) -> None:
+    """No truncation: every piece of a sentence over the model's limit is translated, the pieces'
+    translations are joined on the one output line, and the count goes to stderr."""
     long_sentence = " ".join(["the big black cat sees the small white dog"] * 20) + "."
+    translator = TorchTranslator.load(None, trained_run.folder, torch.device("cpu"))
+    plan, _ = translator.segment_lines([long_sentence], "", split_sentences=True)
+    assert len(plan.sources) >= 3
     code, out, err = run_main(capsys, experiment(trained_run) + [long_sentence])
-    assert code == 0 and len(out) == 1
-    assert any("warning: truncated 1 source sentence" in line for line in err)
+    assert code == 0 and out == [" ".join(translator.translate_best(plan.sources, DecodingOptions()))]
+    assert err[1:] == [f"translate.py: 1 sentence(s) over the model's limit of {translator.max_source_tokens} "
+                       f"tokens translated in pieces"]
 
 
 def test_stdin_batch_mode_translates_the_good_lines(trained_run, expected: dict[str, str], cli) -> None:
     stdin = f"{FIRST}\n\n".encode() + b"caf\xe9 latte\n" + f"{SECOND}\n".encode()
     result = cli("translate.py", *experiment(trained_run), stdin=stdin)
-    assert result.returncode == 1  # some lines could not be translated
+    assert result.returncode == 1  # a line could not be read
     assert "Traceback" not in result.stderr
-    # one output line per input line, so outputs stay aligned with inputs
+    # one output line per input line, so outputs stay aligned with inputs; the blank line is text
     assert result.stdout.split("\n") == [expected[FIRST], "", "", expected[SECOND], ""]
-    assert "line 2: empty" in result.stderr and "line 3: not valid UTF-8" in result.stderr
+    assert "line 3: not valid UTF-8" in result.stderr and "line 2" not in result.stderr
+
+
+@pytest.mark.parametrize("split_sentences", ["true", "false"])
+def test_text_keeps_its_shape(trained_run, capsys: pytest.CaptureFixture, split_sentences: str) -> None:
+    """Indentation, the spacing between sentences, blank and whitespace-only lines come back as they
+    were, one output line per input line; with segmentation on each sentence is translated on its
+    own, off the line is one sentence. Exit 0: blank lines are text."""
+    lines = [f"  {FIRST}   {SECOND}", "", f"\t{SECOND}", "   "]
+    stdin = io.TextIOWrapper(io.BytesIO("".join(line + "\n" for line in lines).encode()), encoding="utf-8")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stdin", stdin)
+        code, out, err = run_main(capsys, experiment(trained_run) + ["--split_sentences", split_sentences])
+    translator = TorchTranslator.load(None, trained_run.folder, torch.device("cpu"))
+    first, second = translator.translate_best([FIRST, SECOND], DecodingOptions())
+    paragraph = f"{first}   {second}" if split_sentences == "true" else \
+        translator.translate_best([f"{FIRST}   {SECOND}"], DecodingOptions())[0]
+    assert (code, out) == (0, [f"  {paragraph}", "", f"\t{second}", "   "])
+    assert len(err) == 1
 
 
 def test_checkpoint_path_written_on_a_gpu(trained_run, expected: dict[str, str], tmp_path: Path,
@@ -107,24 +135,72 @@ def test_checkpoint_path_written_on_a_gpu(trained_run, expected: dict[str, str],
     assert err == [f"translate.py: using {moved}"]
 
 
+# ---------------------------------------------------------------------------- documents
+
+SUBTITLES = ("1\n00:00:01,000 --> 00:00:02,500\nThe cat sees the dog.\n\n"
+             "2\n00:00:03,000 --> 00:00:04,000\nThe dog eats\nthe bread.\n")
+MARKDOWN = ("# The red house.\n\nThe cat sees the [dog](https://example.org/dog). The dog eats the bread.\n\n"
+            "```python\nprint(\"The cat.\")\n```\n")
+
+
+@pytest.mark.parametrize("name, text, kept", [
+    ("film.srt", SUBTITLES, ["1\n00:00:01,000 --> 00:00:02,500\n", "\n\n2\n00:00:03,000 --> 00:00:04,000\n"]),
+    ("notes.md", MARKDOWN, ["# ", "](https://example.org/dog)", "```python\nprint(\"The cat.\")\n```\n"])])
+def test_documents_through_input_and_output(trained_run, capsys: pytest.CaptureFixture, tmp_path: Path, name: str,
+                                            text: str, kept: list[str]) -> None:
+    """A document in its format (from its name), translated in its shape to --output: what its
+    format keeps is there as it was, and the text is what documents.py makes of the translator's
+    sentences."""
+    source, target = tmp_path / name, tmp_path / f"out-{name}"
+    source.write_text(text, encoding="utf-8")
+    code, out, err = run_main(capsys, experiment(trained_run) + ["--input", str(source), "--output", str(target)])
+    assert (code, out) == (0, []) and err[-1] == f"translate.py: wrote {target} ({documents.document_format(name)})"
+    translated = target.read_text(encoding="utf-8")
+    translator = TorchTranslator.load(None, trained_run.folder, torch.device("cpu"))
+    assert translated == documents.translate_document(text, documents.document_format(name), lambda pieces:
+                                                      translator.translate_best(pieces, DecodingOptions()), "en")
+    assert translated != text and all(part in translated for part in kept)
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([name, f"out-{name}"])  # no temporary left
+
+
+def test_document_options_are_checked_in_one_line(trained_run, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    source = tmp_path / "report.docx"
+    source.write_text(FIRST, encoding="utf-8")
+    for extra, message in ((["--format", "docx"], "unknown document format 'docx' (known: text, srt, markdown)"),
+                           ([], f"cannot tell the format of {source} from its name"),
+                           (["--format", "text", "--output", str(source)], f"--output {source} is the input"),
+                           (["--format", "text", FIRST], "not with sentence arguments")):
+        code, out, err = run_main(capsys, experiment(trained_run) + ["--input", str(source), *extra])
+        assert (code, out, len(err)) == (2, [], 1) and message in err[0], extra
+    code, out, err = run_main(capsys, experiment(trained_run) + ["--format", "srt", FIRST])
+    assert (code, out, len(err)) == (2, [], 1) and "--output and --format go with --input FILE" in err[0]
+    assert source.read_text(encoding="utf-8") == FIRST
+
+
 # ---------------------------------------------------------------------------- n-best, sampling, streaming
 
 def test_n_best_lines_are_numbered_scored_and_ranked(trained_run, capsys: pytest.CaptureFixture) -> None:
-    stdin = io.TextIOWrapper(io.BytesIO(f"{FIRST}\n\n{SECOND}\n".encode()), encoding="utf-8")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sys, "stdin", stdin)
-        code, out, err = run_main(capsys, experiment(trained_run) + ["--beam_size", "4", "--n_best", "3"])
-    assert code == 1 and any("line 2: empty" in line for line in err)
-    rows = [line.split("\t") for line in out]
-    assert [int(number) for number, _, _ in rows] == [1, 1, 1, 3, 3, 3]  # the empty line 2 has none
-    for number in ("1", "3"):
-        scores = [float(score) for n, score, _ in rows if n == number]
-        assert scores == sorted(scores, reverse=True) and all(score < 0 for score in scores)
-        assert len({text for n, _, text in rows if n == number}) == 3
+    """LINE.SENTENCE with segmentation on, LINE with it off; blank lines get no hypothesis."""
+    found = {}
+    for split_sentences in ("true", "false"):
+        stdin = io.TextIOWrapper(io.BytesIO(f"{FIRST}\n\n{FIRST} {SECOND}\n".encode()), encoding="utf-8")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sys, "stdin", stdin)
+            code, out, err = run_main(capsys, experiment(trained_run) + ["--beam_size", "4", "--n_best", "3",
+                                                                         "--split_sentences", split_sentences])
+        assert code == 0, err
+        found[split_sentences] = [line.split("\t") for line in out]
+    assert [label for label, _, _ in found["true"]] == ["1.1"] * 3 + ["3.1"] * 3 + ["3.2"] * 3
+    assert [label for label, _, _ in found["false"]] == ["1"] * 3 + ["3"] * 3
+    for rows in found.values():
+        for label in {label for label, _, _ in rows}:
+            scores = [float(score) for n, score, _ in rows if n == label]
+            assert scores == sorted(scores, reverse=True) and all(score < 0 for score in scores)
+            assert len({text for n, _, text in rows if n == label}) == 3
     translator = TorchTranslator.load(None, trained_run.folder, torch.device("cpu"))
-    best = translator.translate([FIRST], DecodingOptions(beam_size=4, n_best=3))[0]
-    assert [(text, f"{h.score:.4f}") for h, (_, _, text) in zip(best, rows[:3])] == \
-        [(h.text, score) for h, (_, score, _) in zip(best, rows[:3])]
+    best = translator.translate([FIRST, SECOND], DecodingOptions(beam_size=4, n_best=3))
+    assert [(text, score) for _, score, text in found["true"]] == \
+        [(h.text, f"{h.score:.4f}") for h in best[0] + best[0] + best[1]]
 
 
 def test_brevity_penalty_expects_the_models_length_ratio_unless_told(trained_run,

@@ -1,5 +1,5 @@
-"""translator.py: the PyTorch engine keeps the input order across length-sorted batches, truncates
-over-long sources with a warning, returns n-best lists and samples, refuses options it cannot
+"""translator.py: the PyTorch engine keeps the input order across length-sorted batches, translates
+a source over the model's limit in pieces (no truncation), returns n-best lists and samples, refuses options it cannot
 decode with, and gives the cross-attention of the source it translates; a model of several target
 languages gets the chosen language's tag after [SOS] in its encoder input and refuses a missing or
 foreign target_lang in one line, a one-target model gets no tag; each source is tokenized once, on
@@ -22,7 +22,7 @@ from tokenizers import Tokenizer, trainers
 from checkpoint import save_checkpoint
 from config import PRESETS, get_config, validate_config, weights_dir
 from model import Transformer, build_model
-from tokenizer import EOS_ID, SOS_ID, SPECIAL_TOKENS, train_tokenizer
+from tokenizer import EOS_ID, PAD_ID, SOS_ID, SPECIAL_TOKENS, train_tokenizer
 import translator as translator_module
 from translator import CTranslate2Translator, DecodingOptions, TorchTranslator, TranslatorError
 
@@ -165,22 +165,35 @@ def test_n_best_and_samples(toy_translator, mixed_lengths: list[str]) -> None:
     assert translator.translate(mixed_lengths[:4], options) != first  # the stream goes on
 
 
-def test_too_long_source_is_truncated_with_a_warning(toy_translator, capsys: pytest.CaptureFixture) -> None:
+def test_a_source_over_the_limit_is_translated_in_pieces(toy_translator, capsys: pytest.CaptureFixture) -> None:
+    """No truncation: a sentence of 32 words (the toy's limit is 18 tokens) is cut at the space
+    nearest its middle, both halves are translated, and their translations joined; its n-best
+    hypotheses join the halves' k-th ones, scored by their mean."""
     translator = toy_translator.translator()
     words = ("one two three four five six seven eight " * 4).split()
-    long_sentence, fitting = " ".join(words), " ".join(words[:toy_translator.seq_len - 2])
-    out = translator.translate_best([long_sentence, "one two three."], DecodingOptions())
-    err = capsys.readouterr().err
-    assert "warning: truncated 1 source sentence(s)" in err and f"{toy_translator.seq_len - 2} tokens" in err
-    assert out[0] == translator.translate_best([fitting], DecodingOptions())[0]
-    assert out[1] == "tre due uno."
-    assert capsys.readouterr().err == ""  # the fitting sentence alone triggers no warning
+    halves = [" ".join(words[:16]), " ".join(words[16:])]
+    recorder = EncoderInputs(toy_translator.model)
+    try:
+        out = translator.translate_best([" ".join(words), "one two three."], DecodingOptions())
+    finally:
+        recorder.handle.remove()
+    assert out == [" ".join(translator.translate_best(halves, DecodingOptions())), "tre due uno."]
+    assert sorted(len(row) - row.count(PAD_ID) for row in recorder.rows()) == [6, 18, 18]  # [SOS] pieces [EOS]
+    assert capsys.readouterr().err == ""
+    text = translator.translate_text([" ".join(words), "", "one two three."], DecodingOptions(), False)
+    assert text.lines == [out[0], "", out[1]] and text.split_for_length == 1
+    options = DecodingOptions(beam_size=3, n_best=2)
+    [joined] = translator.translate([" ".join(words)], options)
+    pieces = translator.translate(halves, options)
+    assert joined == [(f"{pieces[0][k].text} {pieces[1][k].text}", (pieces[0][k].score + pieces[1][k].score) / 2)
+                      for k in range(2)]
 
 
 def test_cross_attention_follows_the_translation_path(toy_translator, capsys: pytest.CaptureFixture) -> None:
-    """The heatmap's source is the one `translate` decodes (tokenized and truncated by the translator,
-    with [SOS] and [EOS]), its outputs the greedy translation and what ended it, each row of each
-    head a distribution over the source; the model's mode is restored."""
+    """The heatmap's source is the one `translate` decodes (tokenized by the translator, with [SOS]
+    and [EOS]; the first piece of a sentence over the model's limit), its outputs the greedy
+    translation and what ended it, each row of each head a distribution over the source; the
+    model's mode is restored."""
     translator = toy_translator.translator()
     toy_translator.model.train()
     try:
@@ -195,9 +208,9 @@ def test_cross_attention_follows_the_translation_path(toy_translator, capsys: py
     torch.testing.assert_close(heads.sum(dim=-1), torch.ones(2, 5))
     torch.testing.assert_close(torch.tensor(attention.weights), heads.mean(dim=0))
     long_sentence = " ".join(("one two three four five six seven eight " * 4).split())
-    truncated = translator.cross_attention(long_sentence)
-    assert len(truncated.source_tokens) == toy_translator.seq_len
-    assert "warning: truncated 1 source sentence(s)" in capsys.readouterr().err
+    first_piece = translator.cross_attention(long_sentence)  # over the limit: its first piece
+    assert first_piece.source_tokens == ["[SOS]", *[f"▁{word}" for word in long_sentence.split()[:16]], "[EOS]"]
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("options, message", [
@@ -268,7 +281,7 @@ def test_tags_never_reach_an_output(several_targets) -> None:
 
 
 def test_each_source_is_tokenized_once(several_targets, tmp_path: Path) -> None:
-    """On both engines, whatever the batching: once to measure, sort, truncate and encode."""
+    """On both engines, whatever the batching: once to measure, cut, sort and encode."""
     import export
     torch_counter = CountingTokenizer(several_targets.tok_src)
     ours = TorchTranslator(several_targets.model, torch_counter, several_targets.tok_tgt, several_targets.config)
