@@ -4,9 +4,16 @@ The model is found like translate.py finds it (the newest good checkpoint of the
 --checkpoint PATH, or --engine ctranslate2 --model_dir DIR) and loaded once, after the socket
 opens: the server is live at once, and ready when the model has loaded and translated a warm-up
 sentence. Endpoints:
-- POST /translate {"text": ["...", ...], "beam_size": K, "target_lang": "fr"} -> {"translations":
-  ["...", ...]}; beam_size is optional (default: the config's), and so is target_lang (default:
-  --target_lang), which a model of several target languages needs from one or the other.
+- POST /translate {"text": "one string, with paragraphs", "beam_size": K, "target_lang": "fr"} ->
+  {"translation": "...", "sentences": [{"start": S, "end": E, "translation": "..."}, ...],
+  "split_for_length": N}: the text translated in its shape (lines, blank lines, indentation and
+  the spacing between sentences kept), and per sentence its span in the request's text (offsets
+  in Unicode code points, end exclusive) and its translation; N sentences were over the model's
+  limit and translated in pieces. The list form {"text": ["...", ...]} answers {"translations":
+  ["...", ...]}, one per item. Both are segmented into sentences unless --split_sentences false
+  (translator.py decides how, for every program). beam_size is optional (default: the config's),
+  and so is target_lang (default: --target_lang), which a model of several target languages needs
+  from one or the other.
 - POST /attention {"text": "...", "target_lang": "fr"} -> {"source_tokens", "output_tokens",
   "weights"}: the cross-attention of the sentence's greedy translation, weights[i][j] from output
   token i to source token j.
@@ -19,11 +26,12 @@ sentence. Endpoints:
 - GET /: a web page (static/) to translate a sentence and see its attention heatmap.
 
 Requests that arrive together are translated together (serve_batch_sentences, serve_batch_wait_ms);
-each request is limited by serve_max_sentences, serve_max_chars, serve_max_body_bytes and
+each request is limited by serve_max_sentences (sentences after segmentation), serve_max_chars (of
+the whole text in the string form, of each item in the list form), serve_max_body_bytes and
 serve_max_beam_size. A refused request gets a 4xx status and {"error": "what is wrong"}.
 
 Under overload it sheds load instead of stalling: requests wait in a queue bounded in work
-(sentences x beam size, serve_max_queued_work), and one that does not fit gets 503 with
+(the pieces the model translates x beam size, serve_max_queued_work), and one that does not fit gets 503 with
 Retry-After at once; one not answered within serve_request_timeout_s of its arrival gets 503 with
 Retry-After, and its sentences are dropped if they have not reached the model; a body that takes
 longer than serve_body_timeout_s gets 408; a client that disconnects has its request dropped.
@@ -70,7 +78,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from checkpoint import CheckpointError
 from config import SERVE, ConfigError, OneLineParser, build_parser, choose_run, parse_args
-from translator import DecodingOptions, Translator, TranslatorError, add_translator_arguments, load_translator
+from sentences import TextPlan
+from translator import (DecodingOptions, Translator, TranslatorError, add_translator_arguments, load_translator,
+                        split_sentences_on)
 
 STATIC = Path(__file__).resolve().parent / "static"
 API_KEY_VARIABLE = "TRANSLATE_API_KEY"
@@ -316,6 +326,11 @@ def check_fields(payload: Any, required: str, optional: Sequence[str] = ()) -> d
 
 def check_sentence(text: Any, name: str, max_chars: int) -> str:
     """The sentence stripped, or an ApiError naming it (`name`) and what is wrong with it."""
+    return check_text(text, name, max_chars).strip()
+
+
+def check_text(text: Any, name: str, max_chars: int) -> str:
+    """The text as it is, or an ApiError naming it (`name`) and what is wrong with it."""
     if not isinstance(text, str):
         raise ApiError(400, f"{name} must be a string, got {json_type(text)}")
     if not text.strip():
@@ -326,7 +341,7 @@ def check_sentence(text: Any, name: str, max_chars: int) -> str:
         text.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate, sent as a \ud800 escape
         raise ApiError(400, f"{name} is not valid Unicode (a lone surrogate)") from None
-    return text.strip()
+    return text
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -492,7 +507,8 @@ class Service:
 
     async def translate(self, request: Request, arrived: float, sentences: list[str],
                         options: DecodingOptions) -> list[str]:
-        return await self.run(request, arrived, sentences, options)
+        """The translations of `sentences`; none to make (a text without a letter), no model call."""
+        return await self.run(request, arrived, sentences, options) if sentences else []
 
     async def attention(self, request: Request, arrived: float, sentence: str, target_lang: str) -> Any:
         translator = self.translator
@@ -619,15 +635,26 @@ def add_api_routes(app: FastAPI, service: Service, keyed: list) -> None:
     max_chars = service.config["serve_max_chars"]
 
     @app.post("/translate", dependencies=keyed)
-    async def translate(request: Request) -> dict[str, list[str]]:
+    async def translate(request: Request) -> dict[str, Any]:
         arrived = now()
         payload = check_fields(await service.read_json(request), "text", ["beam_size", "target_lang"])
-        sentences = check_sentences(payload["text"], service.config)
+        text = check_request_text(payload["text"], service.config)
         options = service.defaults
         if "beam_size" in payload:
             options = with_beam_size(options, payload["beam_size"], service.config["serve_max_beam_size"])
         options = options.replace(target_lang=service.target_lang(payload))
-        return {"translations": await service.translate(request, arrived, sentences, options)}
+        split_sentences = split_sentences_on(service.config, auto=True)
+        if isinstance(text, str):
+            document, _ = service.translator.segment_document(text, "text", options.target_lang, split_sentences)
+            check_sentence_count(document.text, service.config)
+            found = await service.translate(request, arrived, document.sources, options)
+            return {"translation": document.assemble(found), "split_for_length": document.text.split_for_length,
+                    "sentences": [{"start": s.span.start, "end": s.span.end, "translation": s.translation}
+                                  for s in document.sentences(found)]}
+        plan, _ = service.translator.segment_lines(text, options.target_lang, split_sentences)
+        check_sentence_count(plan, service.config)
+        found = await service.translate(request, arrived, plan.sources, options)
+        return {"translations": [fragments[0] for fragments in plan.assemble(found)]}
 
     @app.post("/attention", dependencies=keyed)
     async def attention(request: Request) -> dict[str, Any]:
@@ -638,10 +665,13 @@ def add_api_routes(app: FastAPI, service: Service, keyed: list) -> None:
         return {"source_tokens": found.source_tokens, "output_tokens": found.output_tokens, "weights": found.weights}
 
 
-def check_sentences(text: Any, config: dict[str, Any]) -> list[str]:
-    """The sentences of a /translate request's 'text', each stripped, or a 400 saying what is wrong."""
+def check_request_text(text: Any, config: dict[str, Any]) -> str | list[str]:
+    """A /translate request's 'text': a string as it is (spans index it), or a list's items each
+    stripped; or a 400 saying what is wrong."""
+    if isinstance(text, str):
+        return check_text(text, "'text'", config["serve_max_chars"])
     if not isinstance(text, list):
-        raise ApiError(400, f"'text' must be a list of strings, got {json_type(text)}")
+        raise ApiError(400, f"'text' must be a string or a list of strings, got {json_type(text)}")
     if not text:
         raise ApiError(400, "'text' is an empty list: send at least one sentence")
     if len(text) > config["serve_max_sentences"]:
@@ -649,6 +679,14 @@ def check_sentences(text: Any, config: dict[str, Any]) -> list[str]:
                             f"(serve_max_sentences)")
     limit = config["serve_max_chars"]
     return [check_sentence(sentence, f"sentence {i} of 'text'", limit) for i, sentence in enumerate(text, start=1)]
+
+
+def check_sentence_count(plan: TextPlan, config: dict[str, Any]) -> None:
+    """A 400 when the request's text holds more sentences than serve_max_sentences, once segmented."""
+    count = sum(len(flow.sentences) for flow in plan.flows)
+    if count > config["serve_max_sentences"]:
+        raise ApiError(400, f"'text' has {count} sentences; the limit is {config['serve_max_sentences']} "
+                            f"(serve_max_sentences)")
 
 
 def with_beam_size(options: DecodingOptions, beam_size: Any, limit: int) -> DecodingOptions:

@@ -56,19 +56,17 @@ async function loadModel() {
   }
 }
 
-function showTranslations(sources, translations) {
-  $("translations").replaceChildren(...translations.map((text, i) => {
-    const item = document.createElement("li");
-    const source = document.createElement("span");
-    source.className = "source";
-    source.textContent = sources[i];
-    const target = document.createElement("span");
-    target.className = "target";
-    target.textContent = text;
-    item.append(source, target);
-    return item;
-  }));
+function showTranslation({translation, split_for_length: cut}) {
+  $("translation").textContent = translation;
+  $("pieces").textContent = `${cut} sentence${cut === 1 ? " was" : "s were"} too long for the model: translated in pieces.`;
+  $("pieces").hidden = cut === 0;
   $("result").hidden = false;
+}
+
+// A sentence of the text by its span, which counts Unicode code points (JavaScript strings count
+// UTF-16 units, and differ past the Basic Multilingual Plane).
+function sentenceText(text, {start, end}) {
+  return Array.from(text).slice(start, end).join("");
 }
 
 function header(text, className) {
@@ -103,9 +101,6 @@ function showHeatmap({source_tokens: sources, output_tokens: outputs, weights}) 
 async function translate(event) {
   event.preventDefault();
   const text = $("source").value;
-  const lines = text.split("\n").filter((line) => line.trim() !== "");
-  // Nothing to send is still sent: the server says what is wrong with it.
-  const sentences = lines.length ? lines : [text];
   const button = $("translate");
   button.disabled = true;
   button.textContent = "Translating…";
@@ -113,9 +108,13 @@ async function translate(event) {
   try {
     // Only a model of several target languages is told which; the others need not be.
     const target = $("target-box").hidden ? {} : {target_lang: $("target").value};
-    const {translations} = await api("/translate", {text: sentences, beam_size: Number($("beam").value), ...target});
-    showTranslations(sentences, translations);
-    showHeatmap(await api("/attention", {text: sentences[0], ...target}));
+    // The whole text in one request: the server finds its sentences and keeps its paragraphs.
+    const answer = await api("/translate", {text, beam_size: Number($("beam").value), ...target});
+    showTranslation(answer);
+    $("attention").hidden = true;
+    if (answer.sentences.length) {
+      showHeatmap(await api("/attention", {text: sentenceText(text, answer.sentences[0]), ...target}));
+    }
     if ($("model").textContent === "Model unknown") await loadModel();
   } catch (error) {
     $("result").hidden = true;

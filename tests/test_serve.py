@@ -1,10 +1,11 @@
-"""serve.py: translations over HTTP from real server processes; every bad request gets a 4xx JSON
-error naming the problem; concurrent requests are decoded together, beam sizes apart; a failing
-decode leaves the batching worker running; an API key off loopback; a float32 export served by
-the CTranslate2 engine translates as the PyTorch engine does; clean exits on SIGINT and SIGTERM;
-one line and a non-zero exit for a server that cannot start; a model of several target languages
-served with target_lang per request (400 when missing or foreign). Overload, deadlines, drain,
-probes, metrics and TLS: tests/test_serve_load.py."""
+"""serve.py: translations over HTTP from real server processes, of a list of sentences (each
+segmented, the answer one translation per item) and of one text in its shape with each sentence's
+span; every bad request gets a 4xx JSON error naming the problem; concurrent requests are decoded
+together, beam sizes apart; a failing decode leaves the batching worker running; an API key off
+loopback; a float32 export served by the CTranslate2 engine translates as the PyTorch engine does;
+clean exits on SIGINT and SIGTERM; one line and a non-zero exit for a server that cannot start; a
+model of several target languages served with target_lang per request (400 when missing or
+foreign). Overload, deadlines, drain, probes, metrics and TLS: tests/test_serve_load.py."""
 from __future__ import annotations
 
 import asyncio
@@ -125,6 +126,21 @@ def test_translate(server: ServerProcess, translator: TorchTranslator) -> None:
     assert answer == {"translations": translator.translate_best(SENTENCES[:3], DecodingOptions(beam_size=3))}
 
 
+def test_text_as_one_string(server: ServerProcess, translator: TorchTranslator) -> None:
+    """The string form: the text translated in its shape, and each sentence's span indexing the
+    request's text (code points: the accented letter counts one) with its translation."""
+    sources = ["The cat sees the dög.", SENTENCES[1], SENTENCES[2]]
+    text = f"{sources[0]}  {sources[1]}\n\n  {sources[2]}"
+    status, answer = call(server.port, "POST", "/translate", {"text": text, "beam_size": 2})
+    expected = translator.translate_best(sources, DecodingOptions(beam_size=2))
+    assert status == 200 and answer["translation"] == f"{expected[0]}  {expected[1]}\n\n  {expected[2]}"
+    assert [text[s["start"]:s["end"]] for s in answer["sentences"]] == sources
+    assert [s["translation"] for s in answer["sentences"]] == expected and answer["split_for_length"] == 0
+    assert call(server.port, "POST", "/translate", {"text": ["The cat sees the dog. The red house."]}) == \
+        (200, {"translations": [" ".join(translator.translate_best([SENTENCES[0], SENTENCES[3]],
+                                                                   DecodingOptions()))]})
+
+
 def test_health_names_the_model(server: ServerProcess, checkpoint: Path) -> None:
     answer = health(server.port)
     assert answer["status"] == "ready" and answer["engine"] == "pytorch"
@@ -169,7 +185,11 @@ BAD_REQUESTS = [
     ("/translate", b"[" * 1500, 400, "not valid JSON"),
     ("/translate", [SENTENCES[0]], 400, "must be a JSON object with the field 'text', got a list"),
     ("/translate", {}, 400, "missing field 'text'"),
-    ("/translate", {"text": SENTENCES[0]}, 400, "'text' must be a list of strings, got a string"),
+    ("/translate", {"text": 7}, 400, "'text' must be a string or a list of strings, got a number"),
+    ("/translate", {"text": " \n\t "}, 400, "'text' is empty"),
+    ("/translate", {"text": "a" * 81}, 400, "'text' is 81 characters long; the limit is 80 (serve_max_chars)"),
+    ("/translate", {"text": "One. Two.\n\nThree. Four. Five."}, 400, "'text' has 5 sentences; the limit is 4"),
+    ("/translate", {"text": ["One. Two.", "Three. Four. Five."]}, 400, "'text' has 5 sentences; the limit is 4"),
     ("/translate", {"text": []}, 400, "'text' is an empty list"),
     ("/translate", {"text": [SENTENCES[0], 7]}, 400, "sentence 2 of 'text' must be a string, got a number"),
     ("/translate", {"text": [SENTENCES[0], " \t "]}, 400, "sentence 2 of 'text' is empty"),

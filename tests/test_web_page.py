@@ -1,6 +1,7 @@
-"""The web page at / in a real browser (Playwright driving Debian's Chromium): a sentence typed and
-translated shows its translation, the checkpoint's name and the heatmap of the server's attention
-weights; a rejected input shows the server's own message. Skips where the browser or the
+"""The web page at / in a real browser (Playwright driving Debian's Chromium): a text of two
+paragraphs (three sentences, a blank line between) typed and translated shows the translation with
+the same paragraphs, the checkpoint's name and the heatmap of the server's attention weights for
+the first sentence; a rejected input shows the server's own message. Skips where the browser or the
 playwright package is missing."""
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright pac
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SENTENCE = "The old man sees the black cat."
+OTHERS = ["The dog eats.", "The cat reads."]
+TEXT = f"{SENTENCE} {OTHERS[0]}\n\n{OTHERS[1]}"
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +33,7 @@ def checkpoint(trained_run) -> Path:
 
 @pytest.fixture(scope="module")
 def server(checkpoint: Path) -> ServerProcess:
-    with ServerProcess(["--checkpoint", str(checkpoint), "--serve_max_chars", "60"]) as process:
+    with ServerProcess(["--checkpoint", str(checkpoint), "--serve_max_chars", "80"]) as process:
         yield process
 
 
@@ -52,13 +55,15 @@ def translate(page, text: str) -> None:
 
 def test_translation_and_heatmap(page, checkpoint: Path) -> None:
     translator = TorchTranslator.load(checkpoint, checkpoint.parent, torch.device("cpu"))
-    [expected] = translator.translate_best([SENTENCE], DecodingOptions())
+    first, second, third = translator.translate_best([SENTENCE, *OTHERS], DecodingOptions())
     attention = translator.cross_attention(SENTENCE)
 
     sync_api.expect(page.locator("#model")).to_have_text(f"{checkpoint.name} · pytorch")
-    translate(page, SENTENCE)
-    sync_api.expect(page.locator("#translations .target")).to_have_text([expected])
-    assert page.locator("#error").is_hidden()
+    translate(page, TEXT)
+    shown = page.locator("#translation")
+    assert shown.text_content() == f"{first} {second}\n\n{third}"
+    assert shown.evaluate("element => getComputedStyle(element).whiteSpace") == "pre-wrap"  # lines shown as lines
+    assert page.locator("#error").is_hidden() and page.locator("#pieces").is_hidden()
 
     heatmap = page.locator("#heatmap")
     sync_api.expect(heatmap.locator("th.source-token")).to_have_text(attention.source_tokens)
@@ -76,9 +81,9 @@ def test_translation_and_heatmap(page, checkpoint: Path) -> None:
 
 
 def test_rejected_input_shows_the_server_message(page) -> None:
-    translate(page, "a" * 61)
+    translate(page, "a" * 81)
     sync_api.expect(page.locator("#error")).to_have_text(
-        "The server refused this: sentence 1 of 'text' is 61 characters long; the limit is 60 (serve_max_chars)")
+        "The server refused this: 'text' is 81 characters long; the limit is 80 (serve_max_chars)")
     assert page.locator("#result").is_hidden() and page.locator("#attention").is_hidden()
-    translate(page, "   ")
-    sync_api.expect(page.locator("#error")).to_have_text("The server refused this: sentence 1 of 'text' is empty")
+    translate(page, " \n  ")
+    sync_api.expect(page.locator("#error")).to_have_text("The server refused this: 'text' is empty")
