@@ -1,7 +1,8 @@
-"""benchmarks/bench_data.py, bench_translate.py and bench_segmentation.py, on small data: the corpus
-bench_data writes is what it says (opus_books-shaped, train only, distinct pairs), a bench_translate
-child measures and reports what the engine translated, and bench_segmentation counts boundaries as
-its docstring defines them."""
+"""benchmarks/bench_data.py, bench_translate.py, bench_segmentation.py and bench_paragraphs.py, on
+small data: the corpus bench_data writes is what it says (opus_books-shaped, train only, distinct
+pairs), a bench_translate child measures and reports what the engine translated, bench_segmentation
+counts boundaries as its docstring defines them, and bench_paragraphs scores the three ways it
+translates paragraphs against the joined references."""
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import bench_data, bench_segmentation, bench_translate
+from benchmarks import bench_data, bench_paragraphs, bench_segmentation, bench_translate
 from config import Resolved, get_config
+from scoring import corpus_scores
 from sources import open_source, read_pairs
 from synthetic_data import synthetic_pairs, write_hub_dataset
 from translator import DecodingOptions, TorchTranslator
@@ -108,3 +110,21 @@ def test_noisy_corpus_replaces_a_seeded_share_by_kind(tmp_path: Path, capsys: py
     assert noisy_corpus.main(["--output", str(tmp_path / "mine"), "--source", str(source)]) == 1
     assert "exists, is not empty and has no noise.json" in capsys.readouterr().err
     assert (tmp_path / "mine" / "notes.txt").read_text() == "a user's file"
+
+
+def test_bench_paragraphs_scores_lines_and_paragraphs_against_joined_references(trained_run) -> None:
+    """Paragraphs of short sentences that sentencex splits where they were joined: segmented, they
+    translate exactly as line by line; whole, as the paragraph the engine gets."""
+    groups = bench_segmentation.paragraphs(synthetic_pairs(9, 4), seed=1)
+    translator = TorchTranslator.load(trained_run.latest()[0], trained_run.folder, torch.device("cpu"))
+    options = DecodingOptions(beam_size=2)
+    measured = bench_paragraphs.measure_engine(translator, groups, options)
+    sentences = translator.translate_best([s for group in groups for s, _ in group], options)
+    references = [" ".join(t for _, t in group) for group in groups]
+    lines = bench_paragraphs.joined(sentences, groups)
+    whole = translator.translate_best([" ".join(s for s, _ in group) for group in groups], options)
+    rows = measured["rows"]
+    assert rows["lines"]["bleu"] == rows["paragraphs, segmented"]["bleu"] == corpus_scores(lines, references)["bleu"]
+    assert rows["paragraphs, whole"]["bleu"] == corpus_scores(whole, references)["bleu"]
+    assert measured["sentence_level"]["bleu"] == corpus_scores(sentences, [t for g in groups for _, t in g])["bleu"]
+    assert 0 <= measured["segmentation"]["planning_s"] and measured["split_for_length"] == 0
