@@ -382,11 +382,12 @@ def conditional_cross_entropy(translator: TorchTranslator, sources: Sequence[str
                               target_lang: str, batch_size: int = 64) -> np.ndarray:
     """Per-token cross-entropy (nats) of each target given its source under the translator's model
     (`target_lang`: the language it is asked for, which tags the sources of a model of several),
-    in batches of similar length. Sources are cut to the model's limit as translation cuts them
-    (with its warning), targets to seq_len - 1 tokens."""
+    in batches of similar length. Sources are cut to the model's limit (max_source_tokens, the tag
+    counted), targets to seq_len - 1 tokens: a pair's score needs no more."""
     model = translator.model
     device = next(model.parameters()).device
-    src_ids = [source.ids for source in translator.encode(sources, translator.source_tag(target_lang))]
+    src_ids = [source.ids[:translator.max_source_tokens]
+               for source in translator.encode(sources, translator.source_tag(target_lang))]
     tgt_ids = [encoding.ids[:translator.seq_len - 1]
                for encoding in translator.tok_tgt.encode_batch(list(targets), add_special_tokens=False)]
     order = sorted(range(len(src_ids)), key=lambda i: (len(src_ids[i]), len(tgt_ids[i])))

@@ -1,6 +1,6 @@
 """documents.py with fake translators: the format from the name or the override, plain text with its
 line endings, SubRip numbers and timings unchanged and sentences across cues, Markdown's structure,
-code, URLs and link targets untouched."""
+code, URLs and link targets untouched; each sentence's span in the document's text."""
 from __future__ import annotations
 
 import pytest
@@ -193,3 +193,18 @@ def test_a_markdown_hard_break_stays_on_its_line_whatever_the_translation_does()
 
     text = "Hard break  \nhere\\\nand there.\n"
     assert translate_document(text, "markdown", lose_backslashes, "en") == "HARD BREAK  \nHERE\\\nAND THERE.\n"
+
+
+@pytest.mark.parametrize("fmt, text, sentences, translations", [
+    ("text", "\ufeffHello there.  Bye.\r\n\r\n\tSee https://x.org now.\n",
+     ["Hello there.", "Bye.", "See https://x.org now."], ["HELLO THERE.", "BYE.", "SEE https://x.org NOW."]),
+    ("markdown", "# Title\n\n> The meeting starts\n> at noon. Bye.\n", ["Title", "The meeting starts\n> at noon.", "Bye."],
+     ["TITLE", "THE MEETING STARTS AT NOON.", "BYE."])])
+def test_sentence_spans_index_the_documents_text(fmt: str, text: str, sentences: list[str],
+                                                 translations: list[str]) -> None:
+    """Past a byte-order mark, CRLF endings, blank lines and a paragraph's line prefixes; a sentence
+    across lines spans the prefix between them."""
+    plan = plan_document(text, fmt, "en")
+    found = plan.sentences(upper(plan.sources))
+    assert [text[s.span.start:s.span.end] for s in found] == sentences
+    assert [s.translation for s in found] == translations
