@@ -181,8 +181,8 @@ def read_document(parser: OneLineParser, args: argparse.Namespace) -> str | None
         if args.output is not None or args.format:
             parser.error("--output and --format go with --input FILE")
         return None
-    if args.sentences or args.n_best:
-        parser.error("--input translates a document: not with sentence arguments or --n_best")
+    if args.sentences or args.n_best or args.plot_attention:
+        parser.error("--input translates a document: not with sentence arguments, --n_best or --plot_attention")
     try:
         args.format = document_format(args.input, args.format)
         if args.output is not None and args.output.exists() and args.output.samefile(args.input):
@@ -216,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"translate.py: using {translator.source}{into}", file=sys.stderr)
     split_sentences = split_sentences_on(config, auto=True)
     if document is not None:
-        return translate_file(translator, args, document, options, split_sentences)
+        try:
+            return translate_file(translator, args, document, options, split_sentences)
+        except BrokenPipeError:
+            return stdout_closed()
 
     inputs = chunks(arguments, len(arguments)) if arguments else chunks(numbered_stdin_lines(), args.chunk_size)
     first_number, bad, cut, first_sentence = 1, 0, 0, None
