@@ -92,13 +92,18 @@ def test_stdin_batch_mode_translates_the_good_lines(trained_run, expected: dict[
 
 def test_a_line_past_max_line_bytes_is_translated_in_pieces_onto_one_line(trained_run, expected: dict[str, str],
                                                                           capsys, monkeypatch) -> None:
-    """Read in pieces of at most --max_line_bytes cut at whitespace, their translations joined: the
-    lines after it stay aligned with their inputs."""
+    """Read in pieces of at most --max_line_bytes cut at whitespace, each translated, their
+    translations joined: the lines after it stay aligned with their inputs."""
     long_line = " ".join([FIRST] * 60)  # 1,319 bytes
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(f"{long_line}\n{SECOND}\n".encode())))
+    translated: list[str] = []
+    real = TorchTranslator.translate
+    monkeypatch.setattr(TorchTranslator, "translate",
+                        lambda self, texts, options: translated.extend(texts) or real(self, texts, options))
     code, out, err = run_main(capsys, experiment(trained_run) + ["--max_line_bytes", "256"])
     assert code == 0 and len(out) == 2 and out[1] == expected[SECOND], (out, err)
-    assert len(out[0]) > 4 * len(expected[FIRST])  # six pieces, each translated
+    assert max(len(text.encode()) for text in translated) <= 256 and " ".join(translated[:-1]) == long_line
+    assert len(out[0].split()) > len(translated[0].split())  # the pieces' translations, one after the other
 
 
 def test_input_pieces_hold_no_line_whole(tmp_path: Path) -> None:
