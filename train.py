@@ -411,12 +411,11 @@ class Trainer:
         before recording it: `adopt_unlisted`), checked against the config. A new run starts only in
         a folder without checkpoints: one whose checkpoints are all unusable stops the run,
         everything in it left as it is; so does an unlisted checkpoint above the resume step, which
-        the run could not replace on reaching it. First, checkpoints.json forgets the checkpoints
-        moved out of the folder (as the advice for damaged ones says), so they count for nothing."""
+        the run could not replace on reaching it. Once the run goes on, checkpoints.json forgets the
+        checkpoints moved out of the folder (as the advice for damaged ones says): they count for
+        nothing. A run that stops here changes no file."""
         config = self.config
         path, state = None, None
-        if self.ranks.is_main and (note := reconcile_manifest(self.folder, config["best_metric"])):
-            log(note)
         if config["preload"] == "latest":
             found = adopt_unlisted(self.folder, config,
                                    lambda unlisted, where: check_resumable(unlisted, config, where))
@@ -442,6 +441,8 @@ class Trainer:
             if self.ranks.is_main:
                 self.held_out_from = self.check_data(state, path)
             log(f"resuming from {path} (epoch {state['epoch']}, step {state['global_step']})")
+        if self.ranks.is_main and (note := reconcile_manifest(self.folder, config["best_metric"])):
+            log(note)
         return path, state
 
     def check_data(self, state: dict[str, Any], path: Path) -> str | None:
