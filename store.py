@@ -9,17 +9,25 @@ others wait and map the same files):
    corpus's own, else carved from its train split (capped); training pairs whose source sentence is
    in a carved split or one given apart are removed. Every other corpus's holds its train split
    without the pairs whose source sentence is in those held-out splits (`text_stores`).
-   `filter_duplicates` drops repeated training pairs. Keyed by the corpus's fingerprint, its
-   language pair, the carving and filter settings, the fingerprints of the held-out sources given
-   apart, and for the other corpora a digest of the held-out source sentences: adding a corpus
-   reads only that corpus. Tokenizers train on a seeded sample of all the corpora's training pairs
-   (`tokenizer_sample`).
+   `filter_duplicates` drops repeated training pairs. Keyed by the corpus's fingerprint (its
+   content, sources.Source.fingerprint), its language pair, the carving, filter and line-limit
+   settings, the fingerprints of the held-out sources given apart, and for the other corpora a
+   digest of the held-out source sentences: adding a corpus reads only that corpus. Tokenizers train
+   on a seeded sample of all the corpora's training pairs (`tokenizer_sample`). A run resumed on
+   changed corpora with --data_changed keep_held_out takes the held-out splits of its earlier
+   first text store (`KeptSplits`).
 2. The token store: the token ids of the pairs that fit in `seq_len` (`filter_max_length_ratio`
    drops training pairs whose token lengths differ by more than that ratio); a tagged corpus's
    source rows start with its tag's id. Keyed by the text store, both tokenizers' content hashes,
    seq_len, that ratio and the tag: with the tokenizers unchanged (a resume, --init_from), adding a
    corpus tokenizes only that corpus.
 Another corpus, pair, setting or tokenizer gives another key, so a stale store is never read.
+
+What a run trained on (`data_record`, in every checkpoint and in weights/<experiment>/data.json):
+`data_identity` (each corpus's content and the held-out files'), the digests of its validation and
+test pairs and the names of its text stores. train.py compares it on resume (`data_changes`);
+evaluate.py reads the model's own split from those stores (`eval_pairs`) and refuses one that
+shares source sentences with their training pairs (`held_out_problem`).
 
 Format, as in fairseq's indexed datasets: per split, all source sequences end to end in one flat
 file, all target sequences in another, and an offsets array (2, rows + 1): token rows are read
