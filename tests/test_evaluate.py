@@ -66,7 +66,7 @@ def test_bleu_equals_sacrebleu_on_the_written_hypotheses(trained, capsys, tmp_pa
 def test_default_output_and_averaging(trained, capsys) -> None:
     code, out, err = run_evaluate(capsys, "--datasource", str(trained["data"]), "--model_folder",
                                   str(trained["weights"]), "--runs_folder", str(trained["runs"]),
-                                  "--split", "validation", "--average", "3")
+                                  "--split", "validation", "--average", "3", "--checkpoint_choice", "latest")
     assert code == 0, err
     written = sorted((trained["runs"] / "toy_en-it").glob("toy.validation.ckpt_*.avg3.beam5.it"))
     assert len(written) == 1 and str(written[0]) in err
