@@ -10,7 +10,10 @@ limit is cut at its best boundary (clause punctuation, else whitespace) and its 
 and joined, never truncated; how many were cut goes to stderr. With no sentence arguments it
 translates standard input, `--chunk_size` lines at a time: each chunk's translations are written
 and flushed as soon as they are done, so memory stays bounded on inputs of any length and a killed
-run leaves complete lines behind. A line that is not valid UTF-8 gets an empty output line and a
+run leaves complete lines behind. A line longer than `--max_line_bytes` is read and translated in
+pieces of at most that size, cut at whitespace (kept), whose translations make its one output line:
+no line is held whole (`input_pieces`; a sentence across such a cut is translated in two parts).
+A line that is not valid UTF-8 gets an empty output line and a
 message naming it, the others are translated, and the exit code is 1. When the reader of stdout
 goes away (`translate.py < big.txt | head -1`), it stops quietly with exit code 141, what a Unix
 tool killed by SIGPIPE reports (`yes | head -1`): not 0, since not everything was written, and no
@@ -47,9 +50,9 @@ import argparse
 import os
 import re
 import sys
-from itertools import islice
+from itertools import accumulate, islice
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 from atomic_files import atomic_write_bytes
 from checkpoint import CheckpointError
@@ -59,43 +62,100 @@ from translator import (DecodingOptions, TextTranslation, Translator, Translator
                         load_translator, split_sentences_on)
 
 
-def numbered_stdin_lines() -> Iterator[str | None]:
-    """Lines of standard input as they arrive; None for a line that is not valid UTF-8."""
-    for raw in sys.stdin.buffer:
-        try:
-            yield raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError:
-            yield None
+Piece = tuple[str | None, bool]  # some text of a line (None: not valid UTF-8), and whether it ends the line
 
 
-def chunks(lines: Iterable[str | None], size: int) -> Iterator[list[str | None]]:
-    iterator = iter(lines)
+def input_pieces(stream: BinaryIO, max_bytes: int) -> Iterator[Piece]:
+    """The lines of `stream` as they arrive, without their line ending, in pieces of at most
+    `max_bytes` bytes: a longer line is cut after the last whitespace of each piece (or, without one,
+    between two characters), so that no line is held whole past `max_bytes` however long it is. The
+    whitespace between a long line's pieces is no piece of its own: a line is empty only when all of
+    it is blank. Each piece is held until the next shows whether its line goes on."""
+    held: list[str | None] = []  # the line's last piece with text, not yet given
+    for text, ends in _raw_pieces(stream, max_bytes):
+        if text is not None and not text.strip():
+            if ends:
+                yield (held.pop() if held else text), True
+            continue
+        if held:
+            yield held.pop(), False
+        if ends:
+            yield text, True
+        else:
+            held.append(text)
+
+
+def _raw_pieces(stream: BinaryIO, max_bytes: int) -> Iterator[Piece]:
+    """`input_pieces` before blank pieces are dropped."""
+    carry = b""
+    while True:
+        want = max(1, max_bytes - len(carry))
+        chunk = stream.readline(want)
+        if not chunk:
+            if carry:
+                yield _decoded(carry), True
+            return
+        piece = carry + chunk
+        if piece.endswith(b"\n") or len(chunk) < want:  # a whole line (the last may lack its "\n")
+            yield _decoded(piece.removesuffix(b"\n").removesuffix(b"\r")), True
+            carry = b""
+            continue
+        space = max(piece.rfind(b" "), piece.rfind(b"\t"))
+        cut = space + 1 if space > 0 else _character_boundary(piece)
+        yield _decoded(piece[:cut]), False
+        carry = piece[cut:]
+
+
+def _character_boundary(data: bytes) -> int:
+    """Where `data` may be cut without splitting a UTF-8 character: before its last character when
+    that one is incomplete, else at its end."""
+    start = len(data) - 1
+    while start > 0 and data[start] & 0xC0 == 0x80 and len(data) - start < 4:
+        start -= 1
+    lead = data[start]
+    needed = 4 if lead >= 0xF0 else 3 if lead >= 0xE0 else 2 if lead >= 0xC0 else 1
+    return start if 0 < start and len(data) - start < needed else len(data)
+
+
+def _decoded(data: bytes) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def chunks(pieces: Iterable[Piece], size: int) -> Iterator[list[Piece]]:
+    iterator = iter(pieces)
     while chunk := list(islice(iterator, size)):
         yield chunk
 
 
-def translate_chunk(translator: Translator, inputs: list[str | None], first_number: int, options: DecodingOptions,
-                    n_best: bool, split_sentences: bool) -> tuple[TextTranslation, str, int]:
-    """One chunk of input lines, numbered from `first_number`, translated: the translation, the
-    output text, and how many lines could not be read."""
-    for offset, text in enumerate(inputs):
+def translate_chunk(translator: Translator, chunk: list[Piece], numbers: list[int], options: DecodingOptions,
+                    split_sentences: bool) -> tuple[TextTranslation, int]:
+    """One chunk of inputs (lines, or pieces of the lines `numbers`) translated in their shape, and
+    how many could not be read."""
+    for number, (text, _) in zip(numbers, chunk):
         if text is None:
-            print(f"translate.py: line {first_number + offset}: not valid UTF-8, skipped", file=sys.stderr)
-    result = translator.translate_text([text or "" for text in inputs], options, split_sentences)
-    lines = n_best_lines(result, first_number, split_sentences) if n_best else result.lines
-    return result, "".join(line + "\n" for line in lines), inputs.count(None)
+            print(f"translate.py: line {number}: not valid UTF-8, skipped", file=sys.stderr)
+    texts = [text or "" for text, _ in chunk]
+    return translator.translate_text(texts, options, split_sentences), sum(text is None for text, _ in chunk)
 
 
-def n_best_lines(result: TextTranslation, first_number: int, numbered: bool) -> list[str]:
-    """LINE<TAB>SCORE<TAB>TRANSLATION for every hypothesis of every sentence; LINE is LINE.SENTENCE
-    when `numbered` (segmentation on)."""
-    lines, previous, number = [], None, 0
+def chunk_output(result: TextTranslation, chunk: list[Piece], numbers: list[int], n_best: bool,
+                 split_sentences: bool, last: tuple[int, int]) -> tuple[str, tuple[int, int]]:
+    """What a chunk writes: each line's translation in its shape (a piece that does not end its line
+    goes on without a line break), or with `n_best` LINE<TAB>SCORE<TAB>TRANSLATION for every
+    hypothesis of every sentence, LINE being LINE.SENTENCE with segmentation on, sentences counted
+    from 1 in each line, across chunks (`last`: the line and sentence before); and the new `last`."""
+    if not n_best:
+        return "".join(line + ("\n" if ends else "") for line, (_, ends) in zip(result.lines, chunk)), last
+    rows, (line, count) = [], last
     for sentence, hypotheses in result.sentences:
-        number = number + 1 if sentence.flow == previous else 1
-        previous = sentence.flow
-        label = f"{first_number + sentence.flow}" + (f".{number}" if numbered else "")
-        lines += [f"{label}\t{h.score:.4f}\t{h.text}" for h in hypotheses]
-    return lines
+        number = numbers[sentence.flow]
+        count, line = count + 1 if number == line else 1, number
+        label = f"{number}.{count}" if split_sentences else f"{number}"
+        rows += [f"{label}\t{h.score:.4f}\t{h.text}\n" for h in hypotheses]
+    return "".join(rows), (line, count)
 
 
 def translate_file(translator: Translator, args: argparse.Namespace, text: str, options: DecodingOptions,
@@ -221,19 +281,22 @@ def main(argv: list[str] | None = None) -> int:
         except BrokenPipeError:
             return stdout_closed()
 
-    inputs = chunks(arguments, len(arguments)) if arguments else chunks(numbered_stdin_lines(), args.chunk_size)
-    first_number, bad, cut, first_sentence = 1, 0, 0, None
+    inputs = chunks([(line, True) for line in arguments], len(arguments)) if arguments else \
+        chunks(input_pieces(sys.stdin.buffer, config["max_line_bytes"]), args.chunk_size)
+    number, bad, cut, last, first_sentence = 1, 0, 0, (0, 0), None
     try:
         for chunk in inputs:
-            result, text, chunk_bad = translate_chunk(translator, chunk, first_number, options, args.n_best > 0,
-                                                      split_sentences)
-            # One write per chunk, flushed: what a killed run leaves behind is whole lines.
+            numbers = list(accumulate((ends for _, ends in chunk[:-1]), initial=number))
+            result, chunk_bad = translate_chunk(translator, chunk, numbers, options, split_sentences)
+            text, last = chunk_output(result, chunk, numbers, args.n_best > 0, split_sentences, last)
+            # One write per chunk, flushed: what a killed run leaves behind is whole lines (but for a
+            # line longer than max_line_bytes, whose pieces the next chunk may go on with).
             sys.stdout.write(text)
             sys.stdout.flush()
             if first_sentence is None and result.sentences:
                 sentence = result.sentences[0][0]
-                first_sentence = chunk[sentence.flow][sentence.span.start:sentence.span.end]
-            first_number, bad, cut = first_number + len(chunk), bad + chunk_bad, cut + result.split_for_length
+                first_sentence = chunk[sentence.flow][0][sentence.span.start:sentence.span.end]
+            number, bad, cut = numbers[-1] + chunk[-1][1], bad + chunk_bad, cut + result.split_for_length
     except BrokenPipeError:
         return stdout_closed()
     report_cut(cut, translator)

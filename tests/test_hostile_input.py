@@ -59,7 +59,9 @@ def test_batch_mode_translates_the_good_lines_and_names_the_bad(checkpoint_path:
             assert output == "" and f"line {number}: not valid UTF-8" in stderr
         else:
             assert output.strip(), f"{name}: no translation"
-    assert "1 sentence(s) over the model's limit of" in stderr and "truncat" not in stderr
+    # 100,000 bytes: past max_line_bytes (65,536), read in two pieces, each a sentence over the model's
+    # limit translated in pieces, on one output line
+    assert "2 sentence(s) over the model's limit of" in stderr and "truncat" not in stderr
 
 
 @pytest.mark.parametrize("argument, message", [
