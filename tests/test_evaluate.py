@@ -1,6 +1,7 @@
 """evaluate.py end to end: a tiny model trained here, scored on its own test split and on an
-evaluation-only data set, with the printed BLEU checked against sacrebleu on the written file; a
-model of several target languages needs --target_lang, which names the default output."""
+evaluation-only data set, with the printed BLEU checked against sacrebleu on the written file; lines
+translated whole by default and sentence by sentence with --split_sentences true; a model of several
+target languages needs --target_lang, which names the default output."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import sacrebleu
+import torch
 
 import evaluate
 import train
@@ -17,6 +19,7 @@ from scoring import grouped_scores
 from store import text_store
 from synthetic_data import synthetic_pairs, tiny_corpus, write_hub_dataset
 from test_translator import several_targets  # noqa: F401  (a fixture: an untrained model of en -> fr+it)
+from translator import DecodingOptions, TorchTranslator
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +150,27 @@ def test_a_split_the_model_trained_on_is_refused_unless_insisted(trained, capsys
     code, out, err = run_evaluate(capsys, *argv, "--allow_train_overlap", "true")
     assert code == 0 and "WARNING: 6 of the 10 pairs" in err
     assert any(line.startswith("data: ") and "WARNING: 6 of the 10 pairs" in line for line in out)
+
+
+def test_split_sentences_true_segments_each_line(trained, capsys, tmp_path: Path) -> None:
+    """Lines of two sentences: by default each line is translated as one sentence; with
+    --split_sentences true its sentences are found and translated apart, as translate.py does."""
+    pairs = synthetic_pairs(8, seed=11)
+    joined = [(f"{a} {b}", f"{x} {y}") for (a, x), (b, y) in zip(pairs[::2], pairs[1::2])]
+    tsv = tmp_path / "paragraphs.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in joined), encoding="utf-8")
+    written = {}
+    for flag in ("false", "true"):
+        output = tmp_path / f"{flag}.txt"
+        code, out, err = run_evaluate(capsys, "--datasource", str(trained["data"]), "--model_folder",
+                                      str(trained["weights"]), "--store_folder", str(trained["root"] / "stores"),
+                                      "--test_data", str(tsv), "--output", str(output), "--split_sentences", flag)
+        assert code == 0, err
+        written[flag] = output.read_text(encoding="utf-8").splitlines()
+    translator = TorchTranslator.load(None, trained["weights"] / "toy_en-it", torch.device("cpu"))
+    sources = [s for s, _ in joined]
+    assert written["false"] == translator.translate_best(sources, DecodingOptions())
+    assert written["true"] == translator.translate_text(sources, DecodingOptions(), True).lines != written["false"]
 
 
 def test_a_model_of_several_targets_needs_target_lang(several_targets, capsys) -> None:
