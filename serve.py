@@ -721,9 +721,11 @@ def is_loopback(host: str) -> bool:
 
 
 def read_api_key(path: Path | None) -> str | None:
-    """The key from --api_key_file (its first line), else from the environment; None if neither."""
+    """The key from --api_key_file (its first line), else from the environment; None if neither.
+    A key of other characters than visible ASCII is refused (ConfigError)."""
     if path is None:
-        return os.environ.get(API_KEY_VARIABLE, "").strip() or None
+        key, origin = os.environ.get(API_KEY_VARIABLE, "").strip(), f"the {API_KEY_VARIABLE} environment variable"
+        return check_api_key(key, origin) if key else None
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as error:
@@ -731,7 +733,18 @@ def read_api_key(path: Path | None) -> str | None:
             from None
     if not lines or not lines[0].strip():
         raise ConfigError(f"--api_key_file {path}: its first line is empty")
-    return lines[0].strip()
+    return check_api_key(lines[0].strip(), f"--api_key_file {path}")
+
+
+def check_api_key(key: str, origin: str) -> str:
+    """`key`, if every character is visible ASCII ('!' to '~'), as in a bearer token: an HTTP header
+    carries other characters as latin-1 bytes at best, so a client sending the key in UTF-8 could
+    never match it. Else a ConfigError naming the first other character and where the key came from."""
+    odd = next((char for char in key if not "!" <= char <= "~"), None)
+    if odd is not None:
+        raise ConfigError(f"{origin}: the API key holds {odd!r} (U+{ord(odd):04X}); a key must be visible ASCII "
+                          f"characters only ('!' to '~'), as a bearer token is")
+    return key
 
 
 def transport_problem(host: str, api_key: str | None, tls: bool, trusted_network: bool) -> str | None:

@@ -392,6 +392,23 @@ def test_a_key_off_loopback_needs_tls_or_a_trusted_network(tmp_path: Path, capsy
         assert stopped.value.code == 2 and message in line, args
 
 
+def test_a_key_that_is_not_visible_ascii_is_refused_at_start(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client sends a header's key as UTF-8 or latin-1 bytes: a key like 'clé-secrète' could never
+    match one of them, nor a key with a space or a control character pass every proxy; such a key
+    ends the start in one line (from a file or from the environment)."""
+    key_file = tmp_path / "key"
+    for key, shown in (("clé-secrète", "'é' (U+00E9)"), ("two words", "' ' (U+0020)"), ("tab\there", "'\\t' (U+0009)")):
+        key_file.write_text(key + "\n", encoding="utf-8")
+        monkeypatch.setenv("TRANSLATE_API_KEY", key)
+        for args, origin in ((["--api_key_file", str(key_file)], f"--api_key_file {key_file}"),
+                             ([], "the TRANSLATE_API_KEY environment variable")):
+            with pytest.raises(SystemExit) as stopped:
+                serve.main(["--checkpoint", str(tmp_path / "missing.pt"), "--port", "0", *args])
+            [line] = capsys.readouterr().err.splitlines()
+            assert stopped.value.code == 2 and f"{origin}: the API key holds {shown}; a key must be visible ASCII" in line
+
+
 def test_serving_keys_are_validated() -> None:
     from config import ConfigError, validate_config
     for key, value in (("serve_max_sentences", 0), ("serve_max_body_bytes", -1), ("serve_batch_wait_ms", -5),
