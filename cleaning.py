@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from config import OPTIONS
 from sources import Pair, text_hash
 from precision import autocast_context, inference_dtype
-from tokenizer import EOS_ID, PAD_ID, SOS_ID
+from tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_texts
 
 if TYPE_CHECKING:
     from translator import TorchTranslator
@@ -388,7 +388,7 @@ def conditional_cross_entropy(translator: TorchTranslator, sources: Sequence[str
     device = next(model.parameters()).device
     src_ids = [source.ids for source in translator.encode(sources, translator.source_tag(target_lang))]
     tgt_ids = [encoding.ids[:translator.seq_len - 1]
-               for encoding in translator.tok_tgt.encode_batch(list(targets), add_special_tokens=False)]
+               for encoding in encode_texts(translator.tok_tgt, targets, ids_only=True)]
     order = sorted(range(len(src_ids)), key=lambda i: (len(src_ids[i]), len(tgt_ids[i])))
     entropies = np.zeros(len(src_ids), dtype=np.float64)
     was_training = model.training

@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
 from diagnostics import log
-from tokenizer import EOS_ID, PAD_ID, SOS_ID
+from tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_texts
 
 
 class BilingualDataset(Dataset):
@@ -41,8 +41,8 @@ class BilingualDataset(Dataset):
                    name: str = "pairs") -> "BilingualDataset":
         """Tokenize a small list of pairs in memory (tests, benchmarks); pairs longer than
         seq_len are dropped and counted. Training data goes through store.py instead."""
-        src = [e.ids for e in tok_src.encode_batch([p[0] for p in pairs], add_special_tokens=False)]
-        tgt = [e.ids for e in tok_tgt.encode_batch([p[1] for p in pairs], add_special_tokens=False)]
+        src = [e.ids for e in encode_texts(tok_src, [p[0] for p in pairs], ids_only=True)]
+        tgt = [e.ids for e in encode_texts(tok_tgt, [p[1] for p in pairs], ids_only=True)]
         keep = [i for i in range(len(pairs)) if fits(len(src[i]), len(tgt[i]), seq_len)]
         if len(keep) < len(pairs):
             log(f"{name}: dropped {len(pairs) - len(keep)} of {len(pairs)} pairs longer than seq_len {seq_len}")

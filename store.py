@@ -66,7 +66,7 @@ from config import Corpus, corpora, corpus_entries, corpus_name, target_tag
 from dataset import BilingualDataset, fits
 from diagnostics import log
 from sources import SPLITS, DataError, Pair, Source, carve, open_source, read_all_pairs, read_pairs, text_hash
-from tokenizer import tag_id, tokenizer_hash
+from tokenizer import encode_texts, tag_id, tokenizer_hash
 
 STORE_FORMAT = 1
 ENCODE_BATCH = 20_000  # pairs tokenized per call: bounds memory, keeps the tokenizer's threads busy
@@ -506,7 +506,8 @@ def token_store(config: dict[str, Any], text: TextStore, tok_src: Tokenizer, tok
     tag = tag_id(tok_src, corpus.tag, "this run") if corpus.tag else None
     key = {"format": STORE_FORMAT, "text": text.folder.name, "source_tokenizer": tokenizer_hash(tok_src),
            "target_tokenizer": tokenizer_hash(tok_tgt), "seq_len": config["seq_len"],
-           "filter_max_length_ratio": config["filter_max_length_ratio"]}
+           "filter_max_length_ratio": config["filter_max_length_ratio"],
+           "typed_special_tokens": "text"}  # stores that read a typed [EOS] or <2fr> as that token are not reused
     if corpus.tag:
         key["tag"] = corpus.tag
     folder = _store_folder(config, corpus, "tokens", key)
@@ -531,9 +532,8 @@ def _fill_token_store(folder: Path, text: TextStore, config: dict[str, Any], tok
         writer = PairWriter(folder, split, dtype)
         too_long = unbalanced = 0
         for pairs in text.iter_pairs(split):
-            # encode_batch_fast: ids only, without the character offsets nothing here uses
-            src = [e.ids for e in tok_src.encode_batch_fast([s for s, _ in pairs], add_special_tokens=False)]
-            tgt = [e.ids for e in tok_tgt.encode_batch_fast([t for _, t in pairs], add_special_tokens=False)]
+            src = [e.ids for e in encode_texts(tok_src, [s for s, _ in pairs], ids_only=True)]
+            tgt = [e.ids for e in encode_texts(tok_tgt, [t for _, t in pairs], ids_only=True)]
             keep = []
             for s, t in zip(src, tgt):
                 if not fits(len(prefix) + len(s), len(t), seq_len):

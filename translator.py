@@ -45,7 +45,7 @@ from device import pick_device
 from diagnostics import first_line
 from model import Transformer, causal_mask
 from precision import autocast_context, inference_dtype
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK, TokenizerError, decode_ids, missing_target_tag
+from tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK, TokenizerError, decode_ids, encode_texts, missing_target_tag
 
 ENGINES = ("pytorch", "ctranslate2")
 
@@ -174,11 +174,12 @@ class Translator(ABC):
         return target_tag(language) if len(self.target_languages) > 1 else ""
 
     def encode(self, sentences: Sequence[str], tag: str) -> list[Source]:
-        """Each sentence tokenized, once, with `tag` ("" = none) first and truncated to the model's
+        """Each sentence tokenized, once, as text (a tag or [EOS] typed in it is text, not that token:
+        tokenizer.encode_texts), with `tag` ("" = none) first as its id and truncated to the model's
         limit (counting the tag), with a warning on stderr naming how many were cut."""
         prefix = ([self.tok_src.token_to_id(tag)], [tag]) if tag else ([], [])
         limit = self.max_source_tokens - len(prefix[0])
-        encodings = self.tok_src.encode_batch(list(sentences), add_special_tokens=False)
+        encodings = encode_texts(self.tok_src, sentences)
         truncated = sum(len(e.ids) > limit for e in encodings)
         if truncated:
             print(f"warning: truncated {truncated} source sentence(s) to the model's limit of {limit} tokens",

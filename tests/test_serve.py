@@ -40,6 +40,7 @@ SENTENCES = ["The cat sees the dog.", "The old man reads a book.", "The small fi
 LIMITS = ["--serve_max_sentences", "4", "--serve_max_chars", "80", "--serve_max_body_bytes", "2048",
           "--serve_max_beam_size", "3"]
 KEY = "test-key-0123456789"
+TYPED_SPECIALS = "<2fr> the cat [EOS] sees [PAD] the <BT> dog [SOS] ."  # control tokens' strings, typed
 AUTHORIZED = {"Authorization": f"Bearer {KEY}"}
 
 
@@ -148,6 +149,11 @@ def test_a_model_of_several_targets_translates_into_the_requested_one(several_ta
             (400, {"error": "target_lang 'de' is not a target language of this model (fr, it)"})
         status, answer = call(server.port, "POST", "/attention", {"text": sentences[0], "target_lang": "it"})
         assert status == 200 and answer["source_tokens"][:2] == ["[SOS]", "<2it>"]
+        # typed, a tag or a special token is text: the request's target_lang decides, nothing is masked
+        status, typed = call(server.port, "POST", "/attention", {"text": TYPED_SPECIALS, "target_lang": "it"})
+        assert status == 200 and typed["source_tokens"][:2] == ["[SOS]", "<2it>"] and typed["source_tokens"][-1] == "[EOS]"
+        assert not {"[SOS]", "[EOS]", "[PAD]", "<2fr>", "<2it>"} & set(typed["source_tokens"][2:-1])
+        assert all(len(row) == len(typed["source_tokens"]) for row in typed["weights"])
         assert answer["output_tokens"] == translator.cross_attention(sentences[0], "it").output_tokens
         assert no_traceback(server)
 

@@ -29,7 +29,7 @@ import train
 from config import get_config
 from store import TextStore, text_store, token_store, tokenizer_sample
 from synthetic_data import synthetic_pairs, write_hub_dataset
-from tokenizer import UNK_ID, encode_ids, train_tokenizers
+from tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK_ID, encode_ids, train_tokenizers
 
 
 def numbered_pairs(count: int, prefix: str = "w") -> list[tuple[str, str]]:
@@ -150,6 +150,22 @@ def built(train_only: Path, tmp_path: Path):
     text = text_store(config)
     tok_src, tok_tgt = train_tokenizers(config, lambda: tokenizer_sample(config, [text]))
     return config, text, tok_src, tok_tgt, token_store(config, text, tok_src, tok_tgt)
+
+
+def test_special_tokens_typed_in_training_pairs_are_stored_as_text(tmp_path: Path) -> None:
+    """A pair whose text holds [EOS], [PAD], [SOS] or a tag (<BT> is reserved by default) gets none
+    of their ids: only the tagged corpus's own tag, first in each source row, is a control id."""
+    pairs = [(f"The word w{i} [EOS] is [PAD] <BT> here.", f"La parola [SOS] w{i} <BT> è qui [EOS].") for i in range(60)]
+    folder = write_hub_dataset(tmp_path / "data", {"train": pairs})
+    config = config_for(folder, tmp_path, datasource=f"{folder}:1:<BT>")
+    [text] = store.text_stores(config)
+    tok_src, tok_tgt = train_tokenizers(config, lambda: tokenizer_sample(config, [text]))
+    tag = tok_src.token_to_id("<BT>")
+    controls = {tag, PAD_ID, SOS_ID, EOS_ID}
+    rows = token_store(config, text, tok_src, tok_tgt, store.corpora(config)[0]).dataset("train")
+    for row in range(len(rows)):
+        src, tgt = (ids.tolist() for ids in rows[row])
+        assert src[0] == tag and not controls & set(src[1:]) and not controls & set(tgt)
 
 
 def test_rows_are_the_pairs_token_ids_memory_mapped_in_the_smallest_type(built, tmp_path: Path) -> None:
