@@ -7,7 +7,8 @@ inputs of any length and a killed run leaves complete lines behind. A line that 
 (empty, invalid UTF-8) gets an empty output line and a message naming it, the others are translated,
 and the exit code is 1. When the reader of stdout goes away (`translate.py < big.txt | head -1`),
 it stops quietly with exit code 141, what a Unix tool killed by SIGPIPE reports (`yes | head -1`):
-not 0, since not everything was written, and no traceback.
+not 0, since not everything was written, and no traceback; so does a run started with stdout
+closed (`translate.py "x" >&-`), before loading the model.
 
 The model: the newest good checkpoint of the experiment that --datasource and the language pair
 name, or `--checkpoint PATH`, or the average of the N newest (`--average N`); or with
@@ -114,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             text.encode("utf-8")
         except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
             parser.error(f"sentence {number} is not valid UTF-8")
+    if sys.stdout is None:  # started with stdout closed (`>&-`): nothing could be written, as into a closed pipe
+        return EXIT_CLOSED_PIPE
     try:
         options = DecodingOptions.from_config(config, n_best=max(1, args.n_best))
         translator = load_translator(args, resolved)
