@@ -285,6 +285,12 @@ OPTIONS: dict[str, Option] = {
                                  frozenset({SERVE}), range=SECONDS),
     "serve_body_timeout_s": O(10.0, "a request body that takes longer to arrive gets 408", "serving",
                               frozenset({SERVE}), range=SECONDS),
+    "serve_header_timeout_s": O(5.0, "a connection that has not sent a whole request head this long after it opened "
+                                "(its TLS handshake included) or after its last answer is closed", "serving",
+                                frozenset({SERVE}), range=SECONDS),
+    "serve_max_connections": O(4096, "open connections at most (fewer if the open-file limit is lower); at the limit "
+                               "a new one closes the longest-idle one, or with none idle gets 503", "serving",
+                               frozenset({SERVE}), range=AT_LEAST_ONE),
     "serve_drain_grace_s": O(20.0, "on SIGTERM or Ctrl-C, how long the requests held may take (below Kubernetes' "
                              "30 s before SIGKILL)", "serving", frozenset({SERVE}),
                              range=Range(0, math.inf, high_open=True)),

@@ -27,6 +27,8 @@ Under overload it sheds load instead of stalling: requests wait in a queue bound
 Retry-After at once; one not answered within serve_request_timeout_s of its arrival gets 503 with
 Retry-After, and its sentences are dropped if they have not reached the model; a body that takes
 longer than serve_body_timeout_s gets 408; a client that disconnects has its request dropped.
+Idle connections cannot starve it (connection_guard.py): one that sends no whole request head within
+serve_header_timeout_s is closed, and at serve_max_connections a new one closes the longest-idle.
 
 It listens on 127.0.0.1 unless --host says otherwise (--port 0: any free port; the lines on stderr
 say which). On any other address it needs an API key, from the TRANSLATE_API_KEY environment
@@ -70,6 +72,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from checkpoint import CheckpointError
 from config import SERVE, ConfigError, OneLineParser, build_parser, choose_run, parse_args
+from connection_guard import ConnectionGuard, connection_limit, raise_file_limit, tls_context
 from translator import DecodingOptions, Translator, TranslatorError, add_translator_arguments, load_translator
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -760,6 +763,17 @@ def transport_problem(host: str, api_key: str | None, tls: bool, trusted_network
     return None
 
 
+def connections(configured: int) -> int:
+    """serve_max_connections, lowered (and said so on stderr) where the limit on open files, lifted to
+    its hard maximum first, would be reached before it."""
+    files = raise_file_limit()
+    limit = connection_limit(configured, files)
+    if limit < configured:
+        print(f"serve.py: at most {limit} connections at once, not {configured} (serve_max_connections): the limit "
+              f"on open files (ulimit -n) is {files}", file=sys.stderr, flush=True)
+    return limit
+
+
 def argument_parser() -> OneLineParser:
     parser = build_parser(SERVE, __doc__.splitlines()[0])
     add_translator_arguments(parser)
@@ -809,20 +823,19 @@ def main(argv: list[str] | None = None) -> int:
     host = f"[{args.host}]" if ":" in args.host else args.host
     url = f"{'https' if tls else 'http'}://{host}:{listener.getsockname()[1]}/"
     service = Service(config, lambda: load_translator(args, resolved), url)
-    # uvicorn answers a connection past limit_concurrency with a plain-text 503: the limit sits above
-    # all that the queue and a batch can hold (each request is at least one unit of work), with room
-    # for connections that are being refused, probed or kept alive, so that overload meets the
-    # queue's JSON 503 with Retry-After first.
-    limit = config["serve_max_queued_work"] + config["serve_batch_sentences"] + 1024
-    server = DrainingServer(uvicorn.Config(build_app(service, api_key), lifespan="on", log_level="warning",
-                                           access_log=False, timeout_graceful_shutdown=5, limit_concurrency=limit,
-                                           ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile), service)
     try:
-        server.config.load()  # reads the certificate and key now, to refuse them in one line
+        tls = tls_context(args.ssl_certfile, args.ssl_keyfile) if args.ssl_certfile is not None else None
     except OSError as error:  # ssl.SSLError is one
         listener.close()
         parser.error(f"--ssl_certfile {args.ssl_certfile} and --ssl_keyfile {args.ssl_keyfile}: cannot use them: "
                      f"{error}")
+    guard = ConnectionGuard(config["serve_header_timeout_s"], connections(config["serve_max_connections"]), tls,
+                            service.registry)
+    # No limit_concurrency: uvicorn's counts idle connections and answers in plain text; the guard
+    # bounds connections (connection_guard.py), the batcher's queue bounds work.
+    server = DrainingServer(uvicorn.Config(build_app(service, api_key), http=guard.protocol(), lifespan="on",
+                                           log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+                                           timeout_keep_alive=math.ceil(config["serve_header_timeout_s"])), service)
     # uvicorn installs the same handler while it serves; before (a signal during start-up) it stops
     # the server as soon as it starts, and after it keeps a late signal from ending in a traceback.
     for sig in (signal.SIGINT, signal.SIGTERM):

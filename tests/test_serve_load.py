@@ -108,6 +108,7 @@ class Server:
     log: list[str]
     tls: ssl.SSLContext | None = None
     headers: dict[str, str] | None = None
+    pid: int = 0
 
     def send(self, method: str, path: str, body: Any = None) -> tuple[int, http.client.HTTPMessage, bytes]:
         return exchange(self.port, method, path, body, self.headers, tls=self.tls)
@@ -184,13 +185,14 @@ def expected(translator: TorchTranslator, sentences: list[str], beam_size: int =
 def held(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Server, Gates]:
     """A server whose decoding calls wait at their gate. Its queue holds 12 work (one request of 4
     sentences at beam 3); a batch goes to the model as soon as its first request arrives; a body has
-    1 s to arrive."""
+    1 s to arrive; a request head 2 s; 500 connections at most."""
     gates = Gates(tmp_path_factory.mktemp("gates"))
     gates.open("load")
     with ServerProcess(["--checkpoint", str(checkpoint), "--serve_max_sentences", "4", "--serve_max_beam_size", "3",
-                        "--serve_max_queued_work", "12", "--serve_batch_wait_ms", "0", "--serve_body_timeout_s", "1"],
+                        "--serve_max_queued_work", "12", "--serve_batch_wait_ms", "0", "--serve_body_timeout_s", "1",
+                        "--serve_header_timeout_s", "2", "--serve_max_connections", "500"],
                        env=gates.env()) as process:
-        yield Server(process.port, process.log), gates
+        yield Server(process.port, process.log, pid=process.pid), gates
 
 
 def test_overload_gets_503_with_retry_after(held: tuple[Server, Gates], translator: TorchTranslator) -> None:
@@ -251,6 +253,41 @@ def test_a_slow_body_gets_408(held: tuple[Server, Gates]) -> None:
     assert response.status == 408 and response.headers["Connection"] == "close"
     assert "did not arrive within 1 s (serve_body_timeout_s)" in json.loads(response.read())["error"]
     client.close()
+
+
+def test_thousands_of_idle_connections_leave_the_probes_and_the_api_answering(held: tuple[Server, Gates],
+                                                                             translator: TorchTranslator) -> None:
+    """3,000 connections from one client that send nothing, against serve_max_connections 500:
+    liveness, readiness and a translation answer 200 meanwhile (uvicorn's own limit answered them a
+    plain-text 503), the server holds at most 500 of them (its open files stay bounded), and each
+    is closed once serve_header_timeout_s (2 s) has passed without a request head."""
+    server, gates = held
+    gates.open("decode")
+    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(3000)]
+    opened = time.monotonic()
+    try:
+        assert server.call("GET", "/health/live") == (200, {"status": "live"})
+        assert server.call("GET", "/health/ready") == (200, {"status": "ready"})
+        assert server.call("POST", "/translate", {"text": [SENTENCES[0]], "beam_size": 1}) == \
+            expected(translator, [SENTENCES[0]])
+        assert len(os.listdir(f"/proc/{server.pid}/fd")) < 500 + 128
+        assert server.metric("serve_connections_closed_total", reason="evicted") >= 2500
+        time.sleep(max(0.0, opened + 3 - time.monotonic()))
+        assert all(closed(connection) for connection in idle)
+    finally:
+        for connection in idle:
+            connection.close()
+    assert no_traceback(server.log)
+
+
+def closed(connection: socket.socket) -> bool:
+    """Whether the other end has closed `connection` (without waiting)."""
+    try:
+        return connection.recv(1, socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True
 
 
 def test_metrics_parse(held: tuple[Server, Gates]) -> None:
