@@ -10,7 +10,7 @@ off with `CPU_FAST_PATHS = False` (bench.py measures both ways).
   oneDNN (bundled with torch) picks its kernels from the CPU's own features. bench.py measured both
   on two AMD EPYC machines this project ran on: with AVX-512 oneDNN gave 2.6x torch.mm's GFLOP/s
   (404 against 153), with AVX2 only 0.82x (154 against 187). So oneDNN is taken only where torch
-  reports AVX-512.
+  reports AVX-512, and only for products a gradient will flow through (not for decoding: `linear`).
 - Dropout: F.dropout's mask comes from ATen's bernoulli_, which costs about four times as much as
   drawing 16 random bits per element.
 - The feed-forward block's ReLU and dropout are one step that keeps a single d_ff activation per
@@ -69,9 +69,14 @@ class _OneDNNLinear(torch.autograd.Function):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear; fp32 on an AVX-512 CPU (outside autocast and torch.compile) runs on oneDNN."""
+    """F.linear; fp32 on an AVX-512 CPU (outside autocast and torch.compile) runs on oneDNN where a
+    gradient will flow, in training. Without one (decoding, under no_grad) it never does: there
+    oneDNN was no faster (28.5 against 28.7 sentences/s, mixed greedy and beam-5 batches) and kept
+    state for every new input shape, in ideep's cache and oneDNN's primitive cache (1,024 entries
+    each, about 250 KiB an entry): a server's memory grew by 36 MB a minute under mixed requests."""
     if _ONEDNN and _cpu_fast_path(x) and x.dtype == weight.dtype == torch.float32 and x.numel() \
-            and not torch.is_autocast_enabled("cpu"):
+            and not torch.is_autocast_enabled("cpu") and torch.is_grad_enabled() \
+            and (x.requires_grad or weight.requires_grad):
         return _OneDNNLinear.apply(x, weight, bias)
     return F.linear(x, weight, bias)
 
