@@ -29,6 +29,7 @@ Retry-After, and its sentences are dropped if they have not reached the model; a
 longer than serve_body_timeout_s gets 408; a client that disconnects has its request dropped.
 Idle connections cannot starve it (connection_guard.py): one that sends no whole request head within
 serve_header_timeout_s is closed, and at serve_max_connections a new one closes the longest-idle.
+Once the model has been idle IDLE_TRIM_S after some calls, the heap's free pages go back to the system.
 
 It listens on 127.0.0.1 unless --host says otherwise (--port 0: any free port; the lines on stderr
 say which). On any other address it needs an API key, from the TRANSLATE_API_KEY environment
@@ -73,12 +74,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from checkpoint import CheckpointError
 from config import SERVE, ConfigError, OneLineParser, build_parser, choose_run, parse_args
 from connection_guard import ConnectionGuard, connection_limit, raise_file_limit, tls_context
+from cpu_kernels import release_freed_memory
 from translator import DecodingOptions, Translator, TranslatorError, add_translator_arguments, load_translator
 
 STATIC = Path(__file__).resolve().parent / "static"
 API_KEY_VARIABLE = "TRANSLATE_API_KEY"
 WARM_UP = "Hello."  # translated once after loading: the first call pays for lazy set-up, not a client
 API_ENDPOINTS = {"/translate": "translate", "/attention": "attention"}  # path -> the metrics' label
+IDLE_TRIM_S = 2.0  # the model idle this long after some calls: its freed memory goes back to the system
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 T = TypeVar("T")
@@ -176,6 +179,7 @@ class Batcher:
         self.arrived = asyncio.Event()
         self.batch: list[Job] = []  # taken off the queue: being gathered, or in the model
         self.started: float | None = None  # when the batch went into the model
+        self.calls = 0  # model calls made
         self.rate = 0.0  # work per second of recent decoding calls; 0 until one is measured
         self.worker: asyncio.Task | None = None
         self.sentences = Counter("serve_sentences", "Sentences translated", registry=registry)
@@ -279,6 +283,7 @@ class Batcher:
             return
         finally:
             seconds, self.batch, self.started = now() - self.started, [], None
+            self.calls += 1
         measured = sum(job.work for job in batch) / max(seconds, 1e-3)
         self.rate = measured if not self.rate else 0.7 * self.rate + 0.3 * measured
         if first.call is None:
@@ -404,6 +409,7 @@ class Service:
         self.loop = asyncio.get_running_loop()
         print(f"serve.py: listening on {self.url} (loading the model)", file=sys.stderr, flush=True)
         self.background(self.load_model())
+        self.background(self.trim_when_idle())
 
     def background(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
@@ -431,6 +437,21 @@ class Service:
         if self.drain_ends is None:
             print(f"serve.py: serving {translator.source} ({translator.engine}) on {self.url}", file=sys.stderr,
                   flush=True)
+
+    async def trim_when_idle(self) -> None:
+        """Once the model has been idle IDLE_TRIM_S after some calls, hand the heap's free pages back
+        to the system (in the model's thread, so never during a call): a burst of large batches
+        leaves its high-water mark in the heap, which would stay resident through the quiet hours."""
+        trimmed_at = 0
+        while True:
+            await asyncio.sleep(IDLE_TRIM_S)
+            idle_since = self.batcher.calls
+            if idle_since == trimmed_at or self.batcher.busy:
+                continue
+            await asyncio.sleep(IDLE_TRIM_S)
+            if self.batcher.calls == idle_since and not self.batcher.busy:
+                await asyncio.get_running_loop().run_in_executor(self.model_thread, release_freed_memory)
+                trimmed_at = idle_since
 
     def fail(self, message: str) -> None:
         print(f"serve.py: error: {message}", file=sys.stderr, flush=True)

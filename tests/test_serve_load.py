@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 import pytest
 from starlette.requests import Request
 
+import serve
 from benchmarks.loadtest import ROOT, ServerProcess
 from config import get_config
 from serve import WARM_UP, ApiError, Service
@@ -183,14 +184,14 @@ def expected(translator: TorchTranslator, sentences: list[str], beam_size: int =
 
 @pytest.fixture(scope="module")
 def held(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Server, Gates]:
-    """A server whose decoding calls wait at their gate. Its queue holds 12 work (one request of 4
-    sentences at beam 3); a batch goes to the model as soon as its first request arrives; a body has
-    1 s to arrive; a request head 2 s; 500 connections at most."""
+    """A server whose decoding calls wait at their gate, greedy unless a request says otherwise. Its
+    queue holds 12 work (one request of 4 sentences at beam 3); a batch goes to the model as soon as
+    its first request arrives; a body has 1 s to arrive; a request head 2 s; 500 connections at most."""
     gates = Gates(tmp_path_factory.mktemp("gates"))
     gates.open("load")
     with ServerProcess(["--checkpoint", str(checkpoint), "--serve_max_sentences", "4", "--serve_max_beam_size", "3",
                         "--serve_max_queued_work", "12", "--serve_batch_wait_ms", "0", "--serve_body_timeout_s", "1",
-                        "--serve_header_timeout_s", "2", "--serve_max_connections", "500"],
+                        "--serve_header_timeout_s", "2", "--serve_max_connections", "500", "--beam_size", "1"],
                        env=gates.env()) as process:
         yield Server(process.port, process.log, pid=process.pid), gates
 
@@ -343,7 +344,7 @@ def test_probes_tls_and_a_drain_with_requests_in_flight(checkpoint: Path, transl
     (tmp_path / "api_key").write_text(KEY)
     process, log = start(["--checkpoint", str(checkpoint), "--host", "0.0.0.0", "--api_key_file",
                           str(tmp_path / "api_key"), "--ssl_certfile", str(cert), "--ssl_keyfile", str(key),
-                          "--serve_batch_wait_ms", "0"], gates.env())
+                          "--serve_batch_wait_ms", "0", "--beam_size", "1"], gates.env())
     try:
         listening = until(lambda: next(filter(None, map(LISTENING.match, log)), None), "the socket to open")
         tls = ssl.create_default_context(cafile=str(cert))
@@ -452,6 +453,30 @@ def test_the_deadline_and_a_stuck_decode(translator: TorchTranslator,
 
     asyncio.run(asyncio.wait_for(scenario(), 60))  # a broken guard fails, not hangs
     assert calls == [[WARM_UP], ["The cat."]]
+
+
+def test_freed_memory_goes_back_once_the_model_is_idle(translator: TorchTranslator,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a translation and IDLE_TRIM_S without another model call, the heap's free pages are
+    handed back (malloc_trim), once, in the model's thread; not before any call, not again until
+    the next call."""
+    monkeypatch.setattr(serve, "IDLE_TRIM_S", 0.05)
+    trims: list[str] = []
+    monkeypatch.setattr(serve, "release_freed_memory", lambda: trims.append(threading.current_thread().name))
+
+    async def scenario() -> None:
+        service = await loaded(translator)
+        service.background(service.trim_when_idle())
+        await asyncio.sleep(0.3)
+        assert trims == []
+        await service.translate(never_disconnects(), asyncio.get_running_loop().time(), ["The cat."],
+                                service.defaults)
+        await asyncio.sleep(0.3)
+        assert trims == ["model"]
+        await asyncio.sleep(0.3)
+        assert trims == ["model"]
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
 @pytest.mark.parametrize("grace, signals", [(0.3, 1), (60.0, 2)], ids=["grace-period-ends", "second-signal"])
