@@ -2,10 +2,11 @@
 store.py -> dataset.py).
 
 1. `open_source` opens a datasource: a Hub id or a local folder in Hub layout, read with
-   `datasets` in streaming mode (row by row, never whole in memory), or plain parallel files (a
-   PREFIX.SRC + PREFIX.TGT pair, a two-column TSV file, or a folder of train.*, validation.* (or
-   valid.* / dev.*) and test.* in those forms; gzip, bzip2 or xz by suffix), read a line at a time
-   in binary. Plain files that exist win over a Hub id of the same name. It fingerprints the source:
+   `datasets` in streaming mode (row by row, never whole in memory; a pair it names only the other
+   way round, it-en where it has en-it, is read from that config, sides swapped), or plain
+   parallel files (a PREFIX.SRC + PREFIX.TGT pair, a two-column TSV file, or a folder of train.*,
+   validation.* (or valid.* / dev.*) and test.* in those forms; gzip, bzip2 or xz by suffix), read
+   a line at a time in binary. Plain files that exist win over a Hub id of the same name. It fingerprints the source:
    a Hub dataset by the revision its files resolve to, local files by each one's path, size and
    modification time. `read_pairs` streams a split, keeping rows with two non-empty strings and
    counting the others by reason (a line that is not UTF-8, a TSV line without two columns); two
@@ -353,12 +354,7 @@ def open_source(datasource: str, pair: str) -> Source:
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # failures are reported by us, in one line
     datasets.disable_progress_bars()
     try:
-        builder = datasets.load_dataset_builder(str(datasource), pair)
-    except ValueError as error:
-        if "BuilderConfig" in str(error) or "not found" in str(error).lower():
-            available = str(error).split("Available:")[-1].strip() if "Available:" in str(error) else "?"
-            raise DataError(f"{datasource!r} has no {pair} language pair (available: {available})") from None
-        raise DataError(f"cannot load {datasource!r} ({pair}): {error}") from None
+        builder = _pair_builder(datasets, datasource, pair)
     except (ConnectionError, OSError, datasets.exceptions.DatasetNotFoundError) as error:
         where = "" if local else f"; no local files either ({_tried(datasource, lang_src, lang_tgt)})"
         raise DataError(f"cannot load {datasource!r} ({pair}): {first_line(error)}{where}") from None
@@ -370,6 +366,22 @@ def open_source(datasource: str, pair: str) -> Source:
         stat = f"{os.stat(name).st_size} {os.stat(name).st_mtime_ns}" if local else ""
         digest.update(f"{split} {name} {stat}\n".encode())
     return Source(str(datasource), pair, digest.hexdigest(), sorted({split for split, _ in files}), builder)
+
+
+def _pair_builder(datasets: Any, datasource: str, pair: str) -> Any:
+    """datasets' builder of `datasource`'s config `pair`, or else of the reversed pair's: a folder
+    whose README names only en-it serves it-en too, since each row names the language of each side
+    (pair_of reads them by name, so the columns come swapped). A DataError names the pairs there are."""
+    lang_src, lang_tgt = pair.split("-", 1)
+    try:
+        return datasets.load_dataset_builder(str(datasource), pair)
+    except ValueError as error:
+        if "BuilderConfig" not in str(error) and "not found" not in str(error).lower():
+            raise DataError(f"cannot load {datasource!r} ({pair}): {error}") from None
+        available = str(error).split("Available:")[-1].strip() if "Available:" in str(error) else "?"
+    if f"'{lang_tgt}-{lang_src}'" in available:
+        return datasets.load_dataset_builder(str(datasource), f"{lang_tgt}-{lang_src}")
+    raise DataError(f"{datasource!r} has no {pair} language pair (available: {available})")
 
 
 def pair_of(row: Any, lang_src: str, lang_tgt: str) -> Pair | str:
