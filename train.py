@@ -127,8 +127,6 @@ def take_model_from(config: dict[str, Any], explicit: set[str]) -> dict[str, Any
     return state
 
 
-CUDA_PAD_MULTIPLE = 8  # tensor cores take fp16/bf16 matrix sides in multiples of 8
-
 # What a checkpoint holds for resuming: `Trainer.save` writes these keys (`Trainer.resume_value`) and
 # the metrics, `Trainer.restore` reads them back, and a checkpoint that lacks one cannot be resumed.
 RESUME_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "global_step", "batches_done", "step_in_epoch",
@@ -188,8 +186,23 @@ def compile_for_training(model: torch.nn.Module, backend: str | Any = "inductor"
     lengths: dynamic shapes from the first batch (`dynamic=True`). torch's default compiles a static
     graph first and recompiles on the next shapes, and past its recompile limit (8) runs the rest
     uncompiled. What stays specialised is whether the batch has a source mask and a batch of one
-    sentence: at most four graphs per run, however many shapes (tests/test_compile.py)."""
-    return torch.compile(model, dynamic=True, backend=backend)
+    sentence: at most four graphs per run, whatever the first batch (tests/test_compile.py)."""
+    return DynamicBatches(torch.compile(model, dynamic=True, backend=backend))
+
+
+class DynamicBatches(torch.nn.Module):
+    """A compiled model that gives every size of its batches a symbol of its own. By default dynamo
+    ties sizes that are equal in the batch it compiles for (duck sizing: a source as wide as its
+    target, as many sentences as positions), and compiles again at the first batch where they
+    differ. The setting is read when a graph is compiled, inside the call."""
+
+    def __init__(self, compiled: torch.nn.Module) -> None:
+        super().__init__()
+        self.compiled = compiled
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
+        with torch.fx.experimental._config.patch(use_duck_shape=False):
+            return self.compiled(src, tgt, src_mask)
 
 
 class OutOfMemory(RuntimeError):
@@ -560,9 +573,7 @@ class Trainer:
         workers = config["num_workers"] if config["num_workers"] >= 0 else (2 if device.type == "cuda" else 0)
         # Its own generator: a loader draws worker seeds from the global RNG otherwise, which
         # would shift the dropout stream of a run resumed mid-epoch.
-        # On CUDA, lengths padded to a multiple of 8 for the tensor cores (collate's docstring).
-        micro_batches = MicroBatches(self.train_ds, self.plan.micro_batches(self.epoch, self.batches_done),
-                                     CUDA_PAD_MULTIPLE if device.type == "cuda" else 1, config["seq_len"])
+        micro_batches = MicroBatches(self.train_ds, self.plan.micro_batches(self.epoch, self.batches_done))
         loader = DataLoader(micro_batches,
                             batch_size=None, shuffle=False, num_workers=workers, pin_memory=device.type == "cuda",
                             generator=torch.Generator().manual_seed(config["seed"] + self.epoch))
