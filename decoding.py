@@ -256,57 +256,96 @@ def sample(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_to
     distribution divided by `temperature`, restricted to the `topk` most likely tokens (0: all)
     and to the smallest set of most likely tokens whose probability reaches `topp` (0: all).
     Scores are those of the module docstring under the model's own distribution (temperature 1,
-    nothing cut off), as rescoring wants them; each sentence's samples come best first."""
-    device = src.device
+    nothing cut off), as rescoring wants them; each sentence's samples come best first.
+
+    As in beam search, the finished samples stay on the device (`FinishedSamples`): the host reads
+    one flag per sentence each step (whether any of its samples is still open), and the finished
+    samples once, at the end."""
+    device, count = src.device, src.size(0)
     expected = expected_length(source_token_counts(src_mask), length_ratio).tolist()
     memory = model.encode(src, src_mask)
     cache = model.new_cache()
-    sentences = torch.arange(src.size(0), device=device)
-    rows = src.size(0) * samples
-    tokens = torch.full((rows, 1), SOS_ID, dtype=torch.long, device=device)
-    log_prob = torch.zeros(rows, device=device)
-    alive = torch.ones(rows, dtype=torch.bool, device=device)
-    results: list[list[tuple[float, list[int]]]] = [[] for _ in range(src.size(0))]
+    sentences = list(range(count))  # original row of each sentence still sampling
+    tokens = torch.full((count * samples, 1), SOS_ID, dtype=torch.long, device=device)
+    log_prob = torch.zeros(count * samples, device=device)
+    alive = torch.ones(count * samples, dtype=torch.bool, device=device)
+    finished = FinishedSamples(count * samples, max_tokens, device)
     for step in range(max_tokens):
         logits = model.project(model.decode(memory, src_mask, tokens[:, -1:], None, cache))[:, -1].float()
         logits = block_repeats(logits, tokens[:, 1:], no_repeat_ngram_size)
         model_log_probs = F.log_softmax(logits, dim=-1)
-        filtered = logits / temperature
-        if topk:
-            kth = filtered.topk(min(topk, filtered.size(-1)), dim=-1).values[:, -1:]
-            filtered = filtered.masked_fill(filtered < kth, float("-inf"))
-        if topp:
-            ordered, order = filtered.sort(dim=-1, descending=True)
-            probabilities = ordered.softmax(dim=-1)
-            # Cut a token when the more likely ones already reach topp (so the first always stays).
-            cut_in_order = probabilities.cumsum(dim=-1) - probabilities >= topp
-            filtered = filtered.masked_fill(torch.zeros_like(cut_in_order).scatter(1, order, cut_in_order),
-                                            float("-inf"))
-        drawn = torch.multinomial(filtered.softmax(dim=-1), 1, generator=generator).squeeze(1)
+        drawn = torch.multinomial(_cut(logits / temperature, topk, topp).softmax(dim=-1), 1,
+                                  generator=generator).squeeze(1)
         drawn = torch.where(alive, drawn, EOS_ID)
         log_prob += torch.where(alive, model_log_probs.gather(1, drawn[:, None]).squeeze(1), 0.0)
         tokens = torch.cat([tokens, drawn[:, None]], dim=1)
         alive &= drawn != EOS_ID
-        per_sentence_alive = alive.view(len(sentences), samples).any(dim=1)
-        if step == max_tokens - 1 or not bool(per_sentence_alive.all()):
-            done = (~per_sentence_alive).nonzero().squeeze(1).tolist() if step < max_tokens - 1 \
-                else list(range(len(sentences)))
-            history, scores, ended = tokens[:, 1:].tolist(), log_prob.tolist(), (~alive).tolist()
-            for b in done:
-                for row in range(b * samples, (b + 1) * samples):
-                    hypothesis = history[row]
-                    if ended[row]:
-                        hypothesis = hypothesis[:hypothesis.index(EOS_ID)]
-                    length = len(hypothesis) + 1 if ended[row] else len(hypothesis)
-                    sentence = int(sentences[b])
-                    results[sentence].append((hypothesis_score(scores[row], length, length_penalty,
-                                                               expected[sentence], brevity_penalty), hypothesis))
-            keep = per_sentence_alive.nonzero().squeeze(1)
-            if keep.numel() == 0:
-                break
-            row_index = (keep[:, None] * samples + torch.arange(samples, device=device)).reshape(-1)
-            sentences, memory, src_mask = sentences[keep], memory[keep], src_mask[keep]
-            tokens, log_prob, alive = tokens[row_index], log_prob[row_index], alive[row_index]
-            _drop_finished(cache, keep, samples)
-    return [[(hypothesis, score) for score, hypothesis in sorted(found, key=lambda item: item[0], reverse=True)]
-            for found in results]
+        if step == max_tokens - 1:
+            finished.add(sentences, samples, tokens[:, 1:], log_prob)
+            break
+        open_sentences = alive.view(len(sentences), samples).any(dim=1).tolist()  # the step's one read
+        keep = [b for b, still_open in enumerate(open_sentences) if still_open]
+        if len(keep) == len(sentences):
+            continue
+        done = [b for b, still_open in enumerate(open_sentences) if not still_open]
+        rows = _sample_rows(done, samples, device)
+        finished.add([sentences[b] for b in done], samples, tokens[rows, 1:], log_prob[rows])
+        if not keep:
+            break
+        rows, kept = _sample_rows(keep, samples, device), torch.tensor(keep, device=device)
+        sentences, memory, src_mask = [sentences[b] for b in keep], memory[kept], src_mask[kept]
+        tokens, log_prob, alive = tokens[rows], log_prob[rows], alive[rows]
+        _drop_finished(cache, kept, samples)
+    return finished.ranked(samples, length_penalty, expected, brevity_penalty)
+
+
+def _cut(logits: torch.Tensor, topk: int, topp: float) -> torch.Tensor:
+    """`logits` with -inf outside the `topk` most likely tokens (0: all) and outside the smallest set
+    of most likely tokens whose probability reaches `topp` (0: all)."""
+    if topk:
+        kth = logits.topk(min(topk, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if topp:
+        ordered, order = logits.sort(dim=-1, descending=True)
+        probabilities = ordered.softmax(dim=-1)
+        # Cut a token when the more likely ones already reach topp (so the first always stays).
+        cut_in_order = probabilities.cumsum(dim=-1) - probabilities >= topp
+        logits = logits.masked_fill(torch.zeros_like(cut_in_order).scatter(1, order, cut_in_order), float("-inf"))
+    return logits
+
+
+def _sample_rows(sentences: list[int], samples: int, device: torch.device) -> torch.Tensor:
+    """The rows of `sentences`' samples (`samples` rows each, one sentence after the other)."""
+    return (torch.tensor(sentences, device=device)[:, None] * samples
+            + torch.arange(samples, device=device)).reshape(-1)
+
+
+class FinishedSamples:
+    """Every sample's tokens after [SOS] (filled with [EOS] past its end) and log-probability, by
+    original row (sentence x samples + sample), on the device until `ranked` reads them once."""
+
+    def __init__(self, rows: int, max_tokens: int, device: torch.device) -> None:
+        self.tokens = torch.full((rows, max_tokens), EOS_ID, dtype=torch.long, device=device)
+        self.log_probs = torch.zeros(rows, device=device)
+
+    def add(self, sentences: list[int], samples: int, tokens: torch.Tensor, log_probs: torch.Tensor) -> None:
+        """The samples of `sentences` (original rows), their `tokens` (rows, length) and `log_probs`."""
+        rows = _sample_rows(sentences, samples, tokens.device)
+        self.tokens[rows, :tokens.size(1)] = tokens
+        self.log_probs[rows] = log_probs
+
+    def ranked(self, samples: int, length_penalty: float, expected: list[float],
+               brevity_penalty: float) -> list[Hypotheses]:
+        """Each sentence's samples without [EOS], scored (its [EOS] counted where it has one), best
+        first; the samples of one score in drawing order."""
+        results: list[Hypotheses] = []
+        for sentence, (histories, log_probs) in enumerate(zip(self.tokens.view(-1, samples, self.tokens.size(1))
+                                                               .tolist(), self.log_probs.view(-1, samples).tolist())):
+            found = []
+            for history, log_prob in zip(histories, log_probs):
+                ended = EOS_ID in history
+                hypothesis = history[:history.index(EOS_ID)] if ended else history
+                found.append((hypothesis, hypothesis_score(log_prob, len(hypothesis) + ended, length_penalty,
+                                                           expected[sentence], brevity_penalty)))
+            results.append(sorted(found, key=lambda item: item[1], reverse=True))
+        return results

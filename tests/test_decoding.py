@@ -428,3 +428,22 @@ def test_beam_search_reads_one_flag_per_step_back_from_the_device() -> None:
             hypotheses = beam_search(model, src, src_mask, steps, 4, n_best=2, brevity_penalty=0.2, length_ratio=1.0)
         assert all(len(tokens) == steps for tokens, _ in hypotheses[0])
         assert reads.count <= steps + 4, f"{reads.count} reads in {steps} steps"
+
+
+def test_sampling_reads_one_flag_per_step_back_from_the_device() -> None:
+    """Finished samples stay on the device as in beam search: one read per step (which sentences
+    still have an open sample) plus a fixed few, however many steps sentences finish at."""
+    torch.manual_seed(0)
+    model = build_transformer(30, 20, 32, 32, d_model=16, N=1, h=2, d_ff=32).eval()
+    with torch.no_grad():
+        model.projection_layer.proj.bias[EOS_ID] = 2.0  # samples end after a few tokens, each at its own step
+    src = torch.randint(4, 30, (6, 5))
+    src_mask = (src != PAD_ID)[:, None, None, :]
+    steps = []
+    decode = model.decode
+    model.decode = lambda *args, **kwargs: steps.append(1) or decode(*args, **kwargs)
+    with HostReads() as reads:
+        drawn = sample(model, src, src_mask, 30, samples=3, generator=torch.Generator().manual_seed(0))
+    longest = [max(len(tokens) for tokens, _ in hypotheses) for hypotheses in drawn]
+    assert len(set(longest)) >= 3 and max(longest) < 29, longest  # sentences finished at several steps
+    assert reads.count <= len(steps) + 3, f"{reads.count} reads in {len(steps)} steps"
