@@ -3,11 +3,12 @@
 The run reads top to bottom, one named phase after another:
 1. `train`: the ranks of a torchrun job, the device, the run lock, then a `Trainer`.
 2. `Trainer.start_or_resume`: which checkpoint to continue, the data (a text and a token store per
-   corpus of `datasource`, store.py) and tokenizers, the model, optimizer, schedule and counters. A folder that holds checkpoints of which none can be resumed
-   stops the run with one line, every file left as it is: a run never starts over unasked. So
-   does a checkpoint above the resume step that checkpoints.json does not list, unless it is the
-   newest, verifies, and is this run's (its writer died before recording it): then it is listed
-   and resumed.
+   corpus of `datasource`, store.py, which cleans the training pairs: the counts by reason in
+   TensorBoard as data/cleaning/<reason>) and tokenizers, the model, optimizer, schedule and
+   counters. A folder that holds checkpoints of which none can be resumed stops the run with one
+   line, every file left as it is: a run never starts over unasked. So does a checkpoint above the
+   resume step that checkpoints.json does not list, unless it is the newest, verifies, and is this
+   run's (its writer died before recording it): then it is listed and resumed.
 3. `Trainer.train_epoch`: how many pairs each corpus gives the epoch (its weight x its size: one
    line, and data/pairs/<corpus> in TensorBoard); forward and backward of each micro-batch (AMP,
    gradient accumulation); `Trainer.optimizer_step` after the last micro-batch of each step
@@ -50,6 +51,7 @@ from atomic_files import atomic_write_bytes
 from attention_plot import attention_figure
 from checkpoint import (CheckpointError, adopt_unlisted, check_unlisted_above, checkpoint_files, load_checkpoint,
                         load_latest, load_weights, named, read_manifest, save_average, save_checkpoint)
+from cleaning import NOT_CLEANED, cleaning_changes, cleaning_scalars
 from config import (IDENTITY_KEYS, MODEL_KEYS, TRAIN, ConfigError, OneLineParser, build_parser, corpora, corpus_name,
                     get_config, parse_args, runs_dir, validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
@@ -176,8 +178,10 @@ def step_seed(seed: int, rank: int, step: int) -> int:
 
 # What a training step's batches are made of: a checkpoint records them. Changing world_size or
 # accum_steps regroups the same batches into steps (resumed exactly); the others change the batches.
+# "cleaning" is what the text stores were built with (cleaning.cleaning_description: the rules'
+# settings, the scoring models' sha256), from the first store's key.
 BATCH_SETTINGS = ("world_size", "accum_steps", "batch_tokens", "seq_len", "filter_duplicates",
-                  "filter_max_length_ratio")
+                  "filter_max_length_ratio", "cleaning")
 OPTIMIZER_SETTINGS = ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps")
 
 
@@ -333,6 +337,7 @@ class Trainer:
         self.nonfinite_run, self.last_validation_seconds = 0, 0.0
         self.saved_step = -1  # the step of this process's last checkpoint
         self.log_skipped = 0  # steps skipped since the last logged step
+        self.cleaning_reports: list[dict[str, Any]] = []  # rank 0's: what cleaning removed from each corpus
         self.writer = None
 
     # ------------------------------------------------------------------ 1. start or resume
@@ -451,6 +456,7 @@ class Trainer:
                     f"{tok_src.get_vocab_size()} source and {tok_tgt.get_vocab_size()} target entries")
             tokens = token_stores(config, texts, tok_src, tok_tgt)
             held_out = texts[0]
+            self.cleaning_reports = [report for text in texts if (report := text.cleaning()) is not None]
             folders = [str(held_out.folder), *(str(store.folder) for store in tokens)]
         folders = self.from_rank0(folders)  # the other ranks wait here while rank 0 builds
         if not ranks.is_main:
@@ -482,9 +488,10 @@ class Trainer:
             log(f"--best_metric {saved_metric} -> {self.config['best_metric']}: early stopping counts from here")
             self.best_value, self.stale_validations = None, 0
         self.apply_optimizer_settings(state["config"])
-        saved, current = state["batch_settings"], self.batch_settings()
+        saved, current = {"cleaning": NOT_CLEANED, **state["batch_settings"]}, self.batch_settings()
         changed = [key for key in BATCH_SETTINGS if saved[key] != current[key]]
-        described = ", ".join(f"--{key} {saved[key]} -> {current[key]}" for key in changed)
+        described = ", ".join(f"cleaning: {cleaning_changes(saved[key], current[key])}" if key == "cleaning"
+                              else f"--{key} {saved[key]} -> {current[key]}" for key in changed)
         if not changed or not self.batches_done:
             if changed:
                 log(f"resuming at the start of epoch {self.epoch} with changed batch settings ({described})")
@@ -498,7 +505,9 @@ class Trainer:
             self.epoch, self.batches_done, self.step_in_epoch = self.epoch + 1, 0, 0
 
     def batch_settings(self) -> dict[str, Any]:
-        return {key: self.ranks.world_size if key == "world_size" else self.config[key] for key in BATCH_SETTINGS}
+        """BATCH_SETTINGS' values: the config's, the world size, and the text stores' cleaning."""
+        special = {"world_size": self.ranks.world_size, "cleaning": self.text.meta["key"]["cleaning"]}
+        return {key: special[key] if key in special else self.config[key] for key in BATCH_SETTINGS}
 
     def apply_optimizer_settings(self, saved: dict[str, Any]) -> None:
         """The optimizer state brings back the learning rate, weight decay and Adam's betas and eps it
@@ -520,6 +529,9 @@ class Trainer:
         # purge_step drops events a killed run logged after its last checkpoint, so no step is logged twice.
         self.writer = SummaryWriter(str(runs_dir(config)),
                                     purge_step=self.global_step + 1 if self.global_step else None)
+        if self.cleaning_reports:  # at the step the run starts from: a resumed run writes its own
+            for name, count in cleaning_scalars(self.cleaning_reports).items():
+                self.writer.add_scalar(f"data/cleaning/{name}", count, self.global_step)
         batches = self.plan.epoch_batches(self.epoch)
         waste = padding_waste(batches, self.train_ds.src_lens, self.train_ds.tgt_lens)
         log(f"{len(self.train_ds)} training pairs, {steps_per_epoch} steps per epoch, {waste:.1%} padding, "

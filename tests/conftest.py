@@ -164,6 +164,27 @@ def toy_translator() -> Toy:
     return toy
 
 
+@pytest.fixture(scope="session")
+def untrained_checkpoint() -> Callable[[Path, list[tuple[str, str]], str, str], Path]:
+    """A function that writes the checkpoint file of an untrained tiny model from lang_src into
+    lang_tgt, its tokenizers trained on `pairs`, into a folder: the scoring models of cleaning's
+    tests."""
+    from checkpoint import save_checkpoint
+    from model import build_model
+
+    def write(folder: Path, pairs: list[tuple[str, str]], lang_src: str, lang_tgt: str) -> Path:
+        torch.manual_seed(0)
+        config = parse_config(["--preset", "tiny", "--lang_src", lang_src, "--lang_tgt", lang_tgt])
+        tok_src = train_tokenizer([s for s, _ in pairs], "wordlevel", 200, 1)
+        tok_tgt = train_tokenizer([t for _, t in pairs], "wordlevel", 200, 1)
+        model = build_model(config, tok_src.get_vocab_size(), tok_tgt.get_vocab_size())
+        state = {"config": config, "model": model.state_dict(),
+                 "tokenizers": {"src": tok_src.to_str(), "tgt": tok_tgt.to_str()}}
+        return save_checkpoint(folder, state, 1, keep=1)
+
+    return write
+
+
 # ---------------------------------------------------------------------------- end-to-end run
 
 # Rows a real corpus contains and the loader must skip: an empty side and a missing one.

@@ -31,7 +31,8 @@ from tokenizer import PAD_ID, tokenizer_from_json
 from translator import DecodingOptions, TorchTranslator
 
 SCALARS = {"train/loss", "train/lr", "train/tokens_per_second", "train/skipped_steps", "val/loss", "val/bleu",
-           "val/chrf", "val/bleu_nrefs1", "val/chrf_nrefs1", "val/cer", "val/wer"}
+           "val/chrf", "val/bleu_nrefs1", "val/chrf_nrefs1", "val/cer", "val/wer", "data/cleaning/seen",
+           "data/cleaning/kept", "data/cleaning/near_duplicate", "data/cleaning/language", "data/cleaning/score"}
 
 
 def steps_per_epoch(stderr: str) -> int:
@@ -111,6 +112,12 @@ def test_tensorboard_holds_every_scalar_and_no_step_twice(trained_run) -> None:
     assert {run.FIRST_MAX_STEPS, run.SECOND_MAX_STEPS} <= set(steps["val/bleu"])
     losses = [e.value for e in events.Scalars("train/loss")]
     assert losses[-1] < losses[0]  # it trains
+    # Each run writes the counts of the cleaning its data store kept, the resumed one read back.
+    report = text_store(run.config).cleaning()["rules"]
+    for name, count in (("seen", report["seen"]), ("kept", report["kept"]),
+                        ("near_duplicate", report["removed"]["near_duplicate"])):
+        assert [(e.step, e.value) for e in events.Scalars(f"data/cleaning/{name}")] == \
+            [(0, count), (run.FIRST_MAX_STEPS, count)]
 
 
 def test_pipeline_bleu_equals_sacrebleu_on_its_own_outputs(trained_run) -> None:
@@ -354,6 +361,20 @@ def test_other_batch_tokens_mid_epoch_resume_at_the_next_epoch(stopped_mid_epoch
                        "rest of epoch 0 is skipped and training resumes at the start of epoch 1"]
     state = newest(stopped_mid_epoch)
     assert (state["epoch"], state["batches_done"], state["global_step"]) == (1, 2, 7)
+
+
+def test_other_cleaning_settings_mid_epoch_resume_at_the_next_epoch(stopped_mid_epoch: list[str],
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    """A cleaning setting is a filter: the checkpoint records what the data store was cleaned with."""
+    before = newest(stopped_mid_epoch)["batch_settings"]["cleaning"]
+    capsys.readouterr()
+    assert train.main(stopped_mid_epoch + ["--clean_max_length_ratio", "2.5", "--max_steps", "7"]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: cleaning")]
+    assert warning == ["warning: cleaning: rules max_length_ratio 3.0 -> 2.5 since the checkpoint changes this "
+                       "epoch's batches; the rest of epoch 0 is skipped and training resumes at the start of epoch 1"]
+    state = newest(stopped_mid_epoch)
+    assert state["epoch"] == 1 and state["config"]["clean_max_length_ratio"] == 2.5
+    assert state["batch_settings"]["cleaning"] == {**before, "rules": {**before["rules"], "max_length_ratio": 2.5}}
 
 
 # ---------------------------------------------------------------------------- stopping rules
