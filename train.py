@@ -190,7 +190,8 @@ def compile_for_training(model: torch.nn.Module, backend: str | Any = "inductor"
     lengths: dynamic shapes from the first batch (`dynamic=True`). torch's default compiles a static
     graph first and recompiles on the next shapes, and past its recompile limit (8) runs the rest
     uncompiled. What stays specialised is whether the batch has a source mask and a batch of one
-    sentence: at most four graphs per run, whatever the first batch (tests/test_compile.py)."""
+    sentence: at most four dynamo graphs per run, whatever the first batch (tests/test_compile.py);
+    inductor's own guards can add compilations (docs/gpu.md)."""
     return DynamicBatches(torch.compile(model, dynamic=True, backend=backend))
 
 
