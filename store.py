@@ -516,6 +516,7 @@ def _clean_train(folder: Path, config: dict[str, Any], corpus: Corpus, rows: np.
     reason with samples, goes to CLEANING_FILE (a sample's row: the pair's place among the corpus's
     usable training pairs, from 0)."""
     report: dict[str, Any] = {"corpus": corpus.source, "rules": None, "scoring": None}
+    asked = len(rows)
     raw, numbers = "raw-train", rows  # numbers: the raw-train row of each row of `rows`
     if config["clean"]:
         numbers, report["rules"] = _apply_rules(folder, config, corpus, rows)
@@ -523,7 +524,7 @@ def _clean_train(folder: Path, config: dict[str, Any], corpus: Corpus, rows: np.
     if config["clean_score_forward"]:
         kept, report["scoring"] = _apply_scoring(folder, config, corpus, raw, rows, numbers)
         rows = rows[kept]
-    if not len(rows):
+    if len(rows) == 0 < asked:
         raise DataError(f"cleaning removed every training pair of {corpus.source!r} ({report_line(report)}): "
                         f"loosen the clean_* settings, or --clean false")
     atomic_write_bytes(folder / CLEANING_FILE, json.dumps(report, ensure_ascii=False, indent=1).encode("utf-8"))
