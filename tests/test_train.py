@@ -286,9 +286,11 @@ def stopped_mid_epoch(tmp_path: Path) -> list[str]:
     """The options of a tiny run stopped by --max_steps 5, in the middle of its first epoch."""
     data = write_hub_dataset(tmp_path / "data", {"train": synthetic_pairs(300, 1), "validation": synthetic_pairs(8, 2),
                                                  "test": synthetic_pairs(8, 3)})
+    # --clean false: the schedules below are counted on the synthetic pairs as written (cleaning would
+    # remove their near-duplicates)
     args = ["--datasource", str(data), "--preset", "tiny", "--batch_tokens", "256", "--num_epochs", "100",
             "--val_max_sentences", "4", "--model_folder", str(tmp_path / "w"), "--runs_folder", str(tmp_path / "r"),
-            "--store_folder", str(tmp_path / "s")]
+            "--store_folder", str(tmp_path / "s"), "--clean", "false"]
     assert train.main(args + ["--max_steps", "5"]) == 0
     return args
 
@@ -366,15 +368,19 @@ def test_other_batch_tokens_mid_epoch_resume_at_the_next_epoch(stopped_mid_epoch
 def test_other_cleaning_settings_mid_epoch_resume_at_the_next_epoch(stopped_mid_epoch: list[str],
                                                                   capsys: pytest.CaptureFixture) -> None:
     """A cleaning setting is a filter: the checkpoint records what the data store was cleaned with."""
-    before = newest(stopped_mid_epoch)["batch_settings"]["cleaning"]
     capsys.readouterr()
-    assert train.main(stopped_mid_epoch + ["--clean_max_length_ratio", "2.5", "--max_steps", "7"]) == 0
+    cleaning = ["--clean", "true", "--clean_max_length_ratio", "2.5"]
+    assert train.main(stopped_mid_epoch + cleaning + ["--max_steps", "7"]) == 0
     warning = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: cleaning")]
-    assert warning == ["warning: cleaning: rules max_length_ratio 3.0 -> 2.5 since the checkpoint changes this "
-                       "epoch's batches; the rest of epoch 0 is skipped and training resumes at the start of epoch 1"]
+    assert warning == ["warning: cleaning: rules off -> on since the checkpoint changes this epoch's batches; the "
+                       "rest of epoch 0 is skipped and training resumes at the start of epoch 1"]
     state = newest(stopped_mid_epoch)
     assert state["epoch"] == 1 and state["config"]["clean_max_length_ratio"] == 2.5
-    assert state["batch_settings"]["cleaning"] == {**before, "rules": {**before["rules"], "max_length_ratio": 2.5}}
+    cleaned = state["batch_settings"]["cleaning"]
+    assert cleaned["rules"]["max_length_ratio"] == 2.5 and cleaned["scoring"] is False
+    assert train.main(stopped_mid_epoch + ["--clean", "true", "--max_steps", "8"]) == 0
+    assert "warning: cleaning: rules max_length_ratio 2.5 -> 3.0 since the checkpoint changes this epoch's batches" \
+        in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------- stopping rules
@@ -475,7 +481,7 @@ def test_init_from_fine_tunes_a_model_in_a_folder_of_its_own(trained_run, tmp_pa
                                                     "validation": synthetic_pairs(8, 12), "test": synthetic_pairs(8, 13)})
     common = ["--datasource", str(second), "--batch_tokens", "256", "--lr", "1e-3", "--num_epochs", "100",
               "--log_every", "1", "--val_max_sentences", "4", "--model_folder", str(tmp_path / "w"),
-              "--runs_folder", str(tmp_path / "r"), "--store_folder", str(tmp_path / "s")]
+              "--runs_folder", str(tmp_path / "r"), "--store_folder", str(tmp_path / "s"), "--clean", "false"]
     assert train.main(common + ["--preset", "tiny", "--experiment_name", "scratch", "--max_steps", "3"]) == 0
     tuned = common + ["--init_from", str(base_path), "--experiment_name", "tuned"]
     capsys.readouterr()
