@@ -68,7 +68,7 @@ def clean_corpus(corpus: Corpus, config: dict[str, Any], args: argparse.Namespac
                  models: tuple[TorchTranslator, TorchTranslator] | None) -> dict[str, Any]:
     """Clean one corpus's split, print its report (and its scoring with `models`), and return it."""
     lang_src, lang_tgt = config["lang_src"], corpus.lang_tgt
-    source = open_source(corpus.source, f"{lang_src}-{lang_tgt}")
+    source = open_source(corpus.source, lang_src, lang_tgt, config["max_line_bytes"])
     if args.split not in source.splits:
         raise DataError(f"{corpus.source!r} has no {args.split!r} split (found: {', '.join(source.splits)})")
     cleaner = Cleaner(settings, lang_src, lang_tgt, config["clean_samples"], config["seed"])

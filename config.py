@@ -124,6 +124,14 @@ OPTIONS: dict[str, Option] = {
                                  "data", range=NON_NEGATIVE),
     "store_folder": O("stores", "where the tokenized data stores live, reused by restarts, resumes and every rank",
                       "data", frozenset({TRAIN, EVALUATE})),
+    "max_line_bytes": O(65536, "longest line of a corpus file in bytes: a longer one is skipped and counted, never "
+                        "read into memory whole; translate.py reads a longer input line in pieces of this size",
+                        "data", frozenset({TRAIN, EVALUATE, CLEAN, TRANSLATE}), range=Range(64)),
+    "data_changed": O("refuse", "resuming on corpora whose content changed since the checkpoint: refuse, or "
+                      "keep_held_out: train on the new content, validating and testing on the run's held-out splits "
+                      "as they were", "data", choices=("refuse", "keep_held_out")),
+    "allow_train_overlap": O(False, "evaluate.py: score a split even where some of its sources were in the model's "
+                             "training data (said loudly); false: refuse it", "data", frozenset({EVALUATE})),
     "seq_len": O(256, "longest sentence in tokens, [SOS] and [EOS] included; longer training pairs are dropped",
                  "data", range=Range(3)),
     # ---- cleaning (cleaning.py): 0 or false turns a rule off

@@ -50,10 +50,11 @@ from tqdm import tqdm
 from atomic_files import atomic_write_bytes
 from attention_plot import attention_figure
 from checkpoint import (CheckpointError, adopt_unlisted, check_unlisted_above, checkpoint_files, load_checkpoint,
-                        load_latest, load_weights, named, read_manifest, save_average, save_checkpoint)
+                        load_latest, load_weights, named, read_manifest, reconcile_manifest, save_average,
+                        save_checkpoint)
 from cleaning import NOT_CLEANED, cleaning_changes, cleaning_scalars
-from config import (IDENTITY_KEYS, MODEL_KEYS, TRAIN, ConfigError, OneLineParser, build_parser, corpora, corpus_name,
-                    get_config, parse_args, runs_dir, validate_config, weights_dir)
+from config import (IDENTITY_KEYS, MODEL_KEYS, TRAIN, ConfigError, OneLineParser, build_parser, corpora, corpus_entries,
+                    corpus_name, get_config, parse_args, runs_dir, validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
 from dataset import BatchPlan, BilingualDataset, CorpusMix, MicroBatches, padding_waste
 from diagnostics import log
@@ -67,7 +68,8 @@ from ranks import GracefulStop, RankFailed, Ranks, RankWatch, StopRequested, joi
 from run_lock import RunLock, RunLockError
 from scoring import corpus_scores, grouped_scores, improves
 from sources import DataError
-from store import TextStore, TokenStore, text_stores, token_stores, tokenizer_sample
+from store import (DATA_RECORD, TextStore, TokenStore, data_changes, data_identity, data_record, text_stores,
+                   token_stores, tokenizer_sample)
 from tokenizer import (TokenizerError, load_tokenizers, save_tokenizers, tag_id, tokenizer_from_json,
                        train_tokenizers)
 from translator import DecodingOptions, TorchTranslator
@@ -154,10 +156,29 @@ def check_resumable(state: dict[str, Any], config: dict[str, Any], path: Path) -
                               f"version of train.py?)")
     saved = {**get_config(), **state["config"]}  # keys added since the checkpoint was written take their defaults
     validate_config(saved)
+    # A checkpoint that records its data by content is checked by content (Trainer.check_data): the
+    # same corpora under other paths resume. Their number, weights and tags are still the run's.
+    by_content = "data" in state
     for key in IDENTITY_KEYS:
-        if saved[key] != config[key]:
+        if saved[key] != config[key] and not (by_content and key in DATA_PATHS):
             raise ConfigError(f"checkpoint {path} was trained with --{key} {saved[key]!r} but this run "
                               f"has {config[key]!r}; use the same options to resume, or a new --experiment_name")
+    if by_content and data_layout(saved) != data_layout(config):
+        raise ConfigError(f"checkpoint {path} was trained with --datasource {saved['datasource']!r}"
+                          f"{''.join(f' --{key} {saved[key]!r}' for key in DATA_PATHS[1:] if saved[key])} but this "
+                          f"run has other corpora, weights, tags or held-out files; use the same to resume, or a new "
+                          f"--experiment_name")
+
+
+# The identity keys that name data by path: a checkpoint with a data record compares their content instead.
+DATA_PATHS = ("datasource", "valid_data", "test_data")
+
+
+def data_layout(config: dict[str, Any]) -> tuple:
+    """What a run's data is besides the corpora's content: each corpus's weight and tag, and whether
+    validation and test pairs are given apart."""
+    return [entry[1:] for entry in corpus_entries(config["datasource"])], bool(config["valid_data"]), \
+        bool(config["test_data"])
 
 
 def corpus_labels(config: dict[str, Any]) -> list[str]:
@@ -340,6 +361,9 @@ class Trainer:
         self.log_skipped = 0  # steps skipped since the last logged step
         self.cleaning_reports: list[dict[str, Any]] = []  # rank 0's: what cleaning removed from each corpus
         self.writer = None
+        self.data_record: dict[str, Any] | None = None  # what the run trains on (store.data_record): rank 0's
+        self.data_changed = False  # resumed on corpora whose content changed (--data_changed keep_held_out)
+        self.held_out_from: str | None = None  # the text store whose held-out splits the run keeps: rank 0's
 
     # ------------------------------------------------------------------ 1. start or resume
 
@@ -347,12 +371,13 @@ class Trainer:
         config, ranks = self.config, self.ranks
         torch.manual_seed(config["seed"])  # the initial weights
         resume_path, resume = self.checkpoint_to_resume()
+        self.data_changed = self.from_rank0(self.data_changed)  # every rank resumes at the same batch
 
         if resume is None and self.initial is not None:
             log(f"starting from {config['init_from']}: its weights, tokenizers and architecture, with a new "
                 f"optimizer, schedule and step count")
         self.text, self.tokens, self.tok_src, self.tok_tgt = self.prepare_data(
-            resume or self.initial, str(resume_path if resume is not None else config["init_from"]))
+            resume or self.initial, str(resume_path if resume is not None else config["init_from"]), self.held_out_from)
         self.train_ds = CorpusMix([store.dataset("train") for store in self.tokens])
         if not config["length_ratio"] and len(self.train_ds):
             # Both sides counting [EOS]: src_lens also count [SOS], tgt_lens count one of [SOS]/[EOS].
@@ -362,6 +387,7 @@ class Trainer:
         if ranks.is_main:
             self.folder.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(self.folder / "config.json", json.dumps(config, indent=1).encode("utf-8"))
+            atomic_write_bytes(self.folder / DATA_RECORD, json.dumps(self.data_record, indent=1).encode("utf-8"))
         self.val_ds = self.tokens[0].dataset("validation") if "validation" in self.text.splits() else None
         self.val_pairs = validation_subset(self.text.pairs("validation"), config["val_max_sentences"], config["seed"])
         self.val_sources = list(dict.fromkeys(source for source, _ in self.val_pairs))
@@ -404,7 +430,9 @@ class Trainer:
         before recording it: `adopt_unlisted`), checked against the config. A new run starts only in
         a folder without checkpoints: one whose checkpoints are all unusable stops the run,
         everything in it left as it is; so does an unlisted checkpoint above the resume step, which
-        the run could not replace on reaching it."""
+        the run could not replace on reaching it. Once the run goes on, checkpoints.json forgets the
+        checkpoints moved out of the folder (as the advice for damaged ones says): they count for
+        nothing. A run that stops here changes no file."""
         config = self.config
         path, state = None, None
         if config["preload"] == "latest":
@@ -429,16 +457,50 @@ class Trainer:
         if state is not None:
             check_resumable(state, config, path)
             check_unlisted_above(self.folder, state["global_step"])
+            if self.ranks.is_main:
+                self.held_out_from = self.check_data(state, path)
             log(f"resuming from {path} (epoch {state['epoch']}, step {state['global_step']})")
+        if self.ranks.is_main and (note := reconcile_manifest(self.folder, config["best_metric"])):
+            log(note)
         return path, state
 
-    def prepare_data(self, checkpoint: dict[str, Any] | None,
-                     origin: str) -> tuple[TextStore, list[TokenStore], Any, Any]:
+    def check_data(self, state: dict[str, Any], path: Path) -> str | None:
+        """Rank 0, before resuming: the corpora, by content, against what the checkpoint records. A
+        corpus whose content changed stops the run with one line, unless --data_changed keep_held_out:
+        then it goes on on the new content with the run's validation and test splits as they were.
+        Returns the name of the text store that holds those (also when an earlier resume kept them).
+        A corpus that only moved resumes, with a line."""
+        saved = state.get("data")
+        if saved is None:
+            log(f"{path} records no identity of its data (written before checkpoints did): its corpora are not "
+                f"checked")
+            return None
+        current = data_identity(self.config)
+        moved = [f"{was['source']} -> {now['source']}" for was, now in zip(saved["corpora"], current["corpora"])
+                 if was["source"] != now["source"]]
+        if not (changes := data_changes(saved, current)):
+            if moved:
+                log(f"the corpora moved ({', '.join(moved)}) with the same content: resuming")
+            return saved.get("held_out_from")
+        if self.config["data_changed"] != "keep_held_out":
+            raise DataError(f"{changes[0]} when {path} was written: resuming would train on pairs it was not told "
+                            f"about and carve its validation and test anew, from pairs it has trained on; start a new "
+                            f"run (--experiment_name NAME, or also --init_from {path} to start from this model), or go "
+                            f"on with --data_changed keep_held_out, which keeps the run's validation and test splits")
+        kept = saved.get("held_out_from") or saved["stores"][0]
+        self.data_changed = True
+        log(f"{'; '.join(changes)}: going on with it (--data_changed keep_held_out), validating and testing on the "
+            f"run's held-out splits as they were, from the data store {kept}")
+        return kept
+
+    def prepare_data(self, checkpoint: dict[str, Any] | None, origin: str,
+                     held_out_from: str | None = None) -> tuple[TextStore, list[TokenStore], Any, Any]:
         """The held-out (first corpus's) text store, every corpus's token store, and the tokenizers.
-        Rank 0 opens or builds the stores (store.py) and, for a new run, trains the tokenizers on a
-        sample of all the corpora's training pairs, reserving the run's tags, and saves them; the
-        other ranks wait, then map the same files. A resumed or fine-tuned run's tokenizers come from
-        its checkpoint (`origin`), which must hold every corpus's tag."""
+        Rank 0 opens or builds the stores (store.py; the held-out splits of the store `held_out_from`
+        when given) and, for a new run, trains the tokenizers on a sample of all the corpora's training
+        pairs, reserving the run's tags, and saves them; the other ranks wait, then map the same files.
+        A resumed or fine-tuned run's tokenizers come from its checkpoint (`origin`), which must hold
+        every corpus's tag. Rank 0 also records what the run trains on (`data_record`)."""
         config, ranks = self.config, self.ranks
         if checkpoint is not None:
             tok_src = tokenizer_from_json(checkpoint["tokenizers"]["src"])
@@ -448,7 +510,8 @@ class Trainer:
                     tag_id(tok_src, corpus.tag, origin)
         folders: list[str | None] = [None] * (1 + len(corpora(config)))
         if ranks.is_main:
-            texts = text_stores(config)
+            texts = text_stores(config, held_out_from)
+            self.data_record = data_record(config, texts, held_out_from)
             if checkpoint is None:
                 tok_src, tok_tgt = train_tokenizers(config, lambda: tokenizer_sample(config, texts))
                 save_tokenizers(self.folder, config, tok_src, tok_tgt)
@@ -471,7 +534,8 @@ class Trainer:
         """Weights, optimizer, schedule and position from a checkpoint. Optimizer settings changed
         since then are applied, and a changed batch setting is never silent: world_size and
         accum_steps regroup the same batches, so training resumes at the very next batch; other
-        changes make other batches, so it resumes at the start of the next epoch."""
+        changes (the corpora's content too, with --data_changed keep_held_out) make other batches,
+        so it resumes at the start of the next epoch."""
         load_weights(self.model, state["model"], path)
         if (plan := plan_from_dict(state.get("plan"))) is not None:
             self.follow(plan)
@@ -491,8 +555,10 @@ class Trainer:
         self.apply_optimizer_settings(state["config"])
         saved, current = {"cleaning": NOT_CLEANED, **state["batch_settings"]}, self.batch_settings()
         changed = [key for key in BATCH_SETTINGS if saved[key] != current[key]]
-        described = ", ".join(f"cleaning: {cleaning_changes(saved[key], current[key])}" if key == "cleaning"
-                              else f"--{key} {saved[key]} -> {current[key]}" for key in changed)
+        described = ", ".join([f"cleaning: {cleaning_changes(saved[key], current[key])}" if key == "cleaning"
+                               else f"--{key} {saved[key]} -> {current[key]}" for key in changed]
+                              + ["the corpora's content"] * self.data_changed)
+        changed += ["data"] * self.data_changed  # other pairs make other batches, like a changed batch setting
         if not changed or not self.batches_done:
             if changed:
                 log(f"resuming at the start of epoch {self.epoch} with changed batch settings ({described})")
@@ -852,7 +918,8 @@ class Trainer:
     def save(self, metrics: dict[str, float] | None = None) -> None:
         """Rank 0 writes a checkpoint while the others wait."""
         if self.ranks.is_main:
-            state = {key: self.resume_value(key) for key in (*RESUME_KEYS, "plan")} | {"metrics": metrics or {}}
+            state = {key: self.resume_value(key) for key in (*RESUME_KEYS, "plan")} | {"metrics": metrics or {},
+                                                                                      "data": self.data_record}
             path = save_checkpoint(self.folder, state, self.global_step, self.config["keep_checkpoints"], metrics,
                                    self.config["best_metric"])
             log(f"saved {path}")

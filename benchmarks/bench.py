@@ -242,7 +242,7 @@ def synthetic_pairs(count: int, seed: int, vocab: tuple[int, int]) -> list[tuple
 def load_data(datasource: str | None, settings: dict[str, Any], seed: int) -> tuple[BilingualDataset, Any, Any, str]:
     config = settings["config"]
     if datasource:
-        source = open_source(datasource, f"{config['lang_src']}-{config['lang_tgt']}")
+        source = open_source(datasource, config["lang_src"], config["lang_tgt"])
         batches = read_pairs(source, "train", config["lang_src"], config["lang_tgt"])
         pairs = [pair for batch in batches for pair in batch]
         name = f"{datasource} (train split)"

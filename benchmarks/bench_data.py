@@ -47,7 +47,7 @@ def write_corpus(folder: Path, pairs: int, source: Path, seed: int = 0) -> Path:
     import pyarrow.parquet as pq
 
     from sources import open_source, read_pairs
-    base = [pair for batch in read_pairs(open_source(str(source), "en-it"), "train", "en", "it") for pair in batch]
+    base = [pair for batch in read_pairs(open_source(str(source), "en", "it"), "train", "en", "it") for pair in batch]
     rng = random.Random(seed)
     (folder / "en-it").mkdir(parents=True)
     schema = pa.schema([("id", pa.string()), ("translation", pa.struct([("en", pa.string()), ("it", pa.string())]))])

@@ -159,7 +159,7 @@ def plan_cost(groups: list[list[str]], repeats: int = 5) -> float:
 def english_sentences(data: str) -> list[str]:
     """The English side of a FOLDER:SPLIT, in file order."""
     folder, _, split = data.rpartition(":")
-    return [source for source, _ in read_all_pairs(open_source(folder, "en-it"), split, "en", "it")]
+    return [source for source, _ in read_all_pairs(open_source(folder, "en", "it"), split, "en", "it")]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -124,7 +124,7 @@ def cleaning_by_kind(folder: Path, kinds: dict[str, list[int]], models: tuple[To
     kept: list[tuple[str, str]] = []
     kept_kinds: list[str] = []
     row = 0
-    for batch in read_pairs(open_source(str(folder), "-".join(PAIR)), "train", *PAIR):
+    for batch in read_pairs(open_source(str(folder), *PAIR), "train", *PAIR):
         for pair in batch:
             kind = kind_of.get(row, "clean")
             table[kind]["rows"] += 1

@@ -21,7 +21,7 @@ from translator import DecodingOptions, TorchTranslator
 def test_bench_data_writes_an_opus_books_shaped_corpus(tmp_path: Path) -> None:
     source = write_hub_dataset(tmp_path / "source", {"train": synthetic_pairs(300, 1)})
     corpus = bench_data.write_corpus(tmp_path / "corpus", 2500, source)
-    opened = open_source(str(corpus), "en-it")
+    opened = open_source(str(corpus), "en", "it")
     assert opened.splits == ["train"]
     assert [p.suffix for p in (corpus / "en-it").iterdir()] == [".parquet"]
     pairs = [pair for batch in read_pairs(opened, "train", "en", "it") for pair in batch]
@@ -77,7 +77,7 @@ def test_noisy_corpus_replaces_a_seeded_share_by_kind(tmp_path: Path, capsys: py
     result = json.loads(capsys.readouterr().out)
     kinds = json.loads((tmp_path / "noisy" / "noise.json").read_text())["rows"]
     assert {kind: len(rows) for kind, rows in kinds.items()} == dict.fromkeys(noisy_corpus.KINDS, 10)
-    noisy = [pair for batch in read_pairs(open_source(str(tmp_path / "noisy"), "en-it"), "train", "en", "it")
+    noisy = [pair for batch in read_pairs(open_source(str(tmp_path / "noisy"), "en", "it"), "train", "en", "it")
              for pair in batch]
     kind_of = {row: kind for kind, rows in kinds.items() for row in rows}
     targets = {t for _, t in pairs}
@@ -88,7 +88,7 @@ def test_noisy_corpus_replaces_a_seeded_share_by_kind(tmp_path: Path, capsys: py
                     "target_both": new_src in targets and new_src != tgt and new_tgt == tgt,
                     "boilerplate": new_src not in {s for s, _ in pairs}}
         assert expected[kind_of.get(row)], (row, kind_of.get(row), new_src, new_tgt)
-    backward = [pair for batch in read_pairs(open_source(str(tmp_path / "noisy"), "it-en"), "train", "it", "en")
+    backward = [pair for batch in read_pairs(open_source(str(tmp_path / "noisy"), "it", "en"), "train", "it", "en")
                 for pair in batch]
     assert backward == [(t, s) for s, t in noisy]  # the scoring recipe's backward model trains on it-en
     for split in ("validation", "test"):

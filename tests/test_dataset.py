@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from dataset import BatchPlan, BilingualDataset, MicroBatches, padding_waste, token_batches
+import dataset
+from dataset import BatchPlan, BilingualDataset, CorpusMix, MicroBatches, padding_waste, token_batches
+from sources import DataError
 from synthetic_data import synthetic_pairs
 from tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_ids, train_tokenizer
 
@@ -189,3 +191,17 @@ def test_micro_batches_dataset_yields_collated_batches(plan_dataset: BilingualDa
     assert torch.equal(item["encoder_input"], plan_dataset.collate(indices)["encoder_input"])
     assert int(item["num_tokens"]) == int((item["label"] != PAD_ID).sum())
     assert int(item["step_tokens"]) == step_tokens >= int(item["num_tokens"])
+
+
+def test_a_mix_that_would_draw_more_than_memory_can_plan_is_refused_before_allocating(
+        plan_dataset: BilingualDataset, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights are at most 100, yet 100 x a corpus of millions of pairs is more than a machine's
+    memory: the total is checked against it first, in one line."""
+    monkeypatch.setattr(dataset, "physical_memory", lambda: 4 << 20)  # a plan of 32,768 pairs in half of it
+    monkeypatch.setattr(BatchPlan, "epoch_rows", lambda *_: pytest.fail("the epoch was allocated"))
+    mix, n = CorpusMix([plan_dataset, plan_dataset]), len(plan_dataset)
+    with pytest.raises(DataError, match=rf"^the corpora's weights draw {101 * n:,} pairs an epoch \(1 x {n:,}, 100 x "
+                                        rf"{n:,}\), whose batch plan would take about 0\.0 GiB of this machine's 0\.0 "
+                                        rf"GiB: lower the weights"):
+        BatchPlan(mix, 200, seed=3, weights=(1.0, 100.0))
+    BatchPlan(mix, 200, seed=3, weights=(1.0, 50.0))  # within half of it

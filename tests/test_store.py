@@ -32,7 +32,7 @@ from cleaning import dual_conditional_cross_entropy, keep_best
 from config import get_config
 from sources import DataError
 from store import TextStore, text_store, token_store, tokenizer_sample
-from synthetic_data import synthetic_pairs, write_hub_dataset
+from synthetic_data import synthetic_pairs, write_hub_dataset, write_parallel_files
 from tokenizer import UNK_ID, encode_ids, train_tokenizers
 from translator import TorchTranslator
 
@@ -555,3 +555,63 @@ def test_eval_pairs_reads_a_file_given_apart_a_corpus_split_or_the_carved_one(tm
     assert carved == text_store(config).pairs("test") and carved and set(carved) <= set(pairs)
     with pytest.raises(sources.DataError, match="no 'dev' split"):
         store.eval_pairs(config, "dev", config)
+
+
+# ---------------------------------------------------------------------------- what a run trained on
+
+def test_the_store_key_is_the_content_so_a_moved_corpus_finds_its_store(tmp_path: Path) -> None:
+    first = text_store(config_for(write_parallel_files(tmp_path / "a" / "corpus", numbered_pairs(60)), tmp_path))
+    moved = text_store(config_for(write_parallel_files(tmp_path / "b" / "corpus", numbered_pairs(60)), tmp_path))
+    assert moved.folder == first.folder
+    edited = text_store(config_for(write_parallel_files(tmp_path / "b" / "corpus", numbered_pairs(61)), tmp_path))
+    assert edited.folder != first.folder
+
+
+def test_a_split_trained_on_is_found_when_the_corpus_changed_after_training(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture) -> None:
+    """evaluate.py's check, on the issue's case: the corpus grew after training, so its test split,
+    carved anew, holds pairs the model trained on. Counted against the run's recorded stores; once
+    those are gone, refused as not the split held out."""
+    prefix = write_parallel_files(tmp_path / "corpus", numbered_pairs(400))
+    config = config_for(prefix, tmp_path)
+    record = store.data_record(config, store.text_stores(config), None)
+    assert store.held_out_problem(store.eval_pairs(config, "test", config, record=record), "test", config, config,
+                                  record) is None
+    write_parallel_files(prefix, numbered_pairs(300, "x"), mode="a")
+    recarved = text_store(config).pairs("test")
+    trained = set(TextStore.open(Path(config["store_folder"]) / record["stores"][0]).pairs("train"))
+    overlap = sum(pair in trained for pair in recarved)
+    assert overlap > 0, "premise: the new carve takes pairs the first one trained on"
+    assert store.held_out_problem(recarved, "test", config, config, record) == \
+        f"{overlap} of the {len(recarved)} pairs of the test split have a source sentence the model trained on"
+    assert store.eval_pairs(config, "test", config, record=record) != recarved  # the one held out, from its store
+    shutil.rmtree(Path(config["store_folder"]) / record["stores"][0])
+    assert "is not the one the model held out" in store.held_out_problem(recarved, "test", config, config, record)
+    assert store.held_out_problem(recarved, "test", dict(config, test_data="news.tsv"), config, record) is None
+    assert "data stores of the model's training pairs are gone" in capsys.readouterr().err
+
+
+def test_a_bad_row_given_apart_is_named_by_its_split_and_a_held_out_training_corpus_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--valid_data's bad row was reported as `train: skipped`; --valid_data equal to the training
+    corpus removed every training pair and ended in `no training pairs fit in --seq_len`."""
+    prefix = write_parallel_files(tmp_path / "corpus", numbered_pairs(100))
+    dev = write_parallel_files(tmp_path / "dev", numbered_pairs(10, "d") + [("Only English.", "")])
+    text_store(config_for(prefix, tmp_path, valid_data=str(dev)))
+    assert f"validation of {dev}: skipped 1 of 11 rows (1 empty side)" in capsys.readouterr().err
+    with pytest.raises(sources.DataError, match=rf"^{prefix}: every one of its 95 training pairs has its source "
+                                                rf"sentence in validation \({prefix}\): held-out pairs must not be"):
+        text_store(config_for(prefix, tmp_path, valid_data=str(prefix)))
+
+
+def test_an_unnamed_tsv_read_the_other_way_by_a_later_run_is_refused(tmp_path: Path) -> None:
+    """Its name gives no languages, so each run reads its columns in the run's order: the first run's
+    is remembered beside the stores, and a run in the other direction would swap them silently."""
+    tsv = tmp_path / "corpus.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in numbered_pairs(50)), encoding="utf-8")
+    text_store(config_for(tsv, tmp_path))
+    with pytest.raises(sources.DataError, match="an earlier run read its columns as en, it; this one would read them "
+                                                "as it, en"):
+        text_store(config_for(tsv, tmp_path, lang_src="it", lang_tgt="en"))
+    named = tsv.rename(tmp_path / "corpus.en-it.tsv")
+    assert text_store(config_for(named, tmp_path, lang_src="it", lang_tgt="en")).pairs("train")[0][0].startswith("La")

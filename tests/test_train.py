@@ -23,7 +23,7 @@ import train
 from checkpoint import MANIFEST, checkpoint_name, load_checkpoint, load_for_inference, load_latest
 from config import parse_config, runs_dir, validate_config, weights_dir
 from store import text_store, token_store
-from synthetic_data import synthetic_pairs, write_hub_dataset
+from synthetic_data import synthetic_pairs, write_hub_dataset, write_parallel_files
 from loss import loss_sum
 from optimizer import lr_factor
 from scoring import corpus_scores
@@ -270,6 +270,49 @@ def test_unreachable_hub_from_the_command_line(tmp_path: Path, cli) -> None:
     assert result.returncode == 1 and "Traceback" not in result.stderr
     lines = error_lines(result.stderr)
     assert len(lines) == 1 and "Helsinki-NLP/opus_books" in lines[0] and "--datasource" in lines[0]
+
+
+# ---------------------------------------------------------------------------- a corpus edited between runs
+
+def prefix_args(prefix: Path, tmp_path: Path) -> list[str]:
+    return ["--datasource", str(prefix), "--preset", "tiny", "--num_epochs", "100", "--val_max_sentences", "2",
+            "--num_examples", "0", "--model_folder", str(tmp_path / "w"), "--runs_folder", str(tmp_path / "r"),
+            "--store_folder", str(tmp_path / "s")]
+
+
+def test_a_corpus_edited_between_runs_is_not_resumed_unasked(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The issue's run: 5 steps on plain files, pairs appended to both, run again: it resumed, built
+    a new store and carved its test split anew, from pairs it had trained on. Now the edit is refused
+    in one line saying both ways on; --data_changed keep_held_out goes on with the run's validation
+    and test splits, and so does every later resume; the same files under another path resume."""
+    prefix = write_parallel_files(tmp_path / "data" / "corpus", synthetic_pairs(240, 1))
+    args = prefix_args(prefix, tmp_path)
+    assert train.main(args + ["--max_steps", "2"]) == 0
+    record_path = weights_dir(parse_config(args)) / "data.json"
+    record = json.loads(record_path.read_text())
+    write_parallel_files(prefix, synthetic_pairs(60, 9), mode="a")
+    capsys.readouterr()
+    assert train.main(args + ["--max_steps", "3"]) == 1
+    lines = error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and f"corpus {prefix} holds other data than it did" in lines[0], lines
+    assert "--data_changed keep_held_out" in lines[0] and "--experiment_name" in lines[0]
+    assert newest(args)["global_step"] == 2
+
+    assert train.main(args + ["--max_steps", "3", "--data_changed", "keep_held_out"]) == 0
+    assert "validating and testing on the run's held-out splits as they were" in capsys.readouterr().err
+    kept = json.loads(record_path.read_text())
+    assert kept["held_out"] == record["held_out"] and kept["held_out_from"] == record["stores"][0]
+    assert kept["corpora"] != record["corpora"] and newest(args)["data"] == kept
+    assert train.main(args + ["--max_steps", "4"]) == 0
+    assert json.loads(record_path.read_text())["held_out"] == record["held_out"]
+
+    moved = write_parallel_files(tmp_path / "elsewhere" / "corpus", [])
+    for lang in ("en", "it"):
+        Path(f"{moved}.{lang}").write_bytes(Path(f"{prefix}.{lang}").read_bytes())
+    capsys.readouterr()
+    assert train.main(prefix_args(moved, tmp_path) + ["--max_steps", "5"]) == 0
+    assert f"the corpora moved ({prefix} -> {moved}) with the same content: resuming" in capsys.readouterr().err
+    assert newest(args)["global_step"] == 5
 
 
 # ---------------------------------------------------------------------------- resuming with other settings
