@@ -122,7 +122,8 @@ def fit_calibrator(rows: Sequence[Sequence[float]], chrfs: Sequence[float], thre
 
     optimizer.step(loss)
     weights = _weights(raw[:-1]).detach()
-    return Calibrator(mean.tolist(), scale.tolist(), weights.tolist(), float(raw[-1].detach()), float(threshold), len(rows))
+    return Calibrator(mean.tolist(), scale.tolist(), weights.tolist(), float(raw[-1].detach()), float(threshold),
+                      len(rows))
 
 
 def _weights(raw: torch.Tensor) -> torch.Tensor:
