@@ -536,6 +536,26 @@ def test_free_sentences_of_a_mixed_batch_are_bit_identical(toy_translator, mixed
             assert mixed[row] != free[row]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_in_its_autocast_free_sentences_stay_bit_identical(toy_translator, mixed_batch) -> None:
+    """The same on the GPU, in the dtype translator.py decodes in there."""
+    import copy
+
+    from precision import autocast_context, inference_dtype
+    device = torch.device("cuda")
+    model = copy.deepcopy(toy_translator.model).to(device)
+    src, src_mask, constraints = mixed_batch
+    with autocast_context(device, inference_dtype(device)):
+        free = beam_search(model, src.to(device), src_mask.to(device), 20, 5, n_best=2)
+        mixed = beam_search(model, src.to(device), src_mask.to(device), 20, 5, n_best=2, constraints=constraints)
+    for row, wanted in enumerate(constraints):
+        if wanted is None:
+            assert [(h, h.log_prob, h.lowest) for h in mixed[row]] == [(h, h.log_prob, h.lowest) for h in free[row]]
+        else:
+            for tokens, _ in mixed[row]:
+                assert all(any(tokens[i:i + len(p)] == p for i in range(len(tokens))) for p in wanted), tokens
+
+
 def test_constrained_search_with_and_without_the_cache_and_n_best(toy_translator, mixed_batch) -> None:
     """The cache reordered by the chosen beams gives what decoding every position again gives; all
     n_best hypotheses hold every constraint, distinct and ranked."""
