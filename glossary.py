@@ -39,6 +39,7 @@ from tokenizers import Tokenizer
 
 from tokenizer import UNK_ID
 
+WORD = re.compile(r"\w+")
 MAX_TERM_CHARS = 200  # either side of a pair
 MAX_TERM_TOKENS = 16  # a target term's tokens: the constrained search compares every phrase prefix each step
 GLUED_AFTER = ("'", "’", "(", '"', "«")  # elisions, opening brackets and quotes a term may follow with no space
@@ -104,11 +105,15 @@ def source_key(term: str) -> str:
 
 @dataclass(frozen=True)
 class Glossary:
-    """Checked pairs, ready to match sentences and give the target terms' token ids."""
+    """Checked pairs, ready to match sentences and give the target terms' token ids. A sentence is
+    searched only for the terms whose words (lower-cased \\w+ runs) it all holds, found through the
+    index of each term's first word: a glossary of a thousand terms costs little more than one."""
 
     pairs: tuple[tuple[str, str], ...]
     target_ids: dict[str, list[list[int]]]  # target term -> its alternative spellings' token ids
-    pattern: re.Pattern | None  # one named group per pair: g<index>
+    patterns: tuple[re.Pattern, ...]  # each source term's
+    words: tuple[frozenset[str], ...]  # each source term's words
+    by_first_word: dict[str, tuple[int, ...]]  # the terms each word begins ("": terms without one)
 
     @classmethod
     def build(cls, pairs: Sequence[tuple[str, str]], tok_tgt: Tokenizer,
@@ -116,19 +121,30 @@ class Glossary:
         """A glossary of checked `pairs` (check_pairs) for a model whose target tokenizer is
         `tok_tgt`. Raises GlossaryError naming a target term it cannot spell or that is too long."""
         target_ids = {target: term_alternatives(tok_tgt, target, max_term_tokens) for _, target in pairs}
-        # Longest first: at one position the alternation takes the first that matches.
-        order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]), reverse=True)
-        alternatives = "|".join(f"(?P<g{i}>" + r"\s+".join(map(re.escape, pairs[i][0].split())) + ")" for i in order)
-        pattern = re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)", re.IGNORECASE) if pairs else None
-        return cls(tuple(pairs), target_ids, pattern)
+        patterns = tuple(re.compile(r"(?<!\w)" + r"\s+".join(map(re.escape, source.split())) + r"(?!\w)",
+                                    re.IGNORECASE) for source, _ in pairs)
+        words = [WORD.findall(source.casefold()) for source, _ in pairs]
+        by_first_word: dict[str, list[int]] = {}
+        for index, term_words in enumerate(words):
+            by_first_word.setdefault(term_words[0] if term_words else "", []).append(index)
+        return cls(tuple(pairs), target_ids, patterns, tuple(map(frozenset, words)),
+                   {word: tuple(indices) for word, indices in by_first_word.items()})
 
     def terms_in(self, sentence: str) -> list[tuple[str, str]]:
         """(source text as found, target term) of each term `sentence` holds, in order, each target
-        term once."""
+        term once. Where matches overlap, the leftmost wins, and of those starting there the
+        longest term."""
+        present = set(WORD.findall(sentence.casefold()))
+        candidates = [i for word in (*present, "") for i in self.by_first_word.get(word, ())
+                      if self.words[i] <= present]
+        matches = sorted((match.start(), -len(self.pairs[i][0]), match.end(), i)
+                         for i in candidates for match in self.patterns[i].finditer(sentence))
         found: dict[str, str] = {}
-        for match in self.pattern.finditer(sentence) if self.pattern is not None else ():
-            target = self.pairs[int(match.lastgroup[1:])][1]
-            found.setdefault(target, match.group(0))
+        end = 0
+        for start, _, stop, i in matches:
+            if start >= end:
+                found.setdefault(self.pairs[i][1], sentence[start:stop])
+                end = stop
         return [(source, target) for target, source in found.items()]
 
     def constraints(self, sentence: str) -> list[list[list[int]]]:

@@ -73,6 +73,8 @@ def test_source_terms_are_whole_words_in_any_case_longest_first(tok_tgt) -> None
     found = glossary.terms_in("The BLACK  cat saw a Cat in New\tYork, not a bobcat or cats; C++ too.")
     assert found == [("BLACK  cat", "gatto nero"), ("Cat", "gatto"), ("New\tYork", "nuova"), ("C++", "nero")]
     assert glossary.terms_in("A cat, a cat and a cat.") == [("cat", "gatto")]  # each target once
+    assert glossary.terms_in("A bobcat, then a black cat.") == [("black cat", "gatto nero")]
+    assert glossary.terms_in("Cat!") == [("Cat", "gatto")]
     assert glossary.terms_in("category") == [] and Glossary.build([], tok_tgt).constraints("a cat") == []
 
 
