@@ -246,7 +246,7 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, m
         log_probs = _next_log_probs(model, memory, src_mask, tokens, cache, k, no_repeat_ngram_size)
         if banks is not None:
             log_probs = banks.forbid_early_end(log_probs)
-        extensions = _extensions(log_probs_so_far, lowest_so_far, log_probs, banks, tokens)
+        extensions = _extensions(log_probs_so_far, lowest_so_far, log_probs, banks)
         ends = (extensions.token == EOS_ID) & torch.isfinite(extensions.scores)
         # The first k extensions that do not end stay open, in the order the search takes them.
         positions = torch.arange(ends.size(1), device=device)
@@ -305,7 +305,7 @@ def _next_log_probs(model: Transformer, memory: torch.Tensor, src_mask: torch.Te
 
 
 def _extensions(log_probs_so_far: torch.Tensor, lowest_so_far: torch.Tensor, log_probs: torch.Tensor,
-                banks: "ConstraintBanks | None", tokens: torch.Tensor) -> Extensions:
+                banks: "ConstraintBanks | None") -> Extensions:
     """Each sentence's 2 x beam_size best extensions of its beams (sentences, beams), by
     log-probability; for a sentence with constraints, in the banks' order instead."""
     count, k = log_probs_so_far.shape
@@ -314,7 +314,7 @@ def _extensions(log_probs_so_far: torch.Tensor, lowest_so_far: torch.Tensor, log
     scores, index = candidates.topk(min(2 * k, k * vocab), dim=1)
     met = progress = None
     if banks is not None:
-        scores, index, met, progress = banks.choose(candidates, log_probs, tokens, scores, index)
+        scores, index, met, progress = banks.choose(candidates, log_probs, scores, index)
     beam = index // vocab
     lowest = torch.minimum(lowest_so_far.gather(1, beam), log_probs.view(count, k * vocab).gather(1, index))
     return Extensions(scores, beam, index % vocab, lowest, met, progress)
@@ -388,7 +388,9 @@ class ConstraintBanks:
     its spellings, such as "▁acqua" and "'acqua" (after an elision: dell'acqua). Each hypothesis
     row holds which constraints it has met (`met`) and how far it is into each alternative of the
     others (`progress`: the longest end of the hypothesis that begins the phrase, so a phrase broken
-    off starts again, from wherever its own beginning recurs).
+    off starts again, from wherever its own beginning recurs: a token extends the longest of the
+    prefixes matched so far that it fits, found through the phrase's borders as in Knuth-Morris-Pratt,
+    in memory linear in the phrase's length).
 
     A candidate extension's bank counts the constraint tokens it has produced: for each constraint
     met, the length of its longest alternative; plus its progress into the phrase it is furthest
@@ -404,16 +406,21 @@ class ConstraintBanks:
     def __init__(self, constraints: list[list[list[list[int]]]], beam_size: int, device: torch.device) -> None:
         groups = max(len(sentence) for sentence in constraints)
         phrases = [[phrase for constraint in sentence for phrase in constraint] for sentence in constraints]
-        count, longest = max(map(len, phrases)), max(len(phrase) for sentence in phrases for phrase in sentence)
+        width, longest = max(map(len, phrases)), max(len(phrase) for sentence in phrases for phrase in sentence)
         self.largest_id = max(max(phrase) for sentence in phrases for phrase in sentence)
-        self.phrases = torch.tensor([[phrase + [-1] * (longest - len(phrase)) for phrase in sentence] +
-                                     [[-1] * longest] * (count - len(sentence)) for sentence in phrases],
-                                    dtype=torch.long, device=device)  # (sentences, alternatives, longest)
-        self.lengths = torch.tensor([[len(phrase) for phrase in sentence] + [0] * (count - len(sentence))
-                                     for sentence in phrases], dtype=torch.long, device=device)
+        padded = [sentence + [[]] * (width - len(sentence)) for sentence in phrases]
+        self.phrases = torch.tensor([[phrase + [-1] * (longest - len(phrase)) for phrase in sentence]
+                                     for sentence in padded], dtype=torch.long, device=device)
+        self.lengths = torch.tensor([[len(phrase) for phrase in sentence] for sentence in padded], dtype=torch.long,
+                                    device=device)  # (sentences, alternatives); 0: an empty slot
+        # borders[s, p, a, b]: the first b tokens of phrase p end its first a tokens (b <= a): the
+        # prefixes a hypothesis that has matched a tokens of the phrase has matched too (KMP's borders).
+        self.borders = torch.tensor([[[[b <= a and phrase[a - b:a] == phrase[:b] for b in range(longest + 1)]
+                                       for a in range(longest + 1)] for phrase in sentence] for sentence in padded],
+                                    dtype=torch.bool, device=device)
         owners = [[c for c, constraint in enumerate(sentence) for _ in constraint] for sentence in constraints]
         self.owner = torch.tensor([[[c == o for c in range(groups)] for o in sentence] +
-                                   [[False] * groups] * (count - len(sentence)) for sentence in owners],
+                                   [[False] * groups] * (width - len(sentence)) for sentence in owners],
                                   dtype=torch.bool, device=device)  # (sentences, alternatives, constraints)
         sizes = [[max(map(len, constraint)) for constraint in sentence] for sentence in constraints]
         self.sizes = torch.tensor([size + [0] * (groups - len(size)) for size in sizes], dtype=torch.long,
@@ -422,12 +429,8 @@ class ConstraintBanks:
         self.beam_size = beam_size
         self.constrained = self.sizes.sum(dim=1) > 0
         self.met = (self.sizes == 0).repeat_interleave(beam_size, dim=0)  # an empty slot counts as met
-        self.progress = torch.zeros((self.met.size(0), count), dtype=torch.long, device=device)
-        # Row j of a window's suffixes: its last j + 1 tokens, from position `longest - 1 - j` on.
-        j = torch.arange(longest, device=device)
-        self.suffix_index = (longest - 1 - j[:, None] + j[None, :]).clamp(max=longest - 1)
-        self.suffix_valid = j[None, :] <= j[:, None]
-        self.spans = j + 1
+        self.progress = torch.zeros((self.met.size(0), width), dtype=torch.long, device=device)
+        self.spans = torch.arange(1, longest + 1, device=device)
 
     @classmethod
     def of(cls, constraints: Constraints | None, count: int, beam_size: int,
@@ -452,7 +455,7 @@ class ConstraintBanks:
         log_probs[:, EOS_ID] = torch.where(self.met.all(dim=1), log_probs[:, EOS_ID], float("-inf"))
         return log_probs
 
-    def choose(self, candidates: torch.Tensor, log_probs: torch.Tensor, tokens: torch.Tensor, top_scores: torch.Tensor,
+    def choose(self, candidates: torch.Tensor, log_probs: torch.Tensor, top_scores: torch.Tensor,
                top_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Scores, indices into `candidates` (sentences, beams x vocab) and states (met, progress) of
         each sentence's extensions in the order the search takes them: the banks' order for a
@@ -478,7 +481,7 @@ class ConstraintBanks:
         usable &= ~torch.zeros_like(repeated).scatter(1, order, repeated)
         scores = torch.where(usable, candidates.gather(1, index), float("-inf"))
         met, progress = self._states(index // vocab + torch.arange(count, device=index.device)[:, None] * k,
-                                     index % vocab, tokens)
+                                     index % vocab)
         bank = (met * self.sizes[:, None, :]).sum(dim=2) + progress.amax(dim=2)
         chosen = self._round_robin(scores, bank, index % vocab == EOS_ID)[:, :top_index.size(1)]
         take = self.constrained[:, None]
@@ -487,29 +490,22 @@ class ConstraintBanks:
                 met.gather(1, chosen[:, :, None].expand(-1, -1, met.size(2))),
                 progress.gather(1, chosen[:, :, None].expand(-1, -1, progress.size(2))))
 
-    def _states(self, rows: torch.Tensor, token: torch.Tensor,
-                tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(met, progress) of the hypothesis rows `rows` (sentences, candidates) of `tokens`, each
-        extended by its `token`: (sentences, candidates, constraints) and (..., alternatives)."""
-        matched = self._matched(torch.cat([self._recent(tokens)[rows], token[:, :, None]], dim=2))
+    def _states(self, rows: torch.Tensor, token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(met, progress) of the hypothesis rows `rows` (sentences, candidates), each extended by its
+        `token`: (sentences, candidates, constraints) and (..., alternatives). An alternative's new
+        progress is the longest of the prefixes the row has matched (its progress and that prefix's
+        borders) that `token` extends, plus one; 0 when `token` extends none."""
+        progress = self.progress[rows]
+        sentence = torch.arange(rows.size(0), device=rows.device)[:, None, None]
+        alternative = torch.arange(progress.size(2), device=rows.device)[None, None, :]
+        matched_so_far = self.borders[sentence, alternative, progress][..., :-1]  # (..., alternatives, longest)
+        extends = matched_so_far & (self.phrases[:, None] == token[:, :, None, None]) \
+            & (self.spans <= self.lengths[:, None, :, None])
+        matched = (extends * self.spans).amax(dim=-1)
         completed = (matched == self.lengths[:, None, :]) & (self.lengths[:, None, :] > 0)
         met = self.met[rows] | (completed[:, :, :, None] & self.owner[:, None]).any(dim=2)
         settled = (met[:, :, None, :] & self.owner[:, None]).any(dim=3)  # the alternative's constraint is met
         return met, torch.where(settled, 0, matched)
-
-    def _recent(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The last `longest - 1` tokens of each row of `tokens` after [SOS], -1 before its start."""
-        keep = self.phrases.size(2) - 1
-        recent = tokens[:, max(1, tokens.size(1) - keep):]
-        return F.pad(recent, (keep - recent.size(1), 0), value=-1)
-
-    def _matched(self, window: torch.Tensor) -> torch.Tensor:
-        """For windows (sentences, candidates, longest) of each hypothesis's last tokens: how many
-        tokens of each alternative its end matches, (sentences, candidates, alternatives)."""
-        suffixes = window[:, :, self.suffix_index]  # (sentences, candidates, longest, longest)
-        same = (suffixes[:, :, None] == self.phrases[:, None, :, None, :]) | ~self.suffix_valid
-        fits = same.all(dim=-1) & (self.spans <= self.lengths[:, None, :, None])
-        return (fits * self.spans).amax(dim=-1)
 
     def _round_robin(self, scores: torch.Tensor, bank: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """Each sentence's candidates in the order the search takes them: first those that end
