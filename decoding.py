@@ -521,8 +521,9 @@ class ConstraintBanks:
         return by_score.gather(1, key.argsort(dim=1, stable=True))
 
     def keep_sentences(self, kept: torch.Tensor) -> None:
-        self.phrases, self.lengths, self.owner = self.phrases[kept], self.lengths[kept], self.owner[kept]
-        self.sizes, self.constrained = self.sizes[kept], self.constrained[kept]
+        """Only the sentences `kept`: every per-sentence tensor (the rows' states follow in `advance`)."""
+        self.phrases, self.lengths, self.borders = self.phrases[kept], self.lengths[kept], self.borders[kept]
+        self.owner, self.sizes, self.constrained = self.owner[kept], self.sizes[kept], self.constrained[kept]
 
     def advance(self, met: torch.Tensor, progress: torch.Tensor) -> None:
         """The states (sentences, beams, ...) of the beams the search keeps."""

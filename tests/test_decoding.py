@@ -585,6 +585,19 @@ def constrained(constraints, beam_size: int = 3, n_best: int = 1, max_tokens: in
     return beam_search(model, *ONE_SOURCE, max_tokens, beam_size, 0.0, n_best, constraints=[constraints])[0]
 
 
+def test_a_sentence_that_leaves_the_batch_takes_its_constraints_with_it() -> None:
+    """Two sentences; the free one ends at once. The other must hold A B C, and the model prefers
+    A B B C: with the free sentence's (empty) phrase in its place, B B would count as the A B of
+    A B C continuing, and A B B C as holding it."""
+    table = {(): {EOS_ID: 0.6, A: 0.4}, (A,): {B: 0.9, C: 0.1}, (A, B): {B: 0.9, C: 0.1},
+             (A, B, B): {C: 0.9, A: 0.1}, (A, B, B, C): {EOS_ID: 0.9, A: 0.1}}
+    two = (torch.tensor([[SOS_ID, 9, EOS_ID]] * 2), torch.ones(2, 1, 1, 3, dtype=torch.bool))
+    free, bound = beam_search(StubModel(table, ANYTHING), *two, 10, 3, 0.0, constraints=[None, [[A, B, C]]])
+    assert tokens_of(free) == [[]]
+    [(tokens, _)] = bound
+    assert any(tokens[i:i + 3] == [A, B, C] for i in range(len(tokens))), tokens
+
+
 def test_a_broken_phrase_starts_again_and_eos_waits_for_every_constraint() -> None:
     """The model writes A A A B: the phrase A A B, broken off by the third A, is met all the same
     (its match falls back to the A A it ends with), as is either alternative of a constraint.
