@@ -47,7 +47,7 @@ def measure(args: Any, config: dict[str, Any]) -> dict[str, Any]:
     device = pick_device(config["device"])
     translator = TorchTranslator.load(args.checkpoint, weights_dir(config), device, choice=config["checkpoint_choice"])
     languages = (translator.model_config["lang_src"], translator.model_config["lang_tgt"])
-    source = open_source(config["datasource"], "-".join(languages))
+    source = open_source(config["datasource"], *languages)
     splits = [read_all_pairs(source, split, *languages)[:args.max_sentences or None]
               for split in ("validation", "test")]
     fit_rows, fit_chrfs = decoded(translator, splits[0], args.beam, config)

@@ -138,9 +138,8 @@ def scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, An
 def measure(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any]:
     device = pick_device(config["device"])
     translator = TorchTranslator.load(args.checkpoint, weights_dir(config), device, choice=config["checkpoint_choice"])
-    source = open_source(config["datasource"], f"{translator.model_config['lang_src']}-"
-                                               f"{translator.model_config['lang_tgt']}")
     languages = (translator.model_config["lang_src"], translator.model_config["lang_tgt"])
+    source = open_source(config["datasource"], *languages)
     associated = word_list(read_all_pairs(source, "train", *languages))
     pairs = read_all_pairs(source, args.split, *languages)[:args.max_sentences or None]
     sentences, references = [s for s, _ in pairs], [t for _, t in pairs]
