@@ -128,15 +128,13 @@ class Toy:
                 "tgt_mask": (decoder_input != PAD_ID)[:, None, None, :] & causal_mask(tgt_len)[None]}
 
 
-@pytest.fixture(scope="session")
-def toy_translator() -> Toy:
-    """Train a 1-layer, d_model 32 model on the toy pair for 600 steps, lr decaying linearly (about
-    8 s on 2 cores)."""
+def train_toy(train_pairs: list[tuple[str, str]], steps: int) -> Toy:
+    """A 1-layer, d_model 32 model with WordLevel tokenizers trained on `train_pairs` for `steps`
+    steps of 64 pairs, lr decaying linearly to zero."""
     from loss import loss_sum
 
     torch.manual_seed(0)
     rng = random.Random(0)
-    train_pairs = Toy.pairs(2000, seed=1)
     tok_src = train_tokenizer([s for s, _ in train_pairs], "wordlevel", 100, 1)
     tok_tgt = train_tokenizer([t for _, t in train_pairs], "wordlevel", 100, 1)
     seq_len = 20
@@ -146,11 +144,11 @@ def toy_translator() -> Toy:
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
     # Decaying to zero makes the end point stable: at a constant lr the last steps' noise decided
     # whether 88% or 99% of unseen sentences came out exactly right.
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / 600)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps)
     losses = []
     encoded = toy.encode(train_pairs)  # once: tokenizing every batch anew took a third of the time
     model.train()
-    for _ in range(600):
+    for _ in range(steps):
         batch = toy.batch([encoded[i] for i in rng.sample(range(len(encoded)), 64)])
         logits = model(batch["src"], batch["decoder_input"], batch["src_mask"], batch["tgt_mask"])
         loss = loss_sum(logits, batch["label"], 0.0) / (batch["label"] != PAD_ID).sum()
@@ -162,6 +160,12 @@ def toy_translator() -> Toy:
     model.eval()
     toy.first_loss, toy.last_loss = losses[0], sum(losses[-20:]) / 20
     return toy
+
+
+@pytest.fixture(scope="session")
+def toy_translator() -> Toy:
+    """The toy pairs' model after 600 steps (about 8 s on 2 cores)."""
+    return train_toy(Toy.pairs(2000, seed=1), 600)
 
 
 @pytest.fixture(scope="session")
