@@ -11,6 +11,9 @@
   itself replaced atomically and only after the checkpoint's rename); a listed checkpoint is checked
   against it before unpickling (then its digest, which the same bytes always satisfy, is not
   recomputed). Rotation removes only listed checkpoints: a file the user put in the folder stays.
+  Listed files the user moved out count for nothing: `reconcile_manifest` drops them before a run
+  (choosing the best again from those left), rotation never removes the checkpoint it has just
+  written, and `best_checkpoint` falls back to the best of those left, saying so.
 - Recovered: a run that dies between a checkpoint's rename and the manifest's update leaves it
   unlisted, and a file it does not list is never replaced. Before a run resumes, `adopt_unlisted`
   lists such a newest checkpoint when it verifies and is the run's own, and `check_unlisted_above`
@@ -107,17 +110,22 @@ def save_checkpoint(folder: Path, state: dict[str, Any], global_step: int, keep:
                     metrics: dict[str, float] | None = None, best_metric: str = "bleu") -> Path:
     """Write `state` as the checkpoint of `global_step`, record it with its validation `metrics`,
     and keep the last `keep` checkpoints plus the best by `best_metric`, counting and removing only
-    those the manifest lists. Raises CheckpointError (the previous ones intact)."""
+    those the manifest lists and the folder still holds, never the one just written. Raises
+    CheckpointError (the previous ones intact)."""
     folder = Path(folder)
     path = folder / checkpoint_name(global_step)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         manifest = read_manifest(folder)
+        if gone := _drop_missing(folder, manifest):
+            print(f"warning: {named(gone)} left {folder} during the run: no longer listed in {MANIFEST}",
+                  file=sys.stderr, flush=True)
         digest = _write_checkpoint(path, state, manifest)
         _record(manifest, path, digest, global_step, state.get("epoch"), metrics or {}, best_metric)
         listed = sorted((folder / name for name in manifest["checkpoints"] if CHECKPOINT_PATTERN.match(name)),
                         key=_step_of)
-        stale = [p for p in listed[:-keep] if p.name != manifest.get("best")] if keep else []
+        # The checkpoint just written is never rotated out, even when listed ones lie above its step.
+        stale = [p for p in listed[:-keep] if p.name not in (manifest.get("best"), path.name)] if keep else []
         for old in stale:
             manifest["checkpoints"].pop(old.name)
         atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode("utf-8"))
@@ -147,6 +155,42 @@ def _choose_best(manifest: dict[str, Any], metric: str) -> None:
         if CHECKPOINT_PATTERN.match(name) and metric in recorded and improves(metric, recorded[metric], value):
             best, value = name, recorded[metric]
     manifest["best"], manifest["best_metric"], manifest["best_value"] = best, metric, value
+
+
+def _drop_missing(folder: Path, manifest: dict[str, Any]) -> list[Path]:
+    """Remove from `manifest` the checkpoints whose files are no longer in `folder` (moved out by the
+    user), so that they count toward no rotation, and re-point `latest` and `average` at what is
+    left; the best is chosen again by `_choose_best`. The paths dropped."""
+    gone = [Path(folder) / name for name in manifest["checkpoints"] if not (Path(folder) / name).is_file()]
+    for path in gone:
+        manifest["checkpoints"].pop(path.name)
+    left = sorted((name for name in manifest["checkpoints"] if CHECKPOINT_PATTERN.match(name)), key=lambda name:
+                  _step_of(Path(name)))
+    if manifest.get("latest") not in manifest["checkpoints"]:
+        manifest["latest"] = left[-1] if left else None
+    if manifest.get("average") not in manifest["checkpoints"]:
+        manifest["average"] = None
+    return gone
+
+
+def reconcile_manifest(folder: Path, best_metric: str) -> str | None:
+    """Make `folder`'s manifest agree with its files before a run uses it: the checkpoints it lists
+    that are gone are dropped, and a best among them is chosen again (by `best_metric`) from those
+    left. The line to log when something changed, else None."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    gone = _drop_missing(folder, manifest)
+    if not gone:
+        return None
+    before = manifest.get("best")
+    _choose_best(manifest, best_metric)
+    try:
+        atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode("utf-8"))
+    except OSError as error:
+        raise CheckpointError(f"could not update {folder / MANIFEST}: {error.strerror or error}") from None
+    best = "" if manifest["best"] == before else \
+        f"; the best is now {manifest['best'] or 'none (no checkpoint left has been validated)'}"
+    return f"{MANIFEST} listed {named(gone)}, no longer in {folder}: dropped from it{best}"
 
 
 def _unlisted(folder: Path, above: int = -1) -> list[Path]:
@@ -416,8 +460,19 @@ def current_average(folder: Path, latest: Path) -> Path | None:
 
 
 def best_checkpoint(folder: Path) -> Path | None:
-    best = read_manifest(folder).get("best")
-    return Path(folder) / best if best else None
+    """The best checkpoint the manifest records; when its file is gone (moved out by the user), the
+    best of those left, by the run's metric, with a line saying so. None when none has been scored."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    recorded = manifest.get("best")
+    if not recorded or (folder / recorded).is_file():
+        return folder / recorded if recorded else None
+    _drop_missing(folder, manifest)
+    _choose_best(manifest, manifest.get("best_metric") or "bleu")
+    instead = f"using {manifest['best']}, the best of those left" if manifest["best"] else \
+        "no checkpoint left has been validated: using the newest"
+    print(f"the best checkpoint, {recorded}, is no longer in {folder}: {instead}", file=sys.stderr, flush=True)
+    return folder / manifest["best"] if manifest["best"] else None
 
 
 def load_for_inference(path: Path | None, folder: Path, device: torch.device, average: int = 1,
@@ -432,6 +487,7 @@ def load_for_inference(path: Path | None, folder: Path, device: torch.device, av
     `path` or at the best (`checkpoints_to_average`)."""
     folder = Path(path).parent if path is not None else Path(folder)
     choice = choice or get_config()["checkpoint_choice"]
+    scored = bool(read_manifest(folder).get("best"))  # a best once recorded, even if its file is gone
     if path is None and choice == "best":
         path = best_checkpoint(folder)
     if average > 1:
@@ -446,7 +502,7 @@ def load_for_inference(path: Path | None, folder: Path, device: torch.device, av
                                   f"--lang_src, --lang_tgt: all the target languages of a model of several, as in "
                                   f"--lang_tgt fr+it, with --target_lang fr to choose one) or pass --checkpoint PATH")
         path, state = found
-        if choice == "best":
+        if choice == "best" and not scored:
             print(f"{folder} has no best checkpoint (no validation has scored one yet): using the newest",
                   file=sys.stderr, flush=True)
         averaged = current_average(folder, path) if choice == "average" else None

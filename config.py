@@ -124,10 +124,19 @@ OPTIONS: dict[str, Option] = {
                                  "data", range=NON_NEGATIVE),
     "store_folder": O("stores", "where the tokenized data stores live, reused by restarts, resumes and every rank",
                       "data", frozenset({TRAIN, EVALUATE})),
+    "max_line_bytes": O(65536, "longest line of a corpus file in bytes: a longer one is skipped and counted, never "
+                        "read into memory whole; translate.py reads a longer input line in pieces of this size",
+                        "data", frozenset({TRAIN, EVALUATE, CLEAN, TRANSLATE}), range=Range(64)),
+    "data_changed": O("refuse", "resuming on corpora whose content changed since the checkpoint: refuse, or "
+                      "keep_held_out: train on the new content, validating and testing on the run's held-out splits "
+                      "as they were", "data", choices=("refuse", "keep_held_out")),
+    "allow_train_overlap": O(False, "evaluate.py: score a split even where some of its sources were in the model's "
+                             "training data (said loudly); false: refuse it", "data", frozenset({EVALUATE})),
     "seq_len": O(256, "longest sentence in tokens, [SOS] and [EOS] included; longer training pairs are dropped",
                  "data", range=Range(3)),
     # ---- cleaning (cleaning.py): 0 or false turns a rule off
-    "clean": O(True, "clean the training split with the rules below before it is learned", "cleaning"),
+    "clean": O(True, "clean the training split with the rules below before it is learned (scoring by models is "
+               "apart: clean_score_forward)", "cleaning"),
     "clean_min_chars": O(1, "fewest characters on each side", "cleaning", CLEANERS, range=NON_NEGATIVE),
     "clean_max_chars": O(1000, "most characters on each side", "cleaning", CLEANERS, range=NON_NEGATIVE),
     "clean_bad_characters": O(True, "remove pairs with control, surrogate, private-use or replacement characters",
@@ -147,6 +156,14 @@ OPTIONS: dict[str, Option] = {
                                "and spaces", "cleaning", CLEANERS),
     "clean_samples": O(5, "removed pairs written beside the store (clean.py: shown) per reason", "cleaning",
                        CLEANERS, range=NON_NEGATIVE),
+    "clean_score_forward": O("", "checkpoint of a lang_src->lang_tgt model trained on these corpora: with "
+                             "clean_score_backward, the pairs the rules keep are scored by dual conditional "
+                             "cross-entropy and the best clean_score_keep kept (docs/cleaning.md); empty: no scoring",
+                             "cleaning", CLEANERS),
+    "clean_score_backward": O("", "checkpoint of a lang_tgt->lang_src model trained on these corpora (see "
+                              "clean_score_forward)", "cleaning", CLEANERS),
+    "clean_score_keep": O(0.9, "share of each corpus's training pairs left by the rules that scoring keeps, the "
+                          "best scored", "cleaning", CLEANERS, range=Range(0, 1, low_open=True)),
     # ---- tokenizers
     "tokenizer_type": O("wordlevel", "the tokenizers' model", "tokenizers", choices=("wordlevel", "bpe", "unigram"),
                         model=True, identity=True),
@@ -388,9 +405,12 @@ def check_data(config: dict[str, Any]) -> None:
     for tag in config["reserved_tags"].split(",") if config["reserved_tags"] else []:
         if not TAG_PATTERN.fullmatch(tag):
             raise ConfigError(f"--reserved_tags: {tag!r} is not a tag: write it as <NAME>, e.g. <BT>")
-    if 0 < config["filter_max_length_ratio"] < 1:
-        raise ConfigError(f"--filter_max_length_ratio must be 0 (off) or at least 1, "
-                          f"got {config['filter_max_length_ratio']}")
+    for key in ("filter_max_length_ratio", "clean_max_length_ratio"):
+        if 0 < config[key] < 1:
+            raise ConfigError(f"--{key} must be 0 (off) or at least 1, got {config[key]}")
+    if bool(config["clean_score_forward"]) != bool(config["clean_score_backward"]):
+        raise ConfigError("scoring needs a model each way: --clean_score_forward and --clean_score_backward, or "
+                          "neither")
     if not config["datasource"]:
         raise ConfigError("--datasource must name a Hub dataset, a local folder, a PREFIX of parallel files or a TSV file")
     corpus_entries(config["datasource"])  # raises on a malformed corpus list

@@ -17,10 +17,14 @@ target languages (`--lang_tgt fr+it`) is scored on one of them, `--target_lang f
 the split is read in the pair lang_src-fr and every source gets the tag <2fr>.
 
 The pairs (store.eval_pairs): `--test_data` / `--valid_data` score any file pair (a PREFIX, a TSV
-file, a folder's test or validation split) as `--split test` / `validation`. Otherwise a split the
-datasource has (flores200_devtest and newstest2009 have only `test`) is used as it is, and a
-validation or test split it lacks is the one training carved out of train, with the model's seed and
-settings.
+file, a folder's test or validation split) as `--split test` / `validation`. Otherwise the model's
+own validation or test split is the one its training held out, read from the data store its run
+recorded in data.json (whatever its corpus holds now); a split of another datasource
+(flores200_devtest and newstest2009 have only `test`) is used as it is, and a validation or test
+split it lacks is the one training carved out of train, with the model's seed and settings. A split
+the model held out is known by its digest; any other is checked against the training pairs of the
+run's data stores, and one that shares source sentences with them is refused in one line, or with
+`--allow_train_overlap true` scored with a warning on stderr and on the `data:` line.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ from config import EVALUATE, ConfigError, OneLineParser, build_parser, corpus_en
 from diagnostics import log
 from scoring import corpus_scores, grouped_scores
 from sources import DataError
-from store import eval_pairs
+from store import eval_pairs, held_out_problem, read_data_record
 from translator import DecodingOptions, TranslatorError, add_translator_arguments, load_translator
 
 
@@ -75,12 +79,22 @@ def main(argv: list[str] | None = None) -> int:
             if key not in resolved.given:  # the run's own data, unless told to score other data
                 config[key] = translator.model_config[key]
         target = translator.target_language(options.target_lang)
-        pairs = eval_pairs(config, args.split, translator.model_config, target)
+        record = read_data_record(translator.path if translator.path.is_dir() else translator.path.parent)
+        pairs = eval_pairs(config, args.split, translator.model_config, target, record)
+        problem = held_out_problem(pairs, args.split, config, translator.model_config, record)
+        if problem and not config["allow_train_overlap"]:
+            raise DataError(f"{problem}: its scores would flatter the model; score a split it held out, or pass "
+                            f"--allow_train_overlap true to score it anyway")
     except ConfigError as error:
         parser.error(str(error))
     except (CheckpointError, TranslatorError, DataError) as error:
         print(f"evaluate.py: error: {error}", file=sys.stderr)
         return 1
+    if record is None:
+        log(f"evaluate.py: {translator.source} records no data it trained on (a model from before data.json): not "
+            f"checked whether the split overlaps it")
+    if problem:
+        log(f"evaluate.py: WARNING: {problem}; scored anyway (--allow_train_overlap), so the scores flatter the model")
     log(f"evaluate.py: {translator.source}: translating {len(pairs)} sentences of {config['datasource']} "
         f"{args.split} into {target} with beam size {config['beam_size']}")
 
@@ -103,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {translator.source} ({translator.engine})")
     print(f"data: {config['datasource']} {args.split}, {len(pairs)} sentences, beam size {config['beam_size']}, "
           f"length penalty {config['length_penalty']}, brevity penalty {config['brevity_penalty']} "
-          f"(length_ratio {translator.length_ratio})")
+          f"(length_ratio {translator.length_ratio})" + (f"; WARNING: {problem}" if problem else ""))
     print(f"chrF2 = {scores['chrf']:.2f} ({scores['chrf_signature']})")
     print(f"grouped by source: {grouped['sources']} distinct sources, {grouped['references']} references: "
           f"BLEU {grouped['bleu']:.2f}, chrF2 {grouped['chrf']:.2f} ({grouped['bleu_signature']})")

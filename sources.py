@@ -2,14 +2,20 @@
 store.py -> dataset.py).
 
 1. `open_source` opens a datasource: a Hub id or a local folder in Hub layout, read with
-   `datasets` in streaming mode (row by row, never whole in memory), or plain parallel files (a
-   PREFIX.SRC + PREFIX.TGT pair, a two-column TSV file, or a folder of train.*, validation.* (or
-   valid.* / dev.*) and test.* in those forms; gzip, bzip2 or xz by suffix), read a line at a time
-   in binary. Plain files that exist win over a Hub id of the same name. It fingerprints the source:
-   a Hub dataset by the revision its files resolve to, local files by each one's path, size and
-   modification time. `read_pairs` streams a split, keeping rows with two non-empty strings and
-   counting the others by reason (a line that is not UTF-8, a TSV line without two columns); two
-   files of different lengths end the read with one line naming both counts.
+   `datasets` in streaming mode (row by row, never whole in memory; a pair it names only the other
+   way round, it-en where it has en-it, is read from that config, sides swapped), or plain parallel
+   files (a PREFIX.SRC + PREFIX.TGT pair, a two-column TSV file, or a folder of train.*,
+   validation.* (or valid.* / dev.*) and test.* in those forms; gzip, bzip2 or xz by suffix), read
+   a line at a time in binary, none held in more than `max_line_bytes`. Plain files that exist win
+   over a Hub id of the same name; language codes are BCP 47's (pt-BR, zh-Hant), and a TSV file's
+   name gives its columns' languages only by naming the run's pair whole (`tsv_languages`). A
+   symbolic link that leads nowhere is named as such. `Source.fingerprint` is the source's identity
+   by content: a Hub dataset by the revision its files resolve to, local files by the sha256 of
+   their bytes (file_digests.py), with the split and languages each is read as. `read_pairs` streams
+   a split, keeping rows with two non-empty strings and counting the others by reason (a line that
+   is not UTF-8, longer than `max_line_bytes`, a TSV line without two columns); two files of
+   different lengths end the read with one line naming both counts, and so does a file that is
+   UTF-16 (by its byte-order mark), holds a NUL byte, or of which most rows are not UTF-8 text of pairs.
 2. `carve` splits a source that has only a train split, with the run's seed: validation and test
    each get `val_fraction` / `test_fraction` of it up to `val_max_pairs` / `test_max_pairs`, and
    training pairs whose source sentence also appears in either are removed (opus_books repeats
@@ -19,15 +25,18 @@ store.py keeps the pairs and their token ids on disk; dataset.py batches the tok
 from __future__ import annotations
 
 import bz2
+import errno
 import gzip
 import hashlib
 import io
 import json
 import lzma
 import os
+import re
 import socket
 import zlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import islice, zip_longest
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, Sequence
@@ -35,11 +44,17 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from config import OPTIONS
 from diagnostics import first_line, log
+from file_digests import ColumnsError, FileDigests
 
 Pair = tuple[str, str]
 SPLITS = ("train", "validation", "test")
 READ_BATCH = 10_000  # rows per streamed batch: bounds memory, amortises the per-batch cost
+MAX_LINE_BYTES = OPTIONS["max_line_bytes"].default
+TOO_LONG = "longer than max_line_bytes"
+# Rows skipped for these reasons say the file is no UTF-8 text of pairs; more than half of them refuse it.
+UNREADABLE = ("invalid UTF-8", "not two TSV columns")
 
 
 class DataError(RuntimeError):
@@ -78,26 +93,65 @@ class PlainSplit:
 
     files: tuple[str, ...]
     languages: tuple[str, str]
+    named: bool = True  # False: a TSV file whose name gives no languages, read in the run's order
 
 
 @dataclass
 class Source:
     """One language pair of a datasource, opened for streaming: a Hub dataset or a folder in Hub
-    layout (`builder`, datasets'), or plain parallel files (`plain`: each split's files)."""
+    layout (`builder`, datasets'), or plain parallel files (`plain`: each split's files). Lines and
+    texts longer than `max_line_bytes` are skipped, and never held whole when read from plain files."""
 
     datasource: str
-    pair: str
-    fingerprint: str  # changes whenever the data can have changed
+    languages: tuple[str, str]
     splits: list[str]
     builder: Any = None
     plain: dict[str, PlainSplit] = field(default_factory=dict)
+    max_line_bytes: int = MAX_LINE_BYTES
+    digests: FileDigests = field(default_factory=FileDigests)
+
+    @property
+    def pair(self) -> str:
+        """The language pair as the Hub names its configs: en-it, pt-BR-en."""
+        return "-".join(self.languages)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """What the source holds, by content: the same for the same bytes wherever they lie, another
+        for any other bytes. Local files by the sha256 of their content (`FileDigests`, read again
+        only when their stat values change), each with the split and languages it is read as; a Hub
+        dataset by the revision its files resolve to. A TSV file whose name gives no languages is
+        refused when an earlier run read its columns the other way (`FileDigests.check_columns`)."""
+        digest = hashlib.sha256(json.dumps(self.languages).encode())
+        try:
+            for split, part in sorted(self.plain.items()):
+                for path, language in zip(part.files, part.languages if len(part.files) > 1 else ["tsv"]):
+                    content = self.digests.digest(path)
+                    if not part.named:
+                        self.digests.check_columns(content, part.languages, path)
+                    columns = f"{part.languages[0]} {part.languages[1]}" if language == "tsv" else language
+                    digest.update(f"{split} {columns} {content}\n".encode())
+            for split, name in self._hub_files():
+                # Hub files resolve to URLs that name the dataset's revision; local ones are hashed.
+                digest.update(f"{split} {self.digests.digest(name) if os.path.isfile(name) else name}\n".encode())
+        except OSError as error:
+            raise DataError(f"cannot read {error.filename}: {error.strerror or error}") from None
+        except ColumnsError as error:
+            raise DataError(str(error)) from None
+        return digest.hexdigest()
+
+    def _hub_files(self) -> list[tuple[str, str]]:
+        if self.builder is None:
+            return []
+        return sorted((split, str(name)) for split, names in (self.builder.config.data_files or {}).items()
+                      for name in names)
 
     def rows(self, split: str) -> Iterator[list[dict | str]]:
         """The rows of `split` in batches of READ_BATCH, each row with its `translation` field only
         (a line of plain files that is no pair at all: the reason); read errors become one-line
         DataErrors. Only that column becomes Python objects."""
         if split in self.plain:
-            rows = _plain_rows(self.plain[split])
+            rows = _plain_rows(self.plain[split], self.max_line_bytes)
             while batch := list(islice(rows, READ_BATCH)):
                 yield batch
             return
@@ -156,7 +210,9 @@ OPENERS: dict[str, Callable[..., BinaryIO]] = {".gz": gzip.open, ".bz2": bz2.ope
 FOLDER_SPLITS = {"train": ("train",), "validation": ("validation", "valid", "dev"), "test": ("test",)}
 PLAIN_SPLIT = "train"  # the one split of a single PREFIX or TSV file
 BOM = b"\xef\xbb\xbf"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # also the start of UTF-32's
 _END = object()  # what zip_longest gives for the missing lines of the shorter file
+_LONG = object()  # a line longer than max_line_bytes, not read into memory
 
 
 def _open_binary(path: str) -> BinaryIO:
@@ -167,16 +223,39 @@ def _open_binary(path: str) -> BinaryIO:
     return io.BufferedReader(opener(path, "rb")) if opener else open(path, "rb")
 
 
-def _text_lines(path: str) -> Iterator[str | None]:
+def bounded_lines(handle: BinaryIO, max_bytes: int) -> Iterator[bytes | None]:
+    """The lines of `handle` without their "\\n", none held in more than max_bytes + 1 bytes: None
+    for a line longer than `max_bytes`, whose rest is read past in pieces of that size."""
+    while line := handle.readline(max_bytes + 1):
+        if line.endswith(b"\n"):
+            yield line[:-1]
+        elif len(line) <= max_bytes:
+            yield line  # the last line, without a "\n"
+        else:
+            while (rest := handle.readline(max_bytes + 1)) and not rest.endswith(b"\n"):
+                pass
+            yield None
+
+
+def _text_lines(path: str, max_bytes: int) -> Iterator[str | None | object]:
     """The lines of a plain or compressed file, ended by "\\n" alone (not str.splitlines, which also
     ends one at U+2028, a form feed and the like inside a sentence), without it or a UTF-8 BOM at the
     start of the file (the "\\r" of Windows line endings goes with the whitespace pair_of strips);
-    None for a line that is not valid UTF-8. A file that cannot be read or decompressed, also
-    halfway through, is one DataError line naming it."""
+    None for a line that is not valid UTF-8, _LONG for one longer than `max_bytes` (never held whole).
+    A file that starts with a UTF-16 byte-order mark or holds a NUL byte is no UTF-8 text: one
+    DataError line saying so, as is a file that cannot be read or decompressed, also halfway through."""
     try:
         with _open_binary(path) as handle:
-            for number, line in enumerate(handle):
-                line = line.removesuffix(b"\n")
+            for number, line in enumerate(bounded_lines(handle, max_bytes)):
+                if line is None:
+                    yield _LONG
+                    continue
+                if number == 0 and line.startswith(UTF16_BOMS):
+                    raise DataError(f"{path} is UTF-16 (it starts with a UTF-16 byte-order mark), not UTF-8: convert "
+                                    f"it first, e.g. iconv -f UTF-16 -t UTF-8 {path} > {_uncompressed_name(path)}.utf8")
+                if b"\0" in line:
+                    raise DataError(f"{path} holds a NUL byte on line {number + 1}: it is no UTF-8 text (UTF-16 "
+                                    f"without a byte-order mark, or a binary file?)")
                 try:
                     yield (line.removeprefix(BOM) if number == 0 else line).decode("utf-8")
                 except UnicodeDecodeError:
@@ -186,26 +265,29 @@ def _text_lines(path: str) -> Iterator[str | None]:
         raise DataError(f"cannot read {path}: {reason}") from None
 
 
-def _plain_row(languages: tuple[str, str], texts: Sequence[str | None]) -> dict | str:
+def _plain_row(languages: tuple[str, str], texts: Sequence[str | None | object]) -> dict | str:
     """A Hub-shaped row of two texts, or why there is none: pair_of checks it as any other row."""
+    if texts[0] is _LONG or texts[1] is _LONG:
+        return TOO_LONG
     if texts[0] is None or texts[1] is None:
         return "invalid UTF-8"
     return {"translation": {languages[0]: texts[0], languages[1]: texts[1]}}
 
 
-def _plain_rows(part: PlainSplit) -> Iterator[dict | str]:
+def _plain_rows(part: PlainSplit, max_bytes: int) -> Iterator[dict | str]:
     if len(part.files) == 1:
-        yield from _tsv_rows(part.files[0], part.languages)
+        yield from _tsv_rows(part.files[0], part.languages, max_bytes)
     else:
-        yield from _line_pair_rows(part.files, part.languages)
+        yield from _line_pair_rows(part.files, part.languages, max_bytes)
 
 
-def _line_pair_rows(files: tuple[str, ...], languages: tuple[str, str]) -> Iterator[dict | str]:
+def _line_pair_rows(files: tuple[str, ...], languages: tuple[str, str], max_bytes: int) -> Iterator[dict | str]:
     """Line i of one file with line i of the other; files of different lengths end the read with one
     line naming both counts (the longer file is read to its end to count it)."""
     paired = extra = 0
     first = second = None
-    for first, second in zip_longest(_text_lines(files[0]), _text_lines(files[1]), fillvalue=_END):
+    for first, second in zip_longest(_text_lines(files[0], max_bytes), _text_lines(files[1], max_bytes),
+                                     fillvalue=_END):
         if first is _END or second is _END:
             extra += 1
         else:
@@ -217,15 +299,31 @@ def _line_pair_rows(files: tuple[str, ...], languages: tuple[str, str]) -> Itera
                         f"translate line i of the other")
 
 
-def _tsv_rows(path: str, languages: tuple[str, str]) -> Iterator[dict | str]:
+def _tsv_rows(path: str, languages: tuple[str, str], max_bytes: int) -> Iterator[dict | str]:
     """A row of each line of a two-column TSV file (an empty line is a row of two empty sides)."""
-    for line in _text_lines(path):
-        columns = [None, None] if line is None else line.split("\t") if line.strip() else ["", ""]
+    for line in _text_lines(path, max_bytes):
+        columns = [line, line] if not isinstance(line, str) else line.split("\t") if line.strip() else ["", ""]
         yield _plain_row(languages, columns) if len(columns) == 2 else "not two TSV columns"
+
+
+def check_link(path: str) -> None:
+    """A DataError when `path` is a symbolic link that leads nowhere: a loop, or a missing target
+    (either looks like no file at all to os.path.exists)."""
+    if not os.path.islink(path) or os.path.exists(path):
+        return
+    try:
+        os.stat(path)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise DataError(f"{path} is a symbolic link loop (it leads back to itself): point it at the data") \
+                from None
+    raise DataError(f"{path} is a symbolic link to {os.readlink(path)}, which does not exist")
 
 
 def _existing(candidates: Sequence[str]) -> str | None:
     """The one candidate that is a file, None when none is; two are ambiguous."""
+    for path in candidates:
+        check_link(path)
     found = [path for path in candidates if os.path.isfile(path)]
     if len(found) > 1:
         raise DataError(f"both {found[0]} and {found[1]} exist: remove or rename one")
@@ -242,17 +340,44 @@ def _uncompressed_name(path: str) -> str:
     return stem if suffix in OPENERS else path
 
 
-def tsv_languages(path: str, lang_src: str, lang_tgt: str) -> tuple[str, str]:
-    """The languages of a TSV file's two columns: those its name gives (corpus.it-en.tsv: Italian,
-    then English), so that one file serves both directions, else the run's source then target. A
-    name that gives a pair sharing one language with the run's but not both is refused."""
+# A language code as BCP 47 writes it (en, pt-BR, zh-Hant, sr-Latn, es-419), in the simple form file
+# names use: a 2-3 letter language, then script, region and variant subtags.
+LANGUAGE_CODE = re.compile(r"[A-Za-z]{2,3}(-[A-Za-z]{4})?(-([A-Za-z]{2}|[0-9]{3}))?(-([A-Za-z0-9]{5,8}|[0-9][A-Za-z0-9]{3}))*")
+
+
+def name_pair(path: str) -> str:
+    """The part of a TSV file's name that may give its languages: corpus.it-en.tsv.gz -> it-en ("" for
+    corpus.tsv)."""
     stem = os.path.basename(_uncompressed_name(path)).removesuffix(".tsv")
-    named = stem.rsplit(".", 1)[-1].split("-") if "." in stem else []
-    if len(named) != 2 or not {lang_src, lang_tgt} & set(named):
-        return lang_src, lang_tgt
-    if set(named) != {lang_src, lang_tgt}:
-        raise DataError(f"{path} holds {'-'.join(named)} pairs by its name, not {lang_src}-{lang_tgt}")
-    return named[0], named[1]
+    return stem.rsplit(".", 1)[-1] if "." in stem else ""
+
+
+def tsv_languages(path: str, lang_src: str, lang_tgt: str) -> tuple[str, str] | None:
+    """The languages of a TSV file's two columns as its name gives them, so that one file serves both
+    directions: NAME.SRC-TGT.tsv where SRC-TGT is the run's pair in either order, matched whole
+    (corpus.it-en.tsv: Italian, then English; c.pt-BR-en.tsv: pt-BR, then en). None when the name
+    gives no languages. A name whose last part reads as another language pair, in any way it can be
+    cut into two codes (c.pt-BR-en.tsv for a pt-en run: pt-BR + en, or pt + BR-en), is refused
+    rather than read in the run's order."""
+    named = name_pair(path)
+    for first, second in ((lang_src, lang_tgt), (lang_tgt, lang_src)):
+        if named == f"{first}-{second}":
+            return first, second
+    parts = named.split("-")
+    readings = [("-".join(parts[:cut]), "-".join(parts[cut:])) for cut in range(1, len(parts))]
+    readings = [reading for reading in readings if all(LANGUAGE_CODE.fullmatch(code) for code in reading)]
+    if readings:
+        read = " or ".join(f"{first} then {second}" for first, second in readings)
+        raise DataError(f"{path}: its name gives the languages of its columns as {read}, not {lang_src} and "
+                        f"{lang_tgt}: name it NAME.{lang_src}-{lang_tgt}.tsv (or NAME.{lang_tgt}-{lang_src}.tsv) "
+                        f"for its columns")
+    return None
+
+
+def _tsv_split(path: str, lang_src: str, lang_tgt: str) -> PlainSplit:
+    """A TSV file's split: the columns its name gives, else the run's source then target."""
+    named = tsv_languages(path, lang_src, lang_tgt)
+    return PlainSplit((path,), named or (lang_src, lang_tgt), named is not None)
 
 
 def _plain_split(stem: str, lang_src: str, lang_tgt: str) -> PlainSplit | None:
@@ -265,7 +390,7 @@ def _plain_split(stem: str, lang_src: str, lang_tgt: str) -> PlainSplit | None:
     if tsv and any(sides):
         raise DataError(f"both {tsv} and {next(side for side in sides if side)} exist: remove or rename one")
     if tsv:
-        return PlainSplit((tsv,), tsv_languages(tsv, lang_src, lang_tgt))
+        return _tsv_split(tsv, lang_src, lang_tgt)
     if any(sides) and not all(sides):
         tried = _compressed(f"{stem}.{lang_tgt if sides[0] else lang_src}")
         raise DataError(f"found {sides[0] or sides[1]} but not {tried[0]} (tried {', '.join(tried)})")
@@ -282,16 +407,6 @@ def _folder_splits(folder: str, lang_src: str, lang_tgt: str) -> dict[str, Plain
                             f"{split} split; remove or rename one")
         parts.update({split: part for part in found.values()})
     return parts
-
-
-def _plain_source(datasource: str, pair: str, parts: dict[str, PlainSplit]) -> Source:
-    """A source of plain files, fingerprinted by each file's absolute path, size and modification time."""
-    digest = hashlib.sha256(f"{pair}\n".encode())
-    for split, part in sorted(parts.items()):
-        for path in part.files:
-            stat = os.stat(path)
-            digest.update(f"{split} {os.path.abspath(path)} {stat.st_size} {stat.st_mtime_ns}\n".encode())
-    return Source(datasource, pair, digest.hexdigest(), sorted(parts), plain=parts)
 
 
 def _tried(datasource: str, lang_src: str, lang_tgt: str) -> str:
@@ -312,10 +427,10 @@ def _may_be_hub_id(datasource: str) -> bool:
     return not datasource.endswith((".tsv", *OPENERS))
 
 
-def _local_plain_source(datasource: str, pair: str) -> Source | None:
-    """Plain files named by `datasource` (a TSV file, a PREFIX, or a folder of split files), None when
-    it names none."""
-    lang_src, lang_tgt = pair.split("-", 1)
+def _local_plain_parts(datasource: str, lang_src: str, lang_tgt: str) -> dict[str, PlainSplit]:
+    """The split files `datasource` names (a TSV file, a PREFIX, or a folder of split files); none
+    when it names none."""
+    check_link(datasource)
     if os.path.isdir(datasource):
         parts = _folder_splits(datasource, lang_src, lang_tgt)
     elif os.path.isfile(datasource):
@@ -325,20 +440,24 @@ def _local_plain_source(datasource: str, pair: str) -> Source | None:
                             f"--datasource {name.rsplit('.', 1)[0]}")
         if not name.endswith(".tsv"):
             raise DataError(f"{datasource} is a file but not a TSV file (NAME.tsv, optionally {', '.join(OPENERS)})")
-        parts = {PLAIN_SPLIT: PlainSplit((datasource,), tsv_languages(datasource, lang_src, lang_tgt))}
+        parts = {PLAIN_SPLIT: _tsv_split(datasource, lang_src, lang_tgt)}
     else:
         part = _plain_split(datasource, lang_src, lang_tgt)
         parts = {PLAIN_SPLIT: part} if part else {}
-    return _plain_source(datasource, pair, parts) if parts else None
+    return parts
 
 
-def open_source(datasource: str, pair: str) -> Source:
-    """The datasource's `pair` (e.g. "en-it"), its splits and fingerprint; a DataError with one line
-    when it cannot be opened. Reads no rows. Plain files that exist win over a Hub id of that name."""
-    plain = _local_plain_source(datasource, pair)
-    if plain is not None:
-        return plain
-    lang_src, lang_tgt = pair.split("-", 1)
+def open_source(datasource: str, lang_src: str, lang_tgt: str, max_line_bytes: int = MAX_LINE_BYTES,
+                digests: FileDigests | None = None) -> Source:
+    """The datasource's pair of `lang_src` and `lang_tgt` (language codes as BCP 47 writes them: en,
+    pt-BR), its splits; a DataError with one line when it cannot be opened. Reads no rows; its
+    `fingerprint` reads the files' content when `digests` (default: this process's alone) does not
+    know it. Plain files that exist win over a Hub id of that name."""
+    digests = digests if digests is not None else FileDigests()
+    if parts := _local_plain_parts(datasource, lang_src, lang_tgt):
+        return Source(datasource, (lang_src, lang_tgt), sorted(parts), plain=parts, max_line_bytes=max_line_bytes,
+                      digests=digests)
+    pair = f"{lang_src}-{lang_tgt}"
     local = os.path.isdir(datasource)
     if not local:
         if not _may_be_hub_id(datasource):
@@ -353,27 +472,35 @@ def open_source(datasource: str, pair: str) -> Source:
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # failures are reported by us, in one line
     datasets.disable_progress_bars()
     try:
-        builder = datasets.load_dataset_builder(str(datasource), pair)
-    except ValueError as error:
-        if "BuilderConfig" in str(error) or "not found" in str(error).lower():
-            available = str(error).split("Available:")[-1].strip() if "Available:" in str(error) else "?"
-            raise DataError(f"{datasource!r} has no {pair} language pair (available: {available})") from None
-        raise DataError(f"cannot load {datasource!r} ({pair}): {error}") from None
+        builder = _pair_builder(datasets, datasource, lang_src, lang_tgt)
     except (ConnectionError, OSError, datasets.exceptions.DatasetNotFoundError) as error:
         where = "" if local else f"; no local files either ({_tried(datasource, lang_src, lang_tgt)})"
         raise DataError(f"cannot load {datasource!r} ({pair}): {first_line(error)}{where}") from None
-    files = sorted((split, str(name)) for split, names in (builder.config.data_files or {}).items() for name in names)
-    digest = hashlib.sha256(f"{pair}\n".encode())
-    for split, name in files:
-        # Hub files resolve to URLs that name the dataset's revision; local files change their
-        # size or modification time when edited.
-        stat = f"{os.stat(name).st_size} {os.stat(name).st_mtime_ns}" if local else ""
-        digest.update(f"{split} {name} {stat}\n".encode())
-    return Source(str(datasource), pair, digest.hexdigest(), sorted({split for split, _ in files}), builder)
+    splits = sorted({str(split) for split, names in (builder.config.data_files or {}).items() for _ in names})
+    return Source(str(datasource), (lang_src, lang_tgt), splits, builder, max_line_bytes=max_line_bytes,
+                  digests=digests)
 
 
-def pair_of(row: Any, lang_src: str, lang_tgt: str) -> Pair | str:
-    """The stripped (source, target) of a row, or why it is unusable."""
+def _pair_builder(datasets: Any, datasource: str, lang_src: str, lang_tgt: str) -> Any:
+    """datasets' builder of `datasource`'s config of the pair, or else of the reversed pair's: a
+    folder whose README names only en-it serves it-en too, since each row names the language of each
+    side (pair_of reads them by name, so the columns come swapped). A DataError names the pairs there are."""
+    pair = f"{lang_src}-{lang_tgt}"
+    try:
+        return datasets.load_dataset_builder(str(datasource), pair)
+    except ValueError as error:
+        if "BuilderConfig" not in str(error) and "not found" not in str(error).lower():
+            raise DataError(f"cannot load {datasource!r} ({pair}): {error}") from None
+        available = str(error).split("Available:")[-1].strip() if "Available:" in str(error) else "?"
+    if f"'{lang_tgt}-{lang_src}'" in available:
+        return datasets.load_dataset_builder(str(datasource), f"{lang_tgt}-{lang_src}")
+    raise DataError(f"{datasource!r} has no {pair} language pair (available: {available})")
+
+
+def pair_of(row: Any, lang_src: str, lang_tgt: str, max_bytes: int = MAX_LINE_BYTES) -> Pair | str:
+    """The stripped (source, target) of a row, or why it is unusable (a side of more than `max_bytes`
+    in UTF-8 among the reasons: what a Hub dataset's reader has already read, tokenizing would hold
+    many times over)."""
     if isinstance(row, str):
         return row  # a line of plain files that is no row: why
     translation = row.get("translation") if isinstance(row, dict) else None
@@ -384,29 +511,37 @@ def pair_of(row: Any, lang_src: str, lang_tgt: str) -> Pair | str:
         return "missing side"
     if not isinstance(src, str) or not isinstance(tgt, str):
         return "non-text side"
+    if any(len(text) > max_bytes // 4 and len(text.encode("utf-8")) > max_bytes for text in (src, tgt)):
+        return TOO_LONG
     src, tgt = src.strip(), tgt.strip()
     if not src or not tgt:
         return "empty side"
     return src, tgt
 
 
-def read_pairs(source: Source, split: str, lang_src: str, lang_tgt: str) -> Iterator[list[Pair]]:
-    """The usable pairs of `split` in batches; skipped rows are counted by reason and reported."""
+def read_pairs(source: Source, split: str, lang_src: str, lang_tgt: str, label: str = "") -> Iterator[list[Pair]]:
+    """The usable pairs of `split` in batches; skipped rows are counted by reason and reported as
+    `label`'s (default: the split's name). A source of which more than half the rows are no UTF-8
+    text of pairs (UNREADABLE) is refused, once read, with one DataError line naming the counts."""
     skipped: dict[str, int] = {}
     rows = 0
     for batch in source.rows(split):
         pairs = []
         for row in batch:
-            found = pair_of(row, lang_src, lang_tgt)
+            found = pair_of(row, lang_src, lang_tgt, source.max_line_bytes)
             if isinstance(found, str):
                 skipped[found] = skipped.get(found, 0) + 1
             else:
                 pairs.append(found)
         rows += len(batch)
         yield pairs
+    detail = ", ".join(f"{count} {reason}" for reason, count in sorted(skipped.items()))
+    unreadable = sum(skipped.get(reason, 0) for reason in UNREADABLE)
+    if 2 * unreadable > rows:
+        raise DataError(f"{source.datasource} ({label or split}): {unreadable} of its {rows} rows are no UTF-8 text "
+                        f"of pairs ({detail}): not a corpus this can read, so refused rather than trained on the rest")
     if skipped:
-        detail = ", ".join(f"{count} {reason}" for reason, count in sorted(skipped.items()))
-        log(f"{split}: skipped {sum(skipped.values())} of {rows} rows ({detail})")
+        log(f"{label or split}: skipped {sum(skipped.values())} of {rows} rows ({detail})")
 
 
 def read_all_pairs(source: Source, split: str, lang_src: str, lang_tgt: str) -> list[Pair]:

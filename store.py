@@ -9,17 +9,30 @@ others wait and map the same files):
    corpus's own, else carved from its train split (capped); training pairs whose source sentence is
    in a carved split or one given apart are removed. Every other corpus's holds its train split
    without the pairs whose source sentence is in those held-out splits (`text_stores`).
-   `filter_duplicates` drops repeated training pairs. Keyed by the corpus's fingerprint, its
-   language pair, the carving and filter settings, the fingerprints of the held-out sources given
-   apart, and for the other corpora a digest of the held-out source sentences: adding a corpus
-   reads only that corpus. Tokenizers train on a seeded sample of all the corpora's training pairs
-   (`tokenizer_sample`).
+   `filter_duplicates` drops repeated training pairs. Then the training pairs alone are cleaned
+   (`_clean_train`, after carving, so the held-out splits are the same with cleaning on or off): by
+   cleaning.py's rules (`clean`; the kept pairs NFC-normalised in a flat file of their own,
+   clean-train), then by scoring with a model each way (`clean_score_*`); the counts by reason and
+   samples of the removed pairs go to cleaning.json in the store (`TextStore.cleaning`), logged in
+   one line whenever the store is opened. Keyed by the corpus's fingerprint (its content,
+   sources.Source.fingerprint), its language pair, the carving, filter, line-limit and cleaning
+   settings (the scoring models by content), the fingerprints of the held-out sources given apart,
+   and for the other corpora a digest of the held-out source sentences: adding a corpus reads only
+   that corpus. Tokenizers train on a seeded sample of all the corpora's training pairs
+   (`tokenizer_sample`). A run resumed on changed corpora with --data_changed keep_held_out takes
+   the held-out splits of its earlier first text store (`KeptSplits`).
 2. The token store: the token ids of the pairs that fit in `seq_len` (`filter_max_length_ratio`
    drops training pairs whose token lengths differ by more than that ratio); a tagged corpus's
    source rows start with its tag's id. Keyed by the text store, both tokenizers' content hashes,
    seq_len, that ratio and the tag: with the tokenizers unchanged (a resume, --init_from), adding a
    corpus tokenizes only that corpus.
 Another corpus, pair, setting or tokenizer gives another key, so a stale store is never read.
+
+What a run trained on (`data_record`, in every checkpoint and in weights/<experiment>/data.json):
+`data_identity` (each corpus's content and the held-out files'), the digests of its validation and
+test pairs and the names of its text stores. train.py compares it on resume (`data_changes`);
+evaluate.py reads the model's own split from those stores (`eval_pairs`) and refuses one that
+shares source sentences with their training pairs (`held_out_problem`).
 
 Format, as in fairseq's indexed datasets: per split, all source sequences end to end in one flat
 file, all target sequences in another, and an offsets array (2, rows + 1): token rows are read
@@ -62,13 +75,18 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from atomic_files import atomic_write_bytes, lock_file, sha256_of
+from cleaning import (Cleaner, cleaning_description, dual_conditional_cross_entropy, load_scoring_models, report_line,
+                      scoring_summary, settings_from_config)
 from config import Corpus, corpora, corpus_entries, corpus_name, target_tag
 from dataset import BilingualDataset, fits
+from device import pick_device
 from diagnostics import log
+from file_digests import FileDigests
 from sources import SPLITS, DataError, Pair, Source, carve, open_source, read_all_pairs, read_pairs, text_hash
 from tokenizer import encode_texts, tag_id, tokenizer_hash
 
 STORE_FORMAT = 1
+CLEANING_FILE = "cleaning.json"  # in a text store: what cleaning removed from its training pairs
 ENCODE_BATCH = 20_000  # pairs tokenized per call: bounds memory, keeps the tokenizer's threads busy
 DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # errors that mean "no room to write"
 
@@ -298,6 +316,13 @@ def _pair(config: dict[str, Any], corpus: Corpus) -> str:
     return f"{config['lang_src']}-{corpus.lang_tgt}"
 
 
+def open_data(config: dict[str, Any], datasource: str, lang_tgt: str) -> Source:
+    """`datasource` opened in the pair lang_src-`lang_tgt`, with the config's line limit, its files'
+    digests remembered beside the stores (file_digests.py)."""
+    return open_source(datasource, config["lang_src"], lang_tgt, config["max_line_bytes"],
+                       FileDigests(config["store_folder"]))
+
+
 # ---------------------------------------------------------------------------- the text store
 
 class TextStore(Store):
@@ -320,6 +345,12 @@ class TextStore(Store):
     def iter_pairs(self, split: str, chunk: int = ENCODE_BATCH) -> Iterator[list[Pair]]:
         for start in range(0, self.size(split), chunk):
             yield self.pairs(split, range(start, min(start + chunk, self.size(split))))
+
+    def cleaning(self) -> dict[str, Any] | None:
+        """What cleaning removed from the training pairs (`_clean_train`'s report), None when the
+        store was built without cleaning."""
+        path = self.folder / CLEANING_FILE
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
     def held_out_hashes(self) -> np.ndarray:
         """The sorted hashes of the source sentences of the validation and test splits."""
@@ -346,7 +377,7 @@ def _given_apart(config: dict[str, Any], corpus: Corpus) -> dict[str, tuple[Sour
     given = {}
     for name, option in (("validation", "valid_data"), ("test", "test_data")):
         if config[option]:
-            source = open_source(config[option], _pair(config, corpus))
+            source = open_data(config, config[option], corpus.lang_tgt)
             split = name if name in source.splits else "train" if source.splits == ["train"] else None
             if split is None:
                 raise DataError(f"--{option} {config[option]!r} has no {name} split (found: "
@@ -356,20 +387,49 @@ def _given_apart(config: dict[str, Any], corpus: Corpus) -> dict[str, tuple[Sour
 
 
 def _open_corpus(config: dict[str, Any], corpus: Corpus) -> Source:
-    source = open_source(corpus.source, _pair(config, corpus))
+    source = open_data(config, corpus.source, corpus.lang_tgt)
     if "train" not in source.splits:
         raise DataError(f"{corpus.source!r} has no train split (found: {', '.join(source.splits)})")
     return source
 
 
-def text_store(config: dict[str, Any]) -> TextStore:
+@dataclass
+class KeptSplits(Source):
+    """The held-out splits of an earlier text store, read as a source: what a run resumed on changed
+    corpora with --data_changed keep_held_out validates and tests on, whatever the corpus holds now."""
+
+    store: TextStore | None = None
+
+    @property
+    def fingerprint(self) -> str:  # type: ignore[override]
+        return f"kept from {self.store.folder.name}"
+
+    def rows(self, split: str) -> Iterator[list[dict]]:
+        for pairs in self.store.iter_pairs(split):
+            yield [{"translation": {self.languages[0]: s, self.languages[1]: t}} for s, t in pairs]
+
+
+def _kept_splits(config: dict[str, Any], corpus: Corpus, name: str) -> dict[str, tuple[Source, str]]:
+    """The validation and test splits of the text store `name`, which a run keeps (`KeptSplits`)."""
+    folder = Path(config["store_folder"]) / name
+    try:
+        store = TextStore.open(folder)
+    except DataError as error:
+        raise DataError(f"this run keeps the held-out splits of {folder} (--data_changed keep_held_out), but {error}: "
+                        f"start a new run (--experiment_name)") from None
+    source = KeptSplits(str(folder), (config["lang_src"], corpus.lang_tgt), store.splits(), store=store)
+    return {split: (source, split) for split in ("validation", "test") if split in store.splits()}
+
+
+def text_store(config: dict[str, Any], held_out_from: str | None = None) -> TextStore:
     """The text store of the first corpus, which holds the held-out splits: each of validation and
     test given apart (`valid_data`, `test_data`), else the corpus's own, else carved from its train
-    split. Its training pairs whose source sentence is in a carved split or one given apart are
-    removed. Opened, or built from the corpus."""
+    split; or, for a run that goes on on changed corpora, those of its earlier text store named
+    `held_out_from`. Its training pairs whose source sentence is in a carved split or one given
+    apart are removed. Opened, or built from the corpus."""
     corpus = corpora(config)[0]
     source = _open_corpus(config, corpus)
-    given = _given_apart(config, corpus)
+    given = _kept_splits(config, corpus, held_out_from) if held_out_from else _given_apart(config, corpus)
     reads = {name: (source, name) for name in SPLITS if name in source.splits and name not in given} | given
     missing = [name for name in ("validation", "test") if name not in reads]
     # Carving settings matter only to a source that is carved.
@@ -379,22 +439,43 @@ def text_store(config: dict[str, Any]) -> TextStore:
     return _text_store(config, corpus, source, {**carving, **apart}, reads=reads, missing=missing, apart=list(given))
 
 
-def eval_pairs(config: dict[str, Any], split: str, model_config: dict[str, Any], lang_tgt: str = "") -> list[Pair]:
+def _own_split(config: dict[str, Any], split: str, model_config: dict[str, Any]) -> bool:
+    """Whether `split` is read from the model's own first corpus: not given apart, of its datasource."""
+    option = {"validation": "valid_data", "test": "test_data"}.get(split)
+    return config["datasource"] == model_config["datasource"] and not (option and config[option])
+
+
+def _recorded_store(config: dict[str, Any], record: dict[str, Any] | None, index: int) -> TextStore | None:
+    """The text store a run recorded (`data_record`'s `stores`, number `index`), opened without hashing
+    its files; None when it is gone."""
+    folder = Path(config["store_folder"]) / record["stores"][index] if record else None
+    return TextStore.open(folder, verify=False) if folder is not None and folder.is_dir() else None
+
+
+def eval_pairs(config: dict[str, Any], split: str, model_config: dict[str, Any], lang_tgt: str = "",
+               record: dict[str, Any] | None = None) -> list[Pair]:
     """The pairs of `split` to score a model on, from its source language into `lang_tgt` (one of its
-    target languages; "": its only one). `valid_data` / `test_data` name them apart; else a split the
-    corpus has is read as it is, and a validation or test split it lacks is the one its training held
-    out (`text_store` with the model's settings, so carved with its seed). The corpus is the first of
-    `datasource`, or in a model of several target languages the one tagged for `lang_tgt`."""
+    target languages; "": its only one). `valid_data` / `test_data` name them apart; else, of the
+    model's own corpus, the split as its training held it out, from the text store its `record`
+    (`data_record`) names, while there is one; else a split the corpus has is read as it is, and a
+    validation or test split it lacks is the one its training held out (`text_store` with the model's
+    settings, so carved with its seed). The corpus is the first of `datasource`, or in a model of
+    several target languages the one tagged for `lang_tgt`."""
     lang_src, lang_tgt = model_config["lang_src"], lang_tgt or model_config["lang_tgt"]
     entries = corpus_entries(config["datasource"])
     first = next((entry for entry in entries if entry[2] == target_tag(lang_tgt)), entries[0])
     corpus = Corpus(first[0], 1.0, "", lang_tgt)
+    held = _recorded_store(config, record, 0) if first is entries[0] and split in ("validation", "test") and \
+        _own_split(config, split, model_config) else None
+    if held is not None:
+        log(f"the {split} split as the model's training held it out, from the data store {held.folder}")
+        return held.pairs(split)
     given = _given_apart(dict(config, lang_src=lang_src), corpus)
     if split in given:
         source, read = given[split]
         where = f"--{dict(validation='valid_data', test='test_data')[split]} {source.datasource!r}"
     else:
-        source, read = open_source(corpus.source, _pair(dict(config, lang_src=lang_src), corpus)), split
+        source, read = open_data(dict(config, lang_src=lang_src), corpus.source, corpus.lang_tgt), split
         where = f"{corpus.source!r}"
     if read in source.splits and (read != "train" or split in given):
         pairs = read_all_pairs(source, read, lang_src, lang_tgt)
@@ -411,11 +492,12 @@ def eval_pairs(config: dict[str, Any], split: str, model_config: dict[str, Any],
     return pairs
 
 
-def text_stores(config: dict[str, Any]) -> list[TextStore]:
-    """The text store of every corpus, in `datasource` order: the first is `text_store`'s, and each
-    other holds its corpus's train split without the pairs whose source sentence is in the first's
-    held-out splits (keyed by a digest of those sentences, so that adding a corpus reads only it)."""
-    first = text_store(config)
+def text_stores(config: dict[str, Any], held_out_from: str | None = None) -> list[TextStore]:
+    """The text store of every corpus, in `datasource` order: the first is `text_store`'s (with the
+    held-out splits of `held_out_from`, when given), and each other holds its corpus's train split
+    without the pairs whose source sentence is in the first's held-out splits (keyed by a digest of
+    those sentences, so that adding a corpus reads only it)."""
+    first = text_store(config, held_out_from)
     held_out = first.held_out_hashes()
     stores = [first]
     for corpus in corpora(config)[1:]:
@@ -425,18 +507,108 @@ def text_stores(config: dict[str, Any]) -> list[TextStore]:
     return stores
 
 
+def held_out_problem(pairs: Sequence[Pair], split: str, config: dict[str, Any], model_config: dict[str, Any],
+                     record: dict[str, Any] | None) -> str | None:
+    """Why scoring the model on `pairs` (its `split` by `config`) would score it on what it trained
+    on, in words; None when it would not, or cannot be told (no `record`: a model from before them).
+    One of the validation and test splits it held out is fine by its digest; any other is checked
+    against the training pairs of the text stores the record names, and when they are gone, a split
+    of its own corpus that is no longer the one held out is a problem."""
+    if record is None or split_digest(pairs) in record["held_out"].values():
+        return None
+    stores = [_recorded_store(config, record, index) for index in range(len(record["stores"]))]
+    if None in stores:
+        if not _own_split(config, split, model_config):
+            log(f"the data stores of the model's training pairs are gone: not checked whether {split} holds any")
+            return None
+        return (f"the {split} split of {config['datasource']} is not the one the model held out (its corpus changed "
+                f"since?), and the data stores that would tell how much of it the model trained on are gone")
+    wanted = np.unique(np.fromiter((text_hash(source) for source, _ in pairs), np.uint64, len(pairs)))
+    trained = np.zeros(len(wanted), dtype=bool)
+    for store in stores:
+        for chunk in store.iter_pairs("train"):
+            trained |= np.isin(wanted, np.fromiter((text_hash(source) for source, _ in chunk), np.uint64, len(chunk)))
+    hashes = np.fromiter((text_hash(source) for source, _ in pairs), np.uint64, len(pairs))
+    if overlap := int(np.isin(hashes, wanted[trained]).sum()):
+        return f"{overlap} of the {len(pairs)} pairs of the {split} split have a source sentence the model trained on"
+    return None
+
+
+# ---------------------------------------------------------------------------- what a run trained on
+
+def data_identity(config: dict[str, Any], fingerprints: Sequence[str] | None = None) -> dict[str, Any]:
+    """What a run's data is, by content: each corpus's source, weight, tag and fingerprint
+    (sources.Source.fingerprint; `fingerprints` when known, in corpus order), and the fingerprints of
+    the held-out files given apart. Reads a file only when file_digests.py does not know its content."""
+    first = corpora(config)[0]
+    if fingerprints is None:
+        fingerprints = [_open_corpus(config, corpus).fingerprint for corpus in corpora(config)]
+    identity: dict[str, Any] = {"corpora": [{"source": corpus.source, "weight": corpus.weight, "tag": corpus.tag,
+                                             "fingerprint": fingerprint}
+                                            for corpus, fingerprint in zip(corpora(config), fingerprints)]}
+    for option in ("valid_data", "test_data"):
+        identity[option] = open_data(config, config[option], first.lang_tgt).fingerprint if config[option] else ""
+    return identity
+
+
+def split_digest(pairs: Sequence[Pair]) -> str:
+    """The identity of a split's pairs: the sha256 of them, in order."""
+    digest = hashlib.sha256()
+    for source, target in pairs:
+        digest.update(f"{source}\t{target}\n".encode("utf-8"))
+    return digest.hexdigest()
+
+
+def data_record(config: dict[str, Any], texts: Sequence[TextStore], held_out_from: str | None) -> dict[str, Any]:
+    """What a run's checkpoints (and the data.json beside them) record of its data: `data_identity`,
+    the identity of its validation and test splits, the names of its text stores (whose train splits
+    are what it trained on) and the store whose held-out splits it keeps, if any."""
+    identity = data_identity(config, [text.meta["key"]["datasource"] for text in texts])
+    return {**identity, "held_out": {split: split_digest(texts[0].pairs(split))
+                                                  for split in ("validation", "test")},
+            "stores": [text.folder.name for text in texts], "held_out_from": held_out_from}
+
+
+DATA_RECORD = "data.json"  # beside a run's checkpoints, its `data_record`, for evaluate.py
+
+
+def read_data_record(folder: Path) -> dict[str, Any] | None:
+    """The `data_record` a run wrote into its folder; None when there is none (a run from before it
+    existed) or it cannot be read."""
+    try:
+        record = json.loads((Path(folder) / DATA_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("held_out"), dict) else None
+
+
+def data_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """How the data of `current` (`data_identity`) differs in content from the `saved` record, one
+    phrase per corpus or file that changed; [] when it is the same data, wherever it lies now."""
+    changes = [f"corpus {now['source']} holds other data than it did"
+               for was, now in zip(saved["corpora"], current["corpora"]) if was["fingerprint"] != now["fingerprint"]]
+    return changes + [f"--{option} holds other data than it did" for option in ("valid_data", "test_data")
+                      if saved.get(option, "") != current[option]]
+
+
 def _text_store(config: dict[str, Any], corpus: Corpus, source: Source, held: dict[str, Any],
                 **fill: Any) -> TextStore:
     """The text store of `corpus`, read from `source`: opened, or built by `_fill_text_store` with the
-    arguments `fill`. Keyed by the corpus's fingerprint and pair, `filter_duplicates`, and `held`:
-    what decides its held-out splits (carving settings, held-out sources, hashes)."""
-    key = {"format": STORE_FORMAT, "datasource": source.fingerprint, "pair": source.pair,
-           "filter_duplicates": config["filter_duplicates"], **held}
+    arguments `fill`. Keyed by the corpus's fingerprint and pair, `filter_duplicates`, the cleaning
+    (cleaning.cleaning_description) and `held`: what decides its held-out splits (carving settings,
+    held-out sources, hashes). The fingerprint is the corpus's content (sources.Source.fingerprint),
+    so the same bytes under another path find the same key, and other bytes under the same path
+    another."""
+    key = {"format": STORE_FORMAT, "datasource": source.fingerprint, "pair": list(source.languages),
+           "filter_duplicates": config["filter_duplicates"], "max_line_bytes": config["max_line_bytes"],
+           "cleaning": cleaning_description(config), **held}
     folder = _store_folder(config, corpus, "text", key)
     store = TextStore.open_or_build(folder, key, partial(_fill_text_store, config=config, corpus=corpus, **fill),
                                     f"building the data store {folder} from {corpus.source}")
     log(f"data store {store.folder}: " + ", ".join(f"{name} {store.size(name)}" for name in store.splits())
         + " pairs")
+    if (report := store.cleaning()) is not None:
+        log(report_line(report))
     return store
 
 
@@ -444,15 +616,18 @@ def _fill_text_store(folder: Path, config: dict[str, Any], corpus: Corpus, reads
                      missing: list[str], apart: list[str], held_out: np.ndarray | None = None) -> dict[str, Any]:
     """Read each split of `reads` (name -> the source and split to read) into the store, carve the
     `missing` held-out splits from train, then drop the training pairs whose source sentence is in a
-    held-out split from elsewhere (the splits named in `apart`, and `held_out`'s hashes), and repeated
-    pairs with `filter_duplicates`."""
+    held-out split from elsewhere (the splits named in `apart`, and `held_out`'s hashes), repeated
+    pairs with `filter_duplicates`, and clean what is left (`_clean_train`): after carving, so that
+    the held-out splits are neither cleaned nor carved otherwise with cleaning on or off."""
     counts: dict[str, int] = {}
     hashes: dict[str, np.ndarray] = {}
     pair_hashes: list[np.ndarray] = []
     for name, (source, split) in reads.items():
         writer = PairWriter(folder, f"raw-{name}", np.dtype(np.uint8))
         source_hashes = [np.zeros(0, dtype=np.uint64)]
-        for pairs in read_pairs(source, split, config["lang_src"], corpus.lang_tgt):
+        # Said by its split: a bad row of --valid_data is validation's, not the file's only split's (train).
+        label = name if source.datasource == corpus.source else f"{name} of {source.datasource}"
+        for pairs in read_pairs(source, split, config["lang_src"], corpus.lang_tgt, label):
             writer.add([s.encode("utf-8") for s, _ in pairs], [t.encode("utf-8") for _, t in pairs])
             source_hashes.append(np.fromiter((text_hash(s) for s, _ in pairs), np.uint64, len(pairs)))
             if name == "train" and config["filter_duplicates"]:
@@ -472,6 +647,11 @@ def _fill_text_store(folder: Path, config: dict[str, Any], corpus: Corpus, reads
         overlap = np.isin(hashes["train"][rows["train"]], elsewhere)
         log(f"{corpus_name(corpus.source)}: removed {int(overlap.sum())} of {len(overlap)} training pairs whose "
             f"source sentence is in a held-out split")
+        if len(overlap) and overlap.all():
+            where = " and ".join(f"{name} ({reads[name][0].datasource})" for name in apart) or \
+                "the first corpus's held-out splits"
+            raise DataError(f"{corpus.source}: every one of its {len(overlap)} training pairs has its source sentence "
+                            f"in {where}: held-out pairs must not be the training corpus; hold out other pairs")
         rows["train"] = rows["train"][~overlap]
     if config["filter_duplicates"]:
         train_hashes = np.concatenate(pair_hashes)[rows["train"]]
@@ -479,12 +659,82 @@ def _fill_text_store(folder: Path, config: dict[str, Any], corpus: Corpus, reads
         log(f"filter_duplicates: dropped {len(rows['train']) - len(first)} of {len(rows['train'])} training pairs "
             f"that repeat an earlier pair")
         rows["train"] = rows["train"][np.sort(first)]
+    train_raw = "raw-train"
+    if config["clean"] or config["clean_score_forward"]:
+        train_raw, rows["train"] = _clean_train(folder, config, corpus, rows["train"])
     splits = {}
     for name, index in rows.items():
         np.save(folder / f"{name}.rows.npy", index.astype(np.int64))
-        raw = "raw-train" if name == "train" or name in missing else f"raw-{name}"
+        raw = train_raw if name == "train" else "raw-train" if name in missing else f"raw-{name}"
         splits[name] = {"raw": raw, "pairs": len(index)}
     return {"splits": splits}
+
+
+def _clean_train(folder: Path, config: dict[str, Any], corpus: Corpus, rows: np.ndarray) -> tuple[str, np.ndarray]:
+    """The training pairs at `rows` of raw-train, cleaned: by the rules (`clean`; the pairs they keep,
+    NFC-normalised, written to clean-train), then scored by models (`clean_score_*`; the best share
+    kept). Returns the flat files the train split reads and its rows there. What was removed, by
+    reason with samples, goes to CLEANING_FILE (a sample's row: the pair's place among the corpus's
+    usable training pairs, from 0)."""
+    report: dict[str, Any] = {"corpus": corpus.source, "rules": None, "scoring": None}
+    asked = len(rows)
+    raw, numbers = "raw-train", rows  # numbers: the raw-train row of each row of `rows`
+    if config["clean"]:
+        numbers, report["rules"] = _apply_rules(folder, config, corpus, rows)
+        raw, rows = "clean-train", np.arange(len(numbers))
+    if config["clean_score_forward"]:
+        kept, report["scoring"] = _apply_scoring(folder, config, corpus, raw, rows, numbers)
+        rows = rows[kept]
+    if len(rows) == 0 < asked:
+        raise DataError(f"cleaning removed every training pair of {corpus.source!r} ({report_line(report)}): "
+                        f"loosen the clean_* settings, or --clean false")
+    atomic_write_bytes(folder / CLEANING_FILE, json.dumps(report, ensure_ascii=False, indent=1).encode("utf-8"))
+    return raw, rows
+
+
+def _apply_rules(folder: Path, config: dict[str, Any], corpus: Corpus,
+                 rows: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+    """Ask the rules (cleaning.Cleaner) about each pair at `rows` of raw-train, and write those they
+    keep to clean-train, NFC-normalised. Returns the raw-train row of each kept pair, and the report
+    (its samples' rows numbered as raw-train's)."""
+    cleaner = Cleaner(settings_from_config(config), config["lang_src"], corpus.lang_tgt, config["clean_samples"],
+                      config["seed"])
+    writer = PairWriter(folder, "clean-train", np.dtype(np.uint8))
+    kept_rows = [np.zeros(0, dtype=np.int64)]
+    for start in range(0, len(rows), ENCODE_BATCH):
+        chunk = rows[start:start + ENCODE_BATCH]
+        pairs, kept = cleaner.mark(read_texts(folder, "raw-train", chunk))
+        kept_pairs = [pair for pair, keep in zip(pairs, kept) if keep]
+        writer.add([s.encode("utf-8") for s, _ in kept_pairs], [t.encode("utf-8") for _, t in kept_pairs])
+        kept_rows.append(chunk[kept])
+    writer.close()
+    report = cleaner.report.as_dict()
+    for samples in report["samples"].values():
+        for sample in samples:
+            sample["row"] = int(rows[sample["row"]])  # the cleaner counts the pairs it was asked about
+    return np.concatenate(kept_rows), report
+
+
+def _apply_scoring(folder: Path, config: dict[str, Any], corpus: Corpus, raw: str, rows: np.ndarray,
+                   numbers: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+    """Score the pairs at `rows` of the flat files `raw` by dual conditional cross-entropy with the
+    clean_score_* models, in chunks. Returns the positions in `rows` of the best clean_score_keep
+    share, in order, and the report: how many were scored and kept, the highest score kept, and the
+    worst pairs (their rows: `numbers`')."""
+    forward, backward = load_scoring_models(config, pick_device(config["device"]))
+    scores = [np.zeros(0)]
+    try:
+        for start in range(0, len(rows), ENCODE_BATCH):
+            scores.append(dual_conditional_cross_entropy(read_texts(folder, raw, rows[start:start + ENCODE_BATCH]),
+                                                         forward, backward, config["lang_src"], corpus.lang_tgt))
+    except ValueError as error:  # a model of another pair
+        raise DataError(f"cannot score {corpus.source!r} with --clean_score_forward and --clean_score_backward: "
+                        f"{error}") from None
+    scored = np.concatenate(scores)
+    best, summary, worst = scoring_summary(scored, config["clean_score_keep"], config["clean_samples"])
+    summary["worst"] = [{"row": int(numbers[i]), "source": source, "target": target, "score": float(scored[i])}
+                        for i, (source, target) in zip(worst, read_texts(folder, raw, rows[worst]))]
+    return best, summary
 
 
 # ---------------------------------------------------------------------------- the token store

@@ -3,11 +3,12 @@
 The run reads top to bottom, one named phase after another:
 1. `train`: the ranks of a torchrun job, the device, the run lock, then a `Trainer`.
 2. `Trainer.start_or_resume`: which checkpoint to continue, the data (a text and a token store per
-   corpus of `datasource`, store.py) and tokenizers, the model, optimizer, schedule and counters. A folder that holds checkpoints of which none can be resumed
-   stops the run with one line, every file left as it is: a run never starts over unasked. So
-   does a checkpoint above the resume step that checkpoints.json does not list, unless it is the
-   newest, verifies, and is this run's (its writer died before recording it): then it is listed
-   and resumed.
+   corpus of `datasource`, store.py, which cleans the training pairs: the counts by reason in
+   TensorBoard as data/cleaning/<reason>) and tokenizers, the model, optimizer, schedule and
+   counters. A folder that holds checkpoints of which none can be resumed stops the run with one
+   line, every file left as it is: a run never starts over unasked. So does a checkpoint above the
+   resume step that checkpoints.json does not list, unless it is the newest, verifies, and is this
+   run's (its writer died before recording it): then it is listed and resumed.
 3. `Trainer.train_epoch`: how many pairs each corpus gives the epoch (its weight x its size: one
    line, and data/pairs/<corpus> in TensorBoard); forward and backward of each micro-batch (AMP,
    gradient accumulation); `Trainer.optimizer_step` after the last micro-batch of each step
@@ -49,9 +50,11 @@ from tqdm import tqdm
 from atomic_files import atomic_write_bytes
 from attention_plot import attention_figure
 from checkpoint import (CheckpointError, adopt_unlisted, check_unlisted_above, checkpoint_files, load_checkpoint,
-                        load_latest, load_weights, named, read_manifest, save_average, save_checkpoint)
-from config import (IDENTITY_KEYS, MODEL_KEYS, TRAIN, ConfigError, OneLineParser, build_parser, corpora, corpus_name,
-                    get_config, parse_args, runs_dir, validate_config, weights_dir)
+                        load_latest, load_weights, named, read_manifest, reconcile_manifest, save_average,
+                        save_checkpoint)
+from cleaning import NOT_CLEANED, cleaning_changes, cleaning_scalars
+from config import (IDENTITY_KEYS, MODEL_KEYS, TRAIN, ConfigError, OneLineParser, build_parser, corpora, corpus_entries,
+                    corpus_name, get_config, parse_args, runs_dir, validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
 from dataset import BatchPlan, BilingualDataset, CorpusMix, MicroBatches, padding_waste
 from diagnostics import log
@@ -65,7 +68,8 @@ from ranks import GracefulStop, RankFailed, Ranks, RankWatch, StopRequested, joi
 from run_lock import RunLock, RunLockError
 from scoring import corpus_scores, grouped_scores, improves
 from sources import DataError
-from store import TextStore, TokenStore, text_stores, token_stores, tokenizer_sample
+from store import (DATA_RECORD, TextStore, TokenStore, data_changes, data_identity, data_record, text_stores,
+                   token_stores, tokenizer_sample)
 from tokenizer import (TokenizerError, load_tokenizers, save_tokenizers, tag_id, tokenizer_from_json,
                        train_tokenizers)
 from translator import DecodingOptions, TorchTranslator
@@ -127,8 +131,6 @@ def take_model_from(config: dict[str, Any], explicit: set[str]) -> dict[str, Any
     return state
 
 
-CUDA_PAD_MULTIPLE = 8  # tensor cores take fp16/bf16 matrix sides in multiples of 8
-
 # What a checkpoint holds for resuming: `Trainer.save` writes these keys (`Trainer.resume_value`) and
 # the metrics, `Trainer.restore` reads them back, and a checkpoint that lacks one cannot be resumed.
 RESUME_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "global_step", "batches_done", "step_in_epoch",
@@ -154,10 +156,29 @@ def check_resumable(state: dict[str, Any], config: dict[str, Any], path: Path) -
                               f"version of train.py?)")
     saved = {**get_config(), **state["config"]}  # keys added since the checkpoint was written take their defaults
     validate_config(saved)
+    # A checkpoint that records its data by content is checked by content (Trainer.check_data): the
+    # same corpora under other paths resume. Their number, weights and tags are still the run's.
+    by_content = "data" in state
     for key in IDENTITY_KEYS:
-        if saved[key] != config[key]:
+        if saved[key] != config[key] and not (by_content and key in DATA_PATHS):
             raise ConfigError(f"checkpoint {path} was trained with --{key} {saved[key]!r} but this run "
                               f"has {config[key]!r}; use the same options to resume, or a new --experiment_name")
+    if by_content and data_layout(saved) != data_layout(config):
+        raise ConfigError(f"checkpoint {path} was trained with --datasource {saved['datasource']!r}"
+                          f"{''.join(f' --{key} {saved[key]!r}' for key in DATA_PATHS[1:] if saved[key])} but this "
+                          f"run has other corpora, weights, tags or held-out files; use the same to resume, or a new "
+                          f"--experiment_name")
+
+
+# The identity keys that name data by path: a checkpoint with a data record compares their content instead.
+DATA_PATHS = ("datasource", "valid_data", "test_data")
+
+
+def data_layout(config: dict[str, Any]) -> tuple:
+    """What a run's data is besides the corpora's content: each corpus's weight and tag, and whether
+    validation and test pairs are given apart."""
+    return [entry[1:] for entry in corpus_entries(config["datasource"])], bool(config["valid_data"]), \
+        bool(config["test_data"])
 
 
 def corpus_labels(config: dict[str, Any]) -> list[str]:
@@ -178,8 +199,10 @@ def step_seed(seed: int, rank: int, step: int) -> int:
 
 # What a training step's batches are made of: a checkpoint records them. Changing world_size or
 # accum_steps regroups the same batches into steps (resumed exactly); the others change the batches.
+# "cleaning" is what the text stores were built with (cleaning.cleaning_description: the rules'
+# settings, the scoring models' sha256), from the first store's key.
 BATCH_SETTINGS = ("world_size", "accum_steps", "batch_tokens", "seq_len", "filter_duplicates",
-                  "filter_max_length_ratio")
+                  "filter_max_length_ratio", "cleaning")
 OPTIMIZER_SETTINGS = ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps")
 
 
@@ -188,8 +211,24 @@ def compile_for_training(model: torch.nn.Module, backend: str | Any = "inductor"
     lengths: dynamic shapes from the first batch (`dynamic=True`). torch's default compiles a static
     graph first and recompiles on the next shapes, and past its recompile limit (8) runs the rest
     uncompiled. What stays specialised is whether the batch has a source mask and a batch of one
-    sentence: at most four graphs per run, however many shapes (tests/test_compile.py)."""
-    return torch.compile(model, dynamic=True, backend=backend)
+    sentence: at most four dynamo graphs per run, whatever the first batch (tests/test_compile.py);
+    inductor's own guards can add compilations (docs/gpu.md)."""
+    return DynamicBatches(torch.compile(model, dynamic=True, backend=backend))
+
+
+class DynamicBatches(torch.nn.Module):
+    """A compiled model that gives every size of its batches a symbol of its own. By default dynamo
+    ties sizes that are equal in the batch it compiles for (duck sizing: a source as wide as its
+    target, as many sentences as positions), and compiles again at the first batch where they
+    differ. The setting is read when a graph is compiled, inside the call."""
+
+    def __init__(self, compiled: torch.nn.Module) -> None:
+        super().__init__()
+        self.compiled = compiled
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
+        with torch.fx.experimental._config.patch(use_duck_shape=False):
+            return self.compiled(src, tgt, src_mask)
 
 
 class OutOfMemory(RuntimeError):
@@ -320,7 +359,11 @@ class Trainer:
         self.nonfinite_run, self.last_validation_seconds = 0, 0.0
         self.saved_step = -1  # the step of this process's last checkpoint
         self.log_skipped = 0  # steps skipped since the last logged step
+        self.cleaning_reports: list[dict[str, Any]] = []  # rank 0's: what cleaning removed from each corpus
         self.writer = None
+        self.data_record: dict[str, Any] | None = None  # what the run trains on (store.data_record): rank 0's
+        self.data_changed = False  # resumed on corpora whose content changed (--data_changed keep_held_out)
+        self.held_out_from: str | None = None  # the text store whose held-out splits the run keeps: rank 0's
 
     # ------------------------------------------------------------------ 1. start or resume
 
@@ -328,12 +371,13 @@ class Trainer:
         config, ranks = self.config, self.ranks
         torch.manual_seed(config["seed"])  # the initial weights
         resume_path, resume = self.checkpoint_to_resume()
+        self.data_changed = self.from_rank0(self.data_changed)  # every rank resumes at the same batch
 
         if resume is None and self.initial is not None:
             log(f"starting from {config['init_from']}: its weights, tokenizers and architecture, with a new "
                 f"optimizer, schedule and step count")
         self.text, self.tokens, self.tok_src, self.tok_tgt = self.prepare_data(
-            resume or self.initial, str(resume_path if resume is not None else config["init_from"]))
+            resume or self.initial, str(resume_path if resume is not None else config["init_from"]), self.held_out_from)
         self.train_ds = CorpusMix([store.dataset("train") for store in self.tokens])
         if not config["length_ratio"] and len(self.train_ds):
             # Both sides counting [EOS]: src_lens also count [SOS], tgt_lens count one of [SOS]/[EOS].
@@ -343,6 +387,7 @@ class Trainer:
         if ranks.is_main:
             self.folder.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(self.folder / "config.json", json.dumps(config, indent=1).encode("utf-8"))
+            atomic_write_bytes(self.folder / DATA_RECORD, json.dumps(self.data_record, indent=1).encode("utf-8"))
         self.val_ds = self.tokens[0].dataset("validation") if "validation" in self.text.splits() else None
         self.val_pairs = validation_subset(self.text.pairs("validation"), config["val_max_sentences"], config["seed"])
         self.val_sources = list(dict.fromkeys(source for source, _ in self.val_pairs))
@@ -385,7 +430,9 @@ class Trainer:
         before recording it: `adopt_unlisted`), checked against the config. A new run starts only in
         a folder without checkpoints: one whose checkpoints are all unusable stops the run,
         everything in it left as it is; so does an unlisted checkpoint above the resume step, which
-        the run could not replace on reaching it."""
+        the run could not replace on reaching it. Once the run goes on, checkpoints.json forgets the
+        checkpoints moved out of the folder (as the advice for damaged ones says): they count for
+        nothing. A run that stops here changes no file."""
         config = self.config
         path, state = None, None
         if config["preload"] == "latest":
@@ -410,16 +457,50 @@ class Trainer:
         if state is not None:
             check_resumable(state, config, path)
             check_unlisted_above(self.folder, state["global_step"])
+            if self.ranks.is_main:
+                self.held_out_from = self.check_data(state, path)
             log(f"resuming from {path} (epoch {state['epoch']}, step {state['global_step']})")
+        if self.ranks.is_main and (note := reconcile_manifest(self.folder, config["best_metric"])):
+            log(note)
         return path, state
 
-    def prepare_data(self, checkpoint: dict[str, Any] | None,
-                     origin: str) -> tuple[TextStore, list[TokenStore], Any, Any]:
+    def check_data(self, state: dict[str, Any], path: Path) -> str | None:
+        """Rank 0, before resuming: the corpora, by content, against what the checkpoint records. A
+        corpus whose content changed stops the run with one line, unless --data_changed keep_held_out:
+        then it goes on on the new content with the run's validation and test splits as they were.
+        Returns the name of the text store that holds those (also when an earlier resume kept them).
+        A corpus that only moved resumes, with a line."""
+        saved = state.get("data")
+        if saved is None:
+            log(f"{path} records no identity of its data (written before checkpoints did): its corpora are not "
+                f"checked")
+            return None
+        current = data_identity(self.config)
+        moved = [f"{was['source']} -> {now['source']}" for was, now in zip(saved["corpora"], current["corpora"])
+                 if was["source"] != now["source"]]
+        if not (changes := data_changes(saved, current)):
+            if moved:
+                log(f"the corpora moved ({', '.join(moved)}) with the same content: resuming")
+            return saved.get("held_out_from")
+        if self.config["data_changed"] != "keep_held_out":
+            raise DataError(f"{changes[0]} when {path} was written: resuming would train on pairs it was not told "
+                            f"about and carve its validation and test anew, from pairs it has trained on; start a new "
+                            f"run (--experiment_name NAME, or also --init_from {path} to start from this model), or go "
+                            f"on with --data_changed keep_held_out, which keeps the run's validation and test splits")
+        kept = saved.get("held_out_from") or saved["stores"][0]
+        self.data_changed = True
+        log(f"{'; '.join(changes)}: going on with it (--data_changed keep_held_out), validating and testing on the "
+            f"run's held-out splits as they were, from the data store {kept}")
+        return kept
+
+    def prepare_data(self, checkpoint: dict[str, Any] | None, origin: str,
+                     held_out_from: str | None = None) -> tuple[TextStore, list[TokenStore], Any, Any]:
         """The held-out (first corpus's) text store, every corpus's token store, and the tokenizers.
-        Rank 0 opens or builds the stores (store.py) and, for a new run, trains the tokenizers on a
-        sample of all the corpora's training pairs, reserving the run's tags, and saves them; the
-        other ranks wait, then map the same files. A resumed or fine-tuned run's tokenizers come from
-        its checkpoint (`origin`), which must hold every corpus's tag."""
+        Rank 0 opens or builds the stores (store.py; the held-out splits of the store `held_out_from`
+        when given) and, for a new run, trains the tokenizers on a sample of all the corpora's training
+        pairs, reserving the run's tags, and saves them; the other ranks wait, then map the same files.
+        A resumed or fine-tuned run's tokenizers come from its checkpoint (`origin`), which must hold
+        every corpus's tag. Rank 0 also records what the run trains on (`data_record`)."""
         config, ranks = self.config, self.ranks
         if checkpoint is not None:
             tok_src = tokenizer_from_json(checkpoint["tokenizers"]["src"])
@@ -429,7 +510,8 @@ class Trainer:
                     tag_id(tok_src, corpus.tag, origin)
         folders: list[str | None] = [None] * (1 + len(corpora(config)))
         if ranks.is_main:
-            texts = text_stores(config)
+            texts = text_stores(config, held_out_from)
+            self.data_record = data_record(config, texts, held_out_from)
             if checkpoint is None:
                 tok_src, tok_tgt = train_tokenizers(config, lambda: tokenizer_sample(config, texts))
                 save_tokenizers(self.folder, config, tok_src, tok_tgt)
@@ -438,6 +520,7 @@ class Trainer:
                     f"{tok_src.get_vocab_size()} source and {tok_tgt.get_vocab_size()} target entries")
             tokens = token_stores(config, texts, tok_src, tok_tgt)
             held_out = texts[0]
+            self.cleaning_reports = [report for text in texts if (report := text.cleaning()) is not None]
             folders = [str(held_out.folder), *(str(store.folder) for store in tokens)]
         folders = self.from_rank0(folders)  # the other ranks wait here while rank 0 builds
         if not ranks.is_main:
@@ -451,7 +534,8 @@ class Trainer:
         """Weights, optimizer, schedule and position from a checkpoint. Optimizer settings changed
         since then are applied, and a changed batch setting is never silent: world_size and
         accum_steps regroup the same batches, so training resumes at the very next batch; other
-        changes make other batches, so it resumes at the start of the next epoch."""
+        changes (the corpora's content too, with --data_changed keep_held_out) make other batches,
+        so it resumes at the start of the next epoch."""
         load_weights(self.model, state["model"], path)
         if (plan := plan_from_dict(state.get("plan"))) is not None:
             self.follow(plan)
@@ -469,9 +553,12 @@ class Trainer:
             log(f"--best_metric {saved_metric} -> {self.config['best_metric']}: early stopping counts from here")
             self.best_value, self.stale_validations = None, 0
         self.apply_optimizer_settings(state["config"])
-        saved, current = state["batch_settings"], self.batch_settings()
+        saved, current = {"cleaning": NOT_CLEANED, **state["batch_settings"]}, self.batch_settings()
         changed = [key for key in BATCH_SETTINGS if saved[key] != current[key]]
-        described = ", ".join(f"--{key} {saved[key]} -> {current[key]}" for key in changed)
+        described = ", ".join([f"cleaning: {cleaning_changes(saved[key], current[key])}" if key == "cleaning"
+                               else f"--{key} {saved[key]} -> {current[key]}" for key in changed]
+                              + ["the corpora's content"] * self.data_changed)
+        changed += ["data"] * self.data_changed  # other pairs make other batches, like a changed batch setting
         if not changed or not self.batches_done:
             if changed:
                 log(f"resuming at the start of epoch {self.epoch} with changed batch settings ({described})")
@@ -485,7 +572,9 @@ class Trainer:
             self.epoch, self.batches_done, self.step_in_epoch = self.epoch + 1, 0, 0
 
     def batch_settings(self) -> dict[str, Any]:
-        return {key: self.ranks.world_size if key == "world_size" else self.config[key] for key in BATCH_SETTINGS}
+        """BATCH_SETTINGS' values: the config's, the world size, and the text stores' cleaning."""
+        special = {"world_size": self.ranks.world_size, "cleaning": self.text.meta["key"]["cleaning"]}
+        return {key: special[key] if key in special else self.config[key] for key in BATCH_SETTINGS}
 
     def apply_optimizer_settings(self, saved: dict[str, Any]) -> None:
         """The optimizer state brings back the learning rate, weight decay and Adam's betas and eps it
@@ -507,6 +596,9 @@ class Trainer:
         # purge_step drops events a killed run logged after its last checkpoint, so no step is logged twice.
         self.writer = SummaryWriter(str(runs_dir(config)),
                                     purge_step=self.global_step + 1 if self.global_step else None)
+        if self.cleaning_reports:  # at the step the run starts from: a resumed run writes its own
+            for name, count in cleaning_scalars(self.cleaning_reports).items():
+                self.writer.add_scalar(f"data/cleaning/{name}", count, self.global_step)
         batches = self.plan.epoch_batches(self.epoch)
         waste = padding_waste(batches, self.train_ds.src_lens, self.train_ds.tgt_lens)
         log(f"{len(self.train_ds)} training pairs, {steps_per_epoch} steps per epoch, {waste:.1%} padding, "
@@ -560,9 +652,7 @@ class Trainer:
         workers = config["num_workers"] if config["num_workers"] >= 0 else (2 if device.type == "cuda" else 0)
         # Its own generator: a loader draws worker seeds from the global RNG otherwise, which
         # would shift the dropout stream of a run resumed mid-epoch.
-        # On CUDA, lengths padded to a multiple of 8 for the tensor cores (collate's docstring).
-        micro_batches = MicroBatches(self.train_ds, self.plan.micro_batches(self.epoch, self.batches_done),
-                                     CUDA_PAD_MULTIPLE if device.type == "cuda" else 1, config["seq_len"])
+        micro_batches = MicroBatches(self.train_ds, self.plan.micro_batches(self.epoch, self.batches_done))
         loader = DataLoader(micro_batches,
                             batch_size=None, shuffle=False, num_workers=workers, pin_memory=device.type == "cuda",
                             generator=torch.Generator().manual_seed(config["seed"] + self.epoch))
@@ -828,7 +918,8 @@ class Trainer:
     def save(self, metrics: dict[str, float] | None = None) -> None:
         """Rank 0 writes a checkpoint while the others wait."""
         if self.ranks.is_main:
-            state = {key: self.resume_value(key) for key in (*RESUME_KEYS, "plan")} | {"metrics": metrics or {}}
+            state = {key: self.resume_value(key) for key in (*RESUME_KEYS, "plan")} | {"metrics": metrics or {},
+                                                                                      "data": self.data_record}
             path = save_checkpoint(self.folder, state, self.global_step, self.config["keep_checkpoints"], metrics,
                                    self.config["best_metric"])
             log(f"saved {path}")

@@ -3,7 +3,9 @@
 Prints translations on stdout, one line per input; diagnostics go to stderr. With no sentence
 arguments it translates standard input, one sentence per line, `--chunk_size` lines at a time: each
 chunk's translations are written and flushed as soon as they are done, so memory stays bounded on
-inputs of any length and a killed run leaves complete lines behind. A line that cannot be translated
+inputs of any length and a killed run leaves complete lines behind. A line longer than
+`--max_line_bytes` is read and translated in pieces of at most that size, cut at whitespace, whose
+translations make its one output line: no line is held whole (`input_pieces`). A line that cannot be translated
 (empty, invalid UTF-8) gets an empty output line and a message naming it, the others are translated,
 and the exit code is 1. When the reader of stdout goes away (`translate.py < big.txt | head -1`),
 it stops quietly with exit code 141, what a Unix tool killed by SIGPIPE reports (`yes | head -1`):
@@ -31,49 +33,101 @@ from __future__ import annotations
 
 import os
 import sys
-from itertools import islice
+from itertools import accumulate, islice
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 from checkpoint import CheckpointError
 from config import TRANSLATE, ConfigError, OneLineParser, build_parser, parse_args
 from translator import DecodingOptions, Translator, TranslatorError, add_translator_arguments, load_translator
 
 
-def numbered_stdin_lines() -> Iterator[str | None]:
-    """Lines of standard input as they arrive; None for a line that is not valid UTF-8."""
-    for raw in sys.stdin.buffer:
-        try:
-            yield raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError:
-            yield None
+Piece = tuple[str | None, bool]  # some text of a line (None: not valid UTF-8), and whether it ends the line
 
 
-def chunks(lines: Iterable[str | None], size: int) -> Iterator[list[str | None]]:
-    iterator = iter(lines)
+def input_pieces(stream: BinaryIO, max_bytes: int) -> Iterator[Piece]:
+    """The lines of `stream` as they arrive, without their line ending, in pieces of at most
+    `max_bytes` bytes: a longer line is cut after the last whitespace of each piece (or, without one,
+    between two characters), so that no line is held whole past `max_bytes` however long it is. The
+    whitespace between a long line's pieces is no piece of its own: a line is empty only when all of
+    it is blank. Each piece is held until the next shows whether its line goes on."""
+    held: list[str | None] = []  # the line's last piece with text, not yet given
+    for text, ends in _raw_pieces(stream, max_bytes):
+        if text is not None and not text.strip():
+            if ends:
+                yield (held.pop() if held else text), True
+            continue
+        if held:
+            yield held.pop(), False
+        if ends:
+            yield text, True
+        else:
+            held.append(text)
+
+
+def _raw_pieces(stream: BinaryIO, max_bytes: int) -> Iterator[Piece]:
+    """`input_pieces` before blank pieces are dropped."""
+    carry = b""
+    while True:
+        want = max(1, max_bytes - len(carry))
+        chunk = stream.readline(want)
+        if not chunk:
+            if carry:
+                yield _decoded(carry), True
+            return
+        piece = carry + chunk
+        if piece.endswith(b"\n") or len(chunk) < want:  # a whole line (the last may lack its "\n")
+            yield _decoded(piece.removesuffix(b"\n").removesuffix(b"\r")), True
+            carry = b""
+            continue
+        space = max(piece.rfind(b" "), piece.rfind(b"\t"))
+        cut = space + 1 if space > 0 else _character_boundary(piece)
+        yield _decoded(piece[:cut]), False
+        carry = piece[cut:]
+
+
+def _character_boundary(data: bytes) -> int:
+    """Where `data` may be cut without splitting a UTF-8 character: before its last character when
+    that one is incomplete, else at its end."""
+    start = len(data) - 1
+    while start > 0 and data[start] & 0xC0 == 0x80 and len(data) - start < 4:
+        start -= 1
+    lead = data[start]
+    needed = 4 if lead >= 0xF0 else 3 if lead >= 0xE0 else 2 if lead >= 0xC0 else 1
+    return start if 0 < start and len(data) - start < needed else len(data)
+
+
+def _decoded(data: bytes) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def chunks(pieces: Iterable[Piece], size: int) -> Iterator[list[Piece]]:
+    iterator = iter(pieces)
     while chunk := list(islice(iterator, size)):
         yield chunk
 
 
-def translate_chunk(translator: Translator, inputs: list[str | None], first_number: int, options: DecodingOptions,
-                    n_best: bool) -> tuple[str, int]:
-    """The output text of one chunk of inputs, numbered from `first_number`, and how many were bad."""
+def translate_chunk(translator: Translator, inputs: list[str | None], numbers: list[int], options: DecodingOptions,
+                    n_best: bool) -> tuple[list[str], int]:
+    """The output of each of one chunk of inputs (from the lines `numbers`), and how many were bad: its
+    translation, or with `n_best` its numbered hypotheses, each line ended."""
     usable = [i for i, text in enumerate(inputs) if text is not None and text.strip()]
-    for offset, text in enumerate(inputs):
+    for number, text in zip(numbers, inputs):
         if text is None:
-            print(f"translate.py: line {first_number + offset}: not valid UTF-8, skipped", file=sys.stderr)
+            print(f"translate.py: line {number}: not valid UTF-8, skipped", file=sys.stderr)
         elif not text.strip():
-            print(f"translate.py: line {first_number + offset}: empty, skipped", file=sys.stderr)
+            print(f"translate.py: line {number}: empty, skipped", file=sys.stderr)
     found = translator.translate([inputs[i].strip() for i in usable], options)
     hypotheses: list[list] = [[] for _ in inputs]
     for index, result in zip(usable, found):
         hypotheses[index] = result
     if n_best:
-        lines = [f"{first_number + offset}\t{h.score:.4f}\t{h.text}" for offset, result in enumerate(hypotheses)
-                 for h in result]
-    else:
-        lines = [result[0].text if result else "" for result in hypotheses]
-    return "".join(line + "\n" for line in lines), len(inputs) - len(usable)
+        return ["".join(f"{number}\t{h.score:.4f}\t{h.text}\n" for h in result)
+                for number, result in zip(numbers, hypotheses)], len(inputs) - len(usable)
+    return [result[0].text if result else "" for result in hypotheses], len(inputs) - len(usable)
 
 
 # 128 + SIGPIPE: what a shell reports for a tool that wrote into a closed pipe.
@@ -129,17 +183,21 @@ def main(argv: list[str] | None = None) -> int:
     into = f", translating into {target}" if len(translator.target_languages) > 1 else ""
     print(f"translate.py: using {translator.source}{into}", file=sys.stderr)
 
-    inputs = chunks(args.sentences, len(args.sentences)) if args.sentences else \
-        chunks(numbered_stdin_lines(), args.chunk_size)
-    first_number, bad, first_sentence = 1, 0, None
+    inputs = chunks([(text, True) for text in args.sentences], len(args.sentences)) if args.sentences else \
+        chunks(input_pieces(sys.stdin.buffer, config["max_line_bytes"]), args.chunk_size)
+    number, bad, first_sentence = 1, 0, None
     try:
         for chunk in inputs:
-            text, chunk_bad = translate_chunk(translator, chunk, first_number, options, args.n_best > 0)
-            # One write per chunk, flushed: what a killed run leaves behind is whole lines.
-            sys.stdout.write(text)
+            numbers = list(accumulate((ends for _, ends in chunk[:-1]), initial=number))
+            texts = [text for text, _ in chunk]
+            outputs, chunk_bad = translate_chunk(translator, texts, numbers, options, args.n_best > 0)
+            # One write per chunk, flushed: what a killed run leaves behind is whole lines (but for a
+            # line longer than max_line_bytes, whose pieces the next chunk may go on with).
+            sys.stdout.write("".join(output if args.n_best else output + ("\n" if ends else " ")
+                                     for output, (_, ends) in zip(outputs, chunk)))
             sys.stdout.flush()
-            first_sentence = first_sentence or next((line.strip() for line in chunk if line and line.strip()), None)
-            first_number, bad = first_number + len(chunk), bad + chunk_bad
+            first_sentence = first_sentence or next((text.strip() for text in texts if text and text.strip()), None)
+            number, bad = numbers[-1] + chunk[-1][1], bad + chunk_bad
     except BrokenPipeError:
         return stdout_closed()
     if args.plot_attention is not None and first_sentence is not None:

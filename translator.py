@@ -62,7 +62,7 @@ class DecodingOptions:
     """How to decode. Sampling is on when `sampling_topk` or `sampling_topp` is set; it draws
     `n_best` samples per sentence and needs beam_size 1."""
 
-    beam_size: int = 0  # 0: the config's default, or 1 when sampling
+    beam_size: int = None  # type: ignore[assignment]  # None: the config's default, or 1 when sampling
     length_penalty: float = _DEFAULTS["length_penalty"]
     brevity_penalty: float = _DEFAULTS["brevity_penalty"]
     n_best: int = 1
@@ -74,7 +74,7 @@ class DecodingOptions:
     target_lang: str = _DEFAULTS["target_lang"]  # for a model of several target languages: which one
 
     def __post_init__(self) -> None:
-        if not self.beam_size:
+        if self.beam_size is None:
             object.__setattr__(self, "beam_size", 1 if self.sampling else _DEFAULTS["beam_size"])
 
     @classmethod

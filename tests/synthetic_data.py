@@ -28,11 +28,14 @@ def synthetic_pairs(count: int, seed: int = 0) -> list[tuple[str, str]]:
     return pairs
 
 
-def write_hub_dataset(folder: Path, splits: dict[str, list], pair: str = "en-it") -> Path:
+def write_hub_dataset(folder: Path, splits: dict[str, list], pair: str = "en-it",
+                      languages: tuple[str, str] | None = None) -> Path:
     """Write `splits` (name -> list of (src, tgt) pairs, or of raw row dicts) as JSON lines with a
-    README `configs:` header. Raw dicts let tests write malformed rows."""
+    README `configs:` header. Raw dicts let tests write malformed rows. `languages` names codes with a
+    hyphen (pt-BR), which `pair` cannot."""
     folder = Path(folder)
-    src, tgt = pair.split("-")
+    src, tgt = languages or pair.split("-")
+    pair = f"{src}-{tgt}"
     (folder / pair).mkdir(parents=True, exist_ok=True)
     header = ["---", "configs:", f"- config_name: {pair}", "  data_files:"]
     for name, rows in splits.items():
@@ -50,3 +53,13 @@ def tiny_corpus(folder: Path, train: int = 300, validation: int = 30, test: int 
     """A train/validation/test corpus from disjoint seeds."""
     return write_hub_dataset(folder, {"train": synthetic_pairs(train, 1), "validation": synthetic_pairs(validation, 2),
                                       "test": synthetic_pairs(test, 3)})
+
+
+def write_parallel_files(prefix: Path, pairs: list[tuple[str, str]], mode: str = "w") -> Path:
+    """PREFIX.en and PREFIX.it, one side of each pair a line; mode "a" appends to them."""
+    prefix = Path(prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    for index, lang in enumerate(("en", "it")):
+        with open(f"{prefix}.{lang}", mode, encoding="utf-8") as out:
+            out.writelines(pair[index] + "\n" for pair in pairs)
+    return prefix

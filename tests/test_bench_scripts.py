@@ -1,7 +1,8 @@
-"""benchmarks/bench_data.py, bench_translate.py and bench_segmentation.py, on small data: the corpus
-bench_data writes is what it says (opus_books-shaped, train only, distinct pairs), a bench_translate
-child measures and reports what the engine translated, and bench_segmentation counts boundaries as
-its docstring defines them."""
+"""benchmarks/bench_data.py, bench_translate.py, bench_segmentation.py and bench_glossary.py, on
+small data: the corpus bench_data writes is what it says (opus_books-shaped, train only, distinct
+pairs), a bench_translate child measures and reports what the engine translated,
+bench_segmentation counts boundaries as its docstring defines them, and bench_glossary finds word
+pairs, takes constraints from the references and decodes as the translator does."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import bench_data, bench_segmentation, bench_translate
+from benchmarks import bench_data, bench_glossary, bench_segmentation, bench_translate
 from config import Resolved, get_config
 from sources import open_source, read_pairs
 from synthetic_data import synthetic_pairs, write_hub_dataset
@@ -21,7 +22,7 @@ from translator import DecodingOptions, TorchTranslator
 def test_bench_data_writes_an_opus_books_shaped_corpus(tmp_path: Path) -> None:
     source = write_hub_dataset(tmp_path / "source", {"train": synthetic_pairs(300, 1)})
     corpus = bench_data.write_corpus(tmp_path / "corpus", 2500, source)
-    opened = open_source(str(corpus), "en-it")
+    opened = open_source(str(corpus), "en", "it")
     assert opened.splits == ["train"]
     assert [p.suffix for p in (corpus / "en-it").iterdir()] == [".parquet"]
     pairs = [pair for batch in read_pairs(opened, "train", "en", "it") for pair in batch]
@@ -77,7 +78,7 @@ def test_noisy_corpus_replaces_a_seeded_share_by_kind(tmp_path: Path, capsys: py
     result = json.loads(capsys.readouterr().out)
     kinds = json.loads((tmp_path / "noisy" / "noise.json").read_text())["rows"]
     assert {kind: len(rows) for kind, rows in kinds.items()} == dict.fromkeys(noisy_corpus.KINDS, 10)
-    noisy = [pair for batch in read_pairs(open_source(str(tmp_path / "noisy"), "en-it"), "train", "en", "it")
+    noisy = [pair for batch in read_pairs(open_source(str(tmp_path / "noisy"), "en", "it"), "train", "en", "it")
              for pair in batch]
     kind_of = {row: kind for kind, rows in kinds.items() for row in rows}
     targets = {t for _, t in pairs}
@@ -88,7 +89,7 @@ def test_noisy_corpus_replaces_a_seeded_share_by_kind(tmp_path: Path, capsys: py
                     "target_both": new_src in targets and new_src != tgt and new_tgt == tgt,
                     "boilerplate": new_src not in {s for s, _ in pairs}}
         assert expected[kind_of.get(row)], (row, kind_of.get(row), new_src, new_tgt)
-    backward = [pair for batch in read_pairs(open_source(str(tmp_path / "noisy"), "it-en"), "train", "it", "en")
+    backward = [pair for batch in read_pairs(open_source(str(tmp_path / "noisy"), "it", "en"), "train", "it", "en")
                 for pair in batch]
     assert backward == [(t, s) for s, t in noisy]  # the scoring recipe's backward model trains on it-en
     for split in ("validation", "test"):
@@ -108,3 +109,28 @@ def test_noisy_corpus_replaces_a_seeded_share_by_kind(tmp_path: Path, capsys: py
     assert noisy_corpus.main(["--output", str(tmp_path / "mine"), "--source", str(source)]) == 1
     assert "exists, is not empty and has no noise.json" in capsys.readouterr().err
     assert (tmp_path / "mine" / "notes.txt").read_text() == "a user's file"
+
+
+def test_bench_glossary_takes_constraints_from_the_references() -> None:
+    nouns = {"cat": "gatto", "dog": "cane", "horse": "cavallo", "bird": "uccello", "fish": "pesce", "cow": "mucca"}
+    verbs = {"sleeps": "dorme", "eats": "mangia", "runs": "corre", "sings": "canta", "swims": "nuota",
+             "waits": "aspetta"}
+    pairs = [(f"The {n} {v}.", f"Il {nouns[n]} {verbs[v]}.") for n in nouns for v in verbs]
+    associated = bench_glossary.word_list(pairs)
+    # A noun meets each verb once in 36 pairs: below the Dice threshold (and MIN_PAIRS).
+    assert associated["gatto"] == {"cat": 1.0} and associated["dorme"] == {"sleeps": 1.0}
+    found = bench_glossary.sentence_glossary("The cat sleeps.", "Il gatto dorme.", "Il cane dorme.", associated, 3)
+    assert found == [("cat", "gatto")]  # "dorme" is in the output already
+    assert len(bench_glossary.sentence_glossary("The cat sleeps.", "Il gatto dorme.", "Ciao.", associated, 1)) == 1
+    assert bench_glossary.appended("Tom dorme. gatto.", "Tom dorme.", "gatto")
+    assert not bench_glossary.appended("Il gatto dorme. Sì.", "Tom dorme.", "gatto")
+    assert not bench_glossary.appended("Dorme. Il gatto no.", "Dorme. Tom no.", "gatto")
+
+
+def test_bench_glossary_decodes_as_the_translator_does(toy_translator) -> None:
+    translator = toy_translator.translator()
+    sentences = [s for s, _ in toy_translator.pairs(20, seed=5)]
+    config = dict(get_config(), eval_batch_size=8)
+    found, seconds = bench_glossary.search(translator, sentences, 3, config)
+    expected = translator.translate_best(sentences, DecodingOptions.from_config(config, beam_size=3))
+    assert [toy_translator.tok_tgt.decode(h[0]) for h in found] == expected and seconds > 0

@@ -1,6 +1,6 @@
 """checkpoint.py: atomic writes, retention of the last K plus the best (removing only what the
-manifest lists), verified loading that always lands on the CPU, and falling back past a damaged
-newest checkpoint."""
+manifest lists), a manifest that outlives files the user moved out, verified loading that always
+lands on the CPU, and falling back past a damaged newest checkpoint."""
 from __future__ import annotations
 
 import hashlib
@@ -12,7 +12,7 @@ import torch
 
 from checkpoint import (DIGEST_KEY, MANIFEST, CheckpointError, atomic_write, atomic_write_bytes, best_checkpoint,
                         checkpoint_candidates, checkpoint_name, content_digest, load_checkpoint, load_latest,
-                        save_average, save_checkpoint)
+                        reconcile_manifest, save_average, save_checkpoint)
 
 
 def state(step: int) -> dict:
@@ -75,6 +75,53 @@ def test_a_manifest_from_before_metrics_keeps_its_bleu_best(tmp_path: Path) -> N
     (tmp_path / MANIFEST).write_text(json.dumps(manifest))
     save_checkpoint(tmp_path, state(2), 2, keep=5, metrics={"bleu": 8.0})
     assert best_checkpoint(tmp_path) == tmp_path / checkpoint_name(1)
+
+
+def test_checkpoints_moved_out_count_for_nothing_and_the_new_one_is_never_rotated_out(tmp_path: Path,
+                                                                                     capsys) -> None:
+    """The issue's run: steps 10, 20 and 30 listed (30 the best), their files moved out, then a new run
+    saves step 5. Before, rotation removed step 5 itself: the folder was left with no checkpoint."""
+    for step in (10, 20, 30):
+        save_checkpoint(tmp_path, state(step), step, keep=3, metrics={"bleu": float(step)})
+    for path in tmp_path.glob("ckpt_*.pt"):
+        path.unlink()
+    save_checkpoint(tmp_path, state(5), 5, keep=3, metrics={"bleu": 1.0})
+    assert [p.name for p in tmp_path.glob("ckpt_*.pt")] == [checkpoint_name(5)]
+    assert "left" in capsys.readouterr().err
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    assert list(manifest["checkpoints"]) == [checkpoint_name(5)] and manifest["best"] == checkpoint_name(5)
+    # Listed checkpoints above the one written (a run resumed from an older one) do not rotate it out either.
+    for step in (6, 7, 8):
+        save_checkpoint(tmp_path, state(step), step, keep=1)
+    save_checkpoint(tmp_path, state(2), 2, keep=1)
+    assert (tmp_path / checkpoint_name(2)).is_file()
+
+
+def test_reconciling_drops_what_is_gone_and_chooses_the_best_again(tmp_path: Path) -> None:
+    for step, bleu in ((1, 5.0), (2, 9.0), (3, 7.0)):
+        save_checkpoint(tmp_path, state(step), step, keep=5, metrics={"bleu": bleu})
+    assert reconcile_manifest(tmp_path, "bleu") is None  # nothing gone: the manifest is not rewritten
+    (tmp_path / checkpoint_name(2)).unlink()
+    note = reconcile_manifest(tmp_path, "bleu")
+    assert checkpoint_name(2) in note and f"the best is now {checkpoint_name(3)}" in note
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    assert sorted(manifest["checkpoints"]) == [checkpoint_name(1), checkpoint_name(3)]
+    assert (manifest["best"], manifest["latest"]) == (checkpoint_name(3), checkpoint_name(3))
+
+
+def test_a_best_whose_file_is_gone_falls_back_with_one_line(tmp_path: Path, capsys) -> None:
+    """translate.py and friends: the best of those left, or the newest when none is scored; the
+    manifest itself is not touched (a run may hold the folder)."""
+    for step, bleu in ((1, 5.0), (2, 9.0), (3, None)):
+        save_checkpoint(tmp_path, state(step), step, keep=5, metrics={"bleu": bleu} if bleu else None)
+    recorded = (tmp_path / MANIFEST).read_bytes()
+    (tmp_path / checkpoint_name(2)).unlink()
+    assert best_checkpoint(tmp_path) == tmp_path / checkpoint_name(1)
+    assert f"{checkpoint_name(2)}, is no longer in" in capsys.readouterr().err
+    (tmp_path / checkpoint_name(1)).unlink()
+    assert best_checkpoint(tmp_path) is None
+    assert "using the newest" in capsys.readouterr().err
+    assert (tmp_path / MANIFEST).read_bytes() == recorded
 
 
 def test_round_trip_on_the_cpu(tmp_path: Path) -> None:

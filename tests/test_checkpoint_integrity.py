@@ -246,6 +246,27 @@ def test_a_run_whose_checkpoints_are_unusable_stops_and_changes_nothing(trained:
     assert not (tmp_path / "runs").exists()
 
 
+def test_following_the_advice_to_move_checkpoints_out_loses_nothing(trained: Path, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    """The advice above, followed: every checkpoint moved out while checkpoints.json still lists them
+    (and names one best). The next run starts over, drops them from the manifest with one line, keeps
+    the checkpoint it writes, and translate.py loads it."""
+    folder = copy_experiment(trained, tmp_path / "weights" / trained.name)
+    assert json.loads((folder / MANIFEST).read_text())["best"]
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for path in folder.glob("ckpt_*.pt"):
+        path.rename(moved / path.name)
+    capsys.readouterr()
+    assert train_main(trained, tmp_path / "weights", "--max_steps", "3") == 0
+    assert "no longer in" in capsys.readouterr().err
+    assert [p.name for p in folder.glob("ckpt_*.pt")] == ["ckpt_00000003.pt"]
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert list(manifest["checkpoints"]) == ["ckpt_00000003.pt"] and manifest["best"] == "ckpt_00000003.pt"
+    code, errors = translate_main(capsys, "--model_folder", str(tmp_path / "weights"), "The cat sees the dog.")
+    assert code == 0 and "ckpt_00000003.pt" in errors[-1], errors
+
+
 def test_an_average_given_to_preload_is_one_line(trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     averaged = save_average(copy_experiment(trained, tmp_path / "exp"), 2)
     capsys.readouterr()
@@ -333,5 +354,8 @@ def test_an_unlisted_checkpoint_above_the_resume_step_stops_the_run_at_once(trai
 
 def test_a_checkpoint_holds_what_resuming_needs(trained: Path) -> None:
     """What Trainer.save writes is what check_resumable asks of a checkpoint: RESUME_KEYS, with the
-    metrics and the digest."""
-    assert set(load_checkpoint(trained / "ckpt_00000012.pt")) == {*train.RESUME_KEYS, "metrics", DIGEST_KEY}
+    metrics, the digest, the run's plan (None unless it was planned to its clock; a checkpoint written
+    before plans lacks it and still resumes) and the record of its data (store.data_record; one
+    written before it lacks it and resumes unchecked)."""
+    assert set(load_checkpoint(trained / "ckpt_00000012.pt")) == {*train.RESUME_KEYS, "plan", "data", "metrics",
+                                                                  DIGEST_KEY}

@@ -66,7 +66,7 @@ def test_bleu_equals_sacrebleu_on_the_written_hypotheses(trained, capsys, tmp_pa
 def test_default_output_and_averaging(trained, capsys) -> None:
     code, out, err = run_evaluate(capsys, "--datasource", str(trained["data"]), "--model_folder",
                                   str(trained["weights"]), "--runs_folder", str(trained["runs"]),
-                                  "--split", "validation", "--average", "3")
+                                  "--split", "validation", "--average", "3", "--checkpoint_choice", "latest")
     assert code == 0, err
     written = sorted((trained["runs"] / "toy_en-it").glob("toy.validation.ckpt_*.avg3.beam5.it"))
     assert len(written) == 1 and str(written[0]) in err
@@ -130,6 +130,23 @@ def test_a_train_only_source_is_scored_on_the_split_training_held_out(tmp_path: 
     assert out[-1] == str(sacrebleu.corpus_bleu(output.read_text(encoding="utf-8").splitlines(),
                                                 [[t for _, t in test_pairs]]))
     assert not {s for s, _ in test_pairs} & {s for s, _ in store.pairs("train")}
+
+
+def test_a_split_the_model_trained_on_is_refused_unless_insisted(trained, capsys, tmp_path: Path) -> None:
+    """Pairs given with --test_data of which 6 are training pairs: refused in one line; with
+    --allow_train_overlap, scored, and said on stderr and on the data line."""
+    fresh = [(f"Never seen sentence number {i}.", f"Frase mai vista numero {i}.") for i in range(4)]
+    tsv = tmp_path / "mixed.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in synthetic_pairs(300, 1)[:6] + fresh), encoding="utf-8")
+    argv = ["--datasource", str(trained["data"]), "--model_folder", str(trained["weights"]), "--store_folder",
+            str(trained["root"] / "stores"), "--test_data", str(tsv), "--output", str(tmp_path / "out.txt")]
+    code, out, err = run_evaluate(capsys, *argv)
+    assert (code, out) == (1, []) and err.count("\n") == 1, err
+    assert "6 of the 10 pairs of the test split have a source sentence the model trained on" in err
+    assert "--allow_train_overlap true" in err
+    code, out, err = run_evaluate(capsys, *argv, "--allow_train_overlap", "true")
+    assert code == 0 and "WARNING: 6 of the 10 pairs" in err
+    assert any(line.startswith("data: ") and "WARNING: 6 of the 10 pairs" in line for line in out)
 
 
 def test_a_model_of_several_targets_needs_target_lang(several_targets, capsys) -> None:

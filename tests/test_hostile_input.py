@@ -59,7 +59,8 @@ def test_batch_mode_translates_the_good_lines_and_names_the_bad(checkpoint_path:
             assert output == "" and f"line {number}: not valid UTF-8" in stderr
         else:
             assert output.strip(), f"{name}: no translation"
-    assert "truncated 1 source sentence" in stderr
+    # 100,000 bytes: past max_line_bytes (65,536), read in two pieces, each truncated, on one output line
+    assert "truncated 2 source sentence" in stderr
 
 
 @pytest.mark.parametrize("argument, message", [

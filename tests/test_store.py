@@ -10,6 +10,7 @@ line and is never deleted; a store_folder or lock file that cannot be written is
 from __future__ import annotations
 
 import errno
+import json
 import multiprocessing
 import os
 import resource
@@ -22,14 +23,18 @@ from typing import Callable
 
 import numpy as np
 import pytest
+import torch
 
 import sources
 import store
 import train
+from cleaning import dual_conditional_cross_entropy, keep_best
 from config import get_config
+from sources import DataError
 from store import TextStore, text_store, token_store, tokenizer_sample
-from synthetic_data import synthetic_pairs, write_hub_dataset
+from synthetic_data import synthetic_pairs, write_hub_dataset, write_parallel_files
 from tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK_ID, encode_ids, train_tokenizers
+from translator import TorchTranslator
 
 
 def numbered_pairs(count: int, prefix: str = "w") -> list[tuple[str, str]]:
@@ -126,10 +131,10 @@ def test_filters_are_off_by_default_and_counted_when_on(tmp_path: Path, capsys: 
     pairs = synthetic_pairs(100, 1)
     noisy = pairs + pairs[:30] + [("Yes.", "Sì " * 20 + "."), ("No.", "No.")]
     folder = write_hub_dataset(tmp_path / "data", {"train": noisy, "validation": pairs[:5], "test": pairs[:5]})
-    plain = text_store(config_for(folder, tmp_path))
+    plain = text_store(config_for(folder, tmp_path, clean=False))  # cleaning's rules would remove those too
     assert plain.size("train") == 132
     assert "filter_" not in capsys.readouterr().err
-    config = config_for(folder, tmp_path, filter_duplicates=True, filter_max_length_ratio=3.0)
+    config = config_for(folder, tmp_path, filter_duplicates=True, filter_max_length_ratio=3.0, clean=False)
     deduplicated = text_store(config)
     unique = len(set(noisy))
     assert deduplicated.size("train") == unique
@@ -140,6 +145,77 @@ def test_filters_are_off_by_default_and_counted_when_on(tmp_path: Path, capsys: 
     assert "filter_max_length_ratio: dropped 1 training pairs" in capsys.readouterr().err
     assert len(token_store({**config, "filter_max_length_ratio": 0.0}, deduplicated, tok_src, tok_tgt)
                .dataset("train")) == unique
+
+
+# ---------------------------------------------------------------------------- cleaning
+
+NOISE = [("Tom is here.", "Tom is here."),  # copy
+         ("La stazione è dall'altra parte del fiume.", "The station is on the other side of the river."),  # language
+         ("The word w3 is here!", "La parola w3 è qui!"),  # a near-duplicate of row 3
+         ("The word café is here.", "La parola caffe\u0300 è qui.")]  # kept, NFC-normalised
+
+
+def test_cleaning_removes_training_pairs_by_reason_and_keeps_the_report(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    """Only train is cleaned, kept pairs NFC-normalised; the counts and samples (rows numbered as the
+    corpus's training pairs) are logged in one line and written beside the store, and read back when
+    it is reused; --clean false and every setting have stores of their own."""
+    train = numbered_pairs(40) + NOISE
+    held_out = [NOISE[0], *numbered_pairs(3, "v")]  # the held-out splits are never cleaned
+    folder = write_hub_dataset(tmp_path / "data", {"train": train, "validation": held_out, "test": held_out})
+    cleaned = text_store(config_for(folder, tmp_path))
+    line = "data: cleaning en-it: kept 41 of 44 pairs, removed 3 (1 copy, 1 language, 1 near_duplicate), " \
+           "NFC-normalised 1"
+    assert line in capsys.readouterr().err.splitlines()
+    assert cleaned.pairs("train") == numbered_pairs(40) + [("The word café is here.", "La parola caffè è qui.")]
+    assert cleaned.pairs("validation") == cleaned.pairs("test") == held_out
+    report = json.loads((cleaned.folder / store.CLEANING_FILE).read_text(encoding="utf-8"))
+    assert report == cleaned.cleaning() and report["scoring"] is None
+    assert report["rules"]["removed"] == {"copy": 1, "language": 1, "near_duplicate": 1}
+    assert {reason: [(sample["row"], sample["source"]) for sample in samples]
+            for reason, samples in report["rules"]["samples"].items()} == \
+        {"copy": [(40, NOISE[0][0])], "language": [(41, NOISE[1][0])], "near_duplicate": [(42, NOISE[2][0])]}
+    assert text_store(config_for(folder, tmp_path)).folder == cleaned.folder
+    assert "building" not in (err := capsys.readouterr().err) and line in err.splitlines()
+    plain = text_store(config_for(folder, tmp_path, clean=False))
+    assert plain.folder != cleaned.folder and plain.pairs("train") == train and plain.cleaning() is None
+    assert text_store(config_for(folder, tmp_path, clean_near_duplicates=False)).size("train") == 42
+
+
+def test_carving_is_the_same_with_cleaning_on_or_off(tmp_path: Path) -> None:
+    pairs = numbered_pairs(200)
+    folder = write_hub_dataset(tmp_path / "data", {"train": pairs[:100] + NOISE + pairs[100:]})
+    cleaned, plain = (text_store(config_for(folder, tmp_path, clean=clean)) for clean in (True, False))
+    for split in ("validation", "test"):
+        assert cleaned.pairs(split) == plain.pairs(split)
+    removed = set(plain.pairs("train")) - set(cleaned.pairs("train"))
+    assert removed and removed <= set(NOISE)
+
+
+def test_model_scoring_keeps_the_best_share_and_is_keyed_by_the_models_content(
+        tmp_path: Path, untrained_checkpoint, capsys: pytest.CaptureFixture) -> None:
+    train = numbered_pairs(30)
+    folder = write_hub_dataset(tmp_path / "data", {"train": train, "validation": train[:2], "test": train[:2]})
+    forward = untrained_checkpoint(tmp_path / "forward", train, "en", "it")
+    backward = untrained_checkpoint(tmp_path / "backward", [(t, s) for s, t in train], "it", "en")
+    config = config_for(folder, tmp_path, clean_score_forward=str(forward), clean_score_backward=str(backward),
+                        clean_score_keep=0.3, clean_samples=2)
+    scored = text_store(config)
+    models = [TorchTranslator.load(path, path.parent, torch.device("cpu")) for path in (forward, backward)]
+    scores = dual_conditional_cross_entropy(train, *models, "en", "it")
+    assert scored.pairs("train") == [train[i] for i in keep_best(scores, 0.3)]  # 9 of 30
+    report = scored.cleaning()["scoring"]
+    assert (report["scored"], report["kept"], [sample["row"] for sample in report["worst"]]) == \
+        (30, 9, list(np.argsort(-scores, kind="stable")[:2]))
+    assert "scoring by dual conditional cross-entropy kept the best 9 of 30 (30%)" in capsys.readouterr().err
+    copy = tmp_path / "copy" / forward.name
+    copy.parent.mkdir()
+    shutil.copy(forward, copy)
+    assert text_store({**config, "clean_score_forward": str(copy)}).folder == scored.folder  # the same model
+    retrained = untrained_checkpoint(tmp_path / "retrained", train[:20], "en", "it")
+    assert text_store({**config, "clean_score_forward": str(retrained)}).folder != scored.folder
+    with pytest.raises(DataError, match="the forward model translates it into en, not en into it"):
+        text_store({**config, "clean_score_forward": str(backward), "clean_score_keep": 0.5})
 
 
 # ---------------------------------------------------------------------------- the token store
@@ -495,3 +571,63 @@ def test_eval_pairs_reads_a_file_given_apart_a_corpus_split_or_the_carved_one(tm
     assert carved == text_store(config).pairs("test") and carved and set(carved) <= set(pairs)
     with pytest.raises(sources.DataError, match="no 'dev' split"):
         store.eval_pairs(config, "dev", config)
+
+
+# ---------------------------------------------------------------------------- what a run trained on
+
+def test_the_store_key_is_the_content_so_a_moved_corpus_finds_its_store(tmp_path: Path) -> None:
+    first = text_store(config_for(write_parallel_files(tmp_path / "a" / "corpus", numbered_pairs(60)), tmp_path))
+    moved = text_store(config_for(write_parallel_files(tmp_path / "b" / "corpus", numbered_pairs(60)), tmp_path))
+    assert moved.folder == first.folder
+    edited = text_store(config_for(write_parallel_files(tmp_path / "b" / "corpus", numbered_pairs(61)), tmp_path))
+    assert edited.folder != first.folder
+
+
+def test_a_split_trained_on_is_found_when_the_corpus_changed_after_training(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture) -> None:
+    """evaluate.py's check, on the issue's case: the corpus grew after training, so its test split,
+    carved anew, holds pairs the model trained on. Counted against the run's recorded stores; once
+    those are gone, refused as not the split held out."""
+    prefix = write_parallel_files(tmp_path / "corpus", numbered_pairs(400))
+    config = config_for(prefix, tmp_path)
+    record = store.data_record(config, store.text_stores(config), None)
+    assert store.held_out_problem(store.eval_pairs(config, "test", config, record=record), "test", config, config,
+                                  record) is None
+    write_parallel_files(prefix, numbered_pairs(300, "x"), mode="a")
+    recarved = text_store(config).pairs("test")
+    trained = set(TextStore.open(Path(config["store_folder"]) / record["stores"][0]).pairs("train"))
+    overlap = sum(pair in trained for pair in recarved)
+    assert overlap > 0, "premise: the new carve takes pairs the first one trained on"
+    assert store.held_out_problem(recarved, "test", config, config, record) == \
+        f"{overlap} of the {len(recarved)} pairs of the test split have a source sentence the model trained on"
+    assert store.eval_pairs(config, "test", config, record=record) != recarved  # the one held out, from its store
+    shutil.rmtree(Path(config["store_folder"]) / record["stores"][0])
+    assert "is not the one the model held out" in store.held_out_problem(recarved, "test", config, config, record)
+    assert store.held_out_problem(recarved, "test", dict(config, test_data="news.tsv"), config, record) is None
+    assert "data stores of the model's training pairs are gone" in capsys.readouterr().err
+
+
+def test_a_bad_row_given_apart_is_named_by_its_split_and_a_held_out_training_corpus_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--valid_data's bad row was reported as `train: skipped`; --valid_data equal to the training
+    corpus removed every training pair and ended in `no training pairs fit in --seq_len`."""
+    prefix = write_parallel_files(tmp_path / "corpus", numbered_pairs(100))
+    dev = write_parallel_files(tmp_path / "dev", numbered_pairs(10, "d") + [("Only English.", "")])
+    text_store(config_for(prefix, tmp_path, valid_data=str(dev)))
+    assert f"validation of {dev}: skipped 1 of 11 rows (1 empty side)" in capsys.readouterr().err
+    with pytest.raises(sources.DataError, match=rf"^{prefix}: every one of its 95 training pairs has its source "
+                                                rf"sentence in validation \({prefix}\): held-out pairs must not be"):
+        text_store(config_for(prefix, tmp_path, valid_data=str(prefix)))
+
+
+def test_an_unnamed_tsv_read_the_other_way_by_a_later_run_is_refused(tmp_path: Path) -> None:
+    """Its name gives no languages, so each run reads its columns in the run's order: the first run's
+    is remembered beside the stores, and a run in the other direction would swap them silently."""
+    tsv = tmp_path / "corpus.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in numbered_pairs(50)), encoding="utf-8")
+    text_store(config_for(tsv, tmp_path))
+    with pytest.raises(sources.DataError, match="an earlier run read its columns as en, it; this one would read them "
+                                                "as it, en"):
+        text_store(config_for(tsv, tmp_path, lang_src="it", lang_tgt="en"))
+    named = tsv.rename(tmp_path / "corpus.en-it.tsv")
+    assert text_store(config_for(named, tmp_path, lang_src="it", lang_tgt="en")).pairs("train")[0][0].startswith("La")

@@ -23,7 +23,7 @@ import train
 from checkpoint import MANIFEST, checkpoint_name, load_checkpoint, load_for_inference, load_latest
 from config import parse_config, runs_dir, validate_config, weights_dir
 from store import text_store, token_store
-from synthetic_data import synthetic_pairs, write_hub_dataset
+from synthetic_data import synthetic_pairs, write_hub_dataset, write_parallel_files
 from loss import loss_sum
 from optimizer import lr_factor
 from scoring import corpus_scores
@@ -272,6 +272,49 @@ def test_unreachable_hub_from_the_command_line(tmp_path: Path, cli) -> None:
     assert len(lines) == 1 and "Helsinki-NLP/opus_books" in lines[0] and "--datasource" in lines[0]
 
 
+# ---------------------------------------------------------------------------- a corpus edited between runs
+
+def prefix_args(prefix: Path, tmp_path: Path) -> list[str]:
+    return ["--datasource", str(prefix), "--preset", "tiny", "--num_epochs", "100", "--val_max_sentences", "2",
+            "--num_examples", "0", "--model_folder", str(tmp_path / "w"), "--runs_folder", str(tmp_path / "r"),
+            "--store_folder", str(tmp_path / "s")]
+
+
+def test_a_corpus_edited_between_runs_is_not_resumed_unasked(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The issue's run: 5 steps on plain files, pairs appended to both, run again: it resumed, built
+    a new store and carved its test split anew, from pairs it had trained on. Now the edit is refused
+    in one line saying both ways on; --data_changed keep_held_out goes on with the run's validation
+    and test splits, and so does every later resume; the same files under another path resume."""
+    prefix = write_parallel_files(tmp_path / "data" / "corpus", synthetic_pairs(240, 1))
+    args = prefix_args(prefix, tmp_path)
+    assert train.main(args + ["--max_steps", "2"]) == 0
+    record_path = weights_dir(parse_config(args)) / "data.json"
+    record = json.loads(record_path.read_text())
+    write_parallel_files(prefix, synthetic_pairs(60, 9), mode="a")
+    capsys.readouterr()
+    assert train.main(args + ["--max_steps", "3"]) == 1
+    lines = error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and f"corpus {prefix} holds other data than it did" in lines[0], lines
+    assert "--data_changed keep_held_out" in lines[0] and "--experiment_name" in lines[0]
+    assert newest(args)["global_step"] == 2
+
+    assert train.main(args + ["--max_steps", "3", "--data_changed", "keep_held_out"]) == 0
+    assert "validating and testing on the run's held-out splits as they were" in capsys.readouterr().err
+    kept = json.loads(record_path.read_text())
+    assert kept["held_out"] == record["held_out"] and kept["held_out_from"] == record["stores"][0]
+    assert kept["corpora"] != record["corpora"] and newest(args)["data"] == kept
+    assert train.main(args + ["--max_steps", "4"]) == 0
+    assert json.loads(record_path.read_text())["held_out"] == record["held_out"]
+
+    moved = write_parallel_files(tmp_path / "elsewhere" / "corpus", [])
+    for lang in ("en", "it"):
+        Path(f"{moved}.{lang}").write_bytes(Path(f"{prefix}.{lang}").read_bytes())
+    capsys.readouterr()
+    assert train.main(prefix_args(moved, tmp_path) + ["--max_steps", "5"]) == 0
+    assert f"the corpora moved ({prefix} -> {moved}) with the same content: resuming" in capsys.readouterr().err
+    assert newest(args)["global_step"] == 5
+
+
 # ---------------------------------------------------------------------------- resuming with other settings
 
 @pytest.fixture
@@ -279,9 +322,11 @@ def stopped_mid_epoch(tmp_path: Path) -> list[str]:
     """The options of a tiny run stopped by --max_steps 5, in the middle of its first epoch."""
     data = write_hub_dataset(tmp_path / "data", {"train": synthetic_pairs(300, 1), "validation": synthetic_pairs(8, 2),
                                                  "test": synthetic_pairs(8, 3)})
+    # --clean false: the schedules below are counted on the synthetic pairs as written (cleaning would
+    # remove their near-duplicates)
     args = ["--datasource", str(data), "--preset", "tiny", "--batch_tokens", "256", "--num_epochs", "100",
             "--val_max_sentences", "4", "--model_folder", str(tmp_path / "w"), "--runs_folder", str(tmp_path / "r"),
-            "--store_folder", str(tmp_path / "s")]
+            "--store_folder", str(tmp_path / "s"), "--clean", "false"]
     assert train.main(args + ["--max_steps", "5"]) == 0
     return args
 
@@ -354,6 +399,34 @@ def test_other_batch_tokens_mid_epoch_resume_at_the_next_epoch(stopped_mid_epoch
                        "rest of epoch 0 is skipped and training resumes at the start of epoch 1"]
     state = newest(stopped_mid_epoch)
     assert (state["epoch"], state["batches_done"], state["global_step"]) == (1, 2, 7)
+
+
+def test_other_cleaning_settings_mid_epoch_resume_at_the_next_epoch(stopped_mid_epoch: list[str],
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    """A cleaning setting is a filter: the checkpoint records what the data store was cleaned with."""
+    capsys.readouterr()
+    cleaning = ["--clean", "true", "--clean_max_length_ratio", "2.5"]
+    assert train.main(stopped_mid_epoch + cleaning + ["--max_steps", "7"]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: cleaning")]
+    assert warning == ["warning: cleaning: rules off -> on since the checkpoint changes this epoch's batches; the "
+                       "rest of epoch 0 is skipped and training resumes at the start of epoch 1"]
+    state = newest(stopped_mid_epoch)
+    assert state["epoch"] == 1 and state["config"]["clean_max_length_ratio"] == 2.5
+    cleaned = state["batch_settings"]["cleaning"]
+    assert cleaned["rules"]["max_length_ratio"] == 2.5 and cleaned["scoring"] is False
+    # Resumed again with the same settings: the store is reused and its counts read back, logged and
+    # written to TensorBoard at the step the run starts from, as the run before wrote them at its own.
+    assert train.main(stopped_mid_epoch + cleaning + ["--max_steps", "8"]) == 0
+    err = capsys.readouterr().err
+    assert "warning" not in err and "building the data store" not in err
+    report = text_store(parse_config(stopped_mid_epoch + cleaning)).cleaning()["rules"]
+    assert report["removed"]["near_duplicate"] > 0
+    assert f"data: cleaning en-it: kept {report['kept']} of {report['seen']} pairs" in err
+    events = EventAccumulator(str(runs_dir(parse_config(stopped_mid_epoch))), size_guidance={"scalars": 0})
+    events.Reload()
+    for name, count in (("seen", report["seen"]), ("kept", report["kept"]),
+                        ("near_duplicate", report["removed"]["near_duplicate"]), ("score", 0)):
+        assert [(e.step, e.value) for e in events.Scalars(f"data/cleaning/{name}")] == [(5, count), (7, count)]
 
 
 # ---------------------------------------------------------------------------- stopping rules
@@ -454,7 +527,7 @@ def test_init_from_fine_tunes_a_model_in_a_folder_of_its_own(trained_run, tmp_pa
                                                     "validation": synthetic_pairs(8, 12), "test": synthetic_pairs(8, 13)})
     common = ["--datasource", str(second), "--batch_tokens", "256", "--lr", "1e-3", "--num_epochs", "100",
               "--log_every", "1", "--val_max_sentences", "4", "--model_folder", str(tmp_path / "w"),
-              "--runs_folder", str(tmp_path / "r"), "--store_folder", str(tmp_path / "s")]
+              "--runs_folder", str(tmp_path / "r"), "--store_folder", str(tmp_path / "s"), "--clean", "false"]
     assert train.main(common + ["--preset", "tiny", "--experiment_name", "scratch", "--max_steps", "3"]) == 0
     tuned = common + ["--init_from", str(base_path), "--experiment_name", "tuned"]
     capsys.readouterr()

@@ -90,6 +90,40 @@ def test_stdin_batch_mode_translates_the_good_lines(trained_run, expected: dict[
     assert "line 2: empty" in result.stderr and "line 3: not valid UTF-8" in result.stderr
 
 
+def test_a_line_past_max_line_bytes_is_translated_in_pieces_onto_one_line(trained_run, expected: dict[str, str],
+                                                                          capsys, monkeypatch) -> None:
+    """Read in pieces of at most --max_line_bytes cut at whitespace, each translated, their
+    translations joined: the lines after it stay aligned with their inputs."""
+    long_line = " ".join([FIRST] * 60)  # 1,319 bytes
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(f"{long_line}\n{SECOND}\n".encode())))
+    translated: list[str] = []
+    real = TorchTranslator.translate
+    monkeypatch.setattr(TorchTranslator, "translate",
+                        lambda self, texts, options: translated.extend(texts) or real(self, texts, options))
+    code, out, err = run_main(capsys, experiment(trained_run) + ["--max_line_bytes", "256"])
+    assert code == 0 and len(out) == 2 and out[1] == expected[SECOND], (out, err)
+    assert max(len(text.encode()) for text in translated) <= 256 and " ".join(translated[:-1]) == long_line
+    assert len(out[0].split()) > len(translated[0].split())  # the pieces' translations, one after the other
+
+
+def test_input_pieces_hold_no_line_whole(tmp_path: Path) -> None:
+    """The issue's 54 MB line made translate.py hold 5.36 GB to translate 62 tokens: here a 24 MB line
+    is read in pieces of 64 KiB, with the reading's Python allocations under 1 MB."""
+    import tracemalloc
+    path = tmp_path / "input.txt"
+    path.write_bytes(b"word " * 4_800_000 + b"\nShort.\n")
+    tracemalloc.start()
+    try:
+        with open(path, "rb") as stream:
+            pieces = sum(1 for _ in translate.input_pieces(stream, 65536))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert pieces == 24_000_000 // 65536 + 2 and peak < 1 << 20, (pieces, peak)
+    ends = [ends for _, ends in translate.input_pieces(io.BytesIO(b"a b\n\n" + b"x" * 100 + b"\n"), 64)]
+    assert ends == [True, True, False, True]
+
+
 def test_checkpoint_path_written_on_a_gpu(trained_run, expected: dict[str, str], tmp_path: Path,
                                           save_as_if_from_cuda, capsys: pytest.CaptureFixture) -> None:
     """--checkpoint with a file outside any experiment folder (no manifest), whose tensors are
