@@ -6,7 +6,8 @@ never a mixture. It returns the sha256 of what was written, which callers record
 
 `lock_file(path, busy)` is the one exclusive lock of the project (the run lock of an experiment
 folder, the build lock of a data store): an flock on a small file that holds its owner's pid for
-messages; the kernel drops it when its owner dies, so a stale lock file never blocks.
+messages; the kernel drops it when its owner dies, so a stale lock file never blocks. `lock_folder`
+takes the same lock on a folder itself (export.py's staging folders), where no file may be added.
 """
 from __future__ import annotations
 
@@ -109,3 +110,25 @@ def lock_file(path: Path, busy: Callable[[str], None]) -> TextIO:
         handle.close()
         raise
     return handle
+
+
+def lock_folder(path: Path, wait: bool = True) -> int | None:
+    """Take an exclusive flock on the folder `path` itself: its open descriptor, which releases the
+    lock when closed (or when its owner dies); None when another process holds the lock and not
+    `wait`. Not POSIX (no fcntl): the descriptor, unlocked. Raises OSError when `path` cannot be
+    opened as a folder."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        import fcntl
+    except ImportError:
+        return descriptor
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        return None
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+

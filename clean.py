@@ -7,10 +7,11 @@ pairs kept and removed by reason, and a sample of each reason's pairs (`--clean_
 reason) with what the rule saw. `--report FILE.json` also writes the whole report (settings,
 counts, samples) as JSON. Nothing is written to the data store; training is not needed.
 
-With `--score_forward CKPT --score_backward CKPT` (a model each way, trained on this corpus: the
-first step of the two-step recipe in docs/cleaning.md) the pairs the rules keep are also scored by
-dual conditional cross-entropy (cleaning.py), and the report says how many the best `--score_keep`
-fraction holds, the highest score it keeps, and the worst-scored pairs.
+With `--clean_score_forward CKPT --clean_score_backward CKPT` (a model each way, trained on this
+corpus: the first step of the two-step recipe in docs/cleaning.md) the pairs the rules keep are
+also scored by dual conditional cross-entropy (cleaning.py), and the report says how many the best
+`--clean_score_keep` share holds, the highest score it keeps, and the worst-scored pairs: what
+train.py with the same options keeps.
 """
 from __future__ import annotations
 
@@ -20,16 +21,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from atomic_files import atomic_write_bytes
-from checkpoint import CheckpointError
 from cleaning import (REASONS, Cleaner, CleaningReport, CleaningSettings, Removal, dual_conditional_cross_entropy,
-                      keep_best, settings_from_config)
+                      load_scoring_models, scoring_summary, settings_from_config)
 from config import CLEAN, ConfigError, Corpus, OneLineParser, build_parser, corpora, corpus_name, parse_args
 from sources import DataError, Pair, open_source, read_pairs
 from device import pick_device
-from translator import TorchTranslator, TranslatorError
+from translator import TorchTranslator
 
 
 def print_report(name: str, split: str, report: CleaningReport) -> None:
@@ -57,14 +56,12 @@ def print_scoring(scoring: dict[str, Any]) -> None:
 
 def score_kept(pairs: list[Pair], rows: list[int], models: tuple[TorchTranslator, TorchTranslator], keep: float,
                samples: int, lang_src: str, lang_tgt: str) -> dict[str, Any]:
-    """The kept pairs' dual conditional cross-entropy: how many the best `keep` fraction holds, the
+    """The kept pairs' dual conditional cross-entropy: how many the best `keep` share holds, the
     highest score kept, and the `samples` worst pairs (rows as the cleaner counts them)."""
     scores = dual_conditional_cross_entropy(pairs, *models, lang_src, lang_tgt)
-    best = keep_best(scores, keep)
-    worst = np.argsort(-scores, kind="stable")[:samples]
-    return {"scored": len(pairs), "keep": keep, "kept": len(best), "cut": float(scores[best].max()) if len(best) else 0.0,
-            "worst": [{"row": rows[i], "source": pairs[i][0], "target": pairs[i][1], "score": float(scores[i])}
-                      for i in worst]}
+    _, summary, worst = scoring_summary(scores, keep, samples)
+    return {**summary, "worst": [{"row": rows[i], "source": pairs[i][0], "target": pairs[i][1],
+                                  "score": float(scores[i])} for i in worst]}
 
 
 def clean_corpus(corpus: Corpus, config: dict[str, Any], args: argparse.Namespace, settings: CleaningSettings,
@@ -86,8 +83,8 @@ def clean_corpus(corpus: Corpus, config: dict[str, Any], args: argparse.Namespac
     print_report(corpus_name(corpus.source), args.split, cleaner.report)
     report = {"corpus": corpus.source, "split": args.split, **cleaner.report.as_dict()}
     if models:
-        report["scoring"] = score_kept(kept, rows, models, args.score_keep, config["clean_samples"], lang_src,
-                                       lang_tgt)
+        report["scoring"] = score_kept(kept, rows, models, config["clean_score_keep"], config["clean_samples"],
+                                       lang_src, lang_tgt)
         print_scoring(report["scoring"])
     return report
 
@@ -96,13 +93,6 @@ def argument_parser() -> OneLineParser:
     parser = build_parser(CLEAN, __doc__.splitlines()[0])
     parser.add_argument("--split", default="train", help="split to clean (default: train, the one training cleans)")
     parser.add_argument("--report", type=Path, default=None, help="also write the whole report to this JSON file")
-    scoring = parser.add_argument_group("scoring by models (both or neither)")
-    scoring.add_argument("--score_forward", type=Path, default=None,
-                         help="checkpoint of a model from lang_src into lang_tgt trained on this corpus")
-    scoring.add_argument("--score_backward", type=Path, default=None,
-                         help="checkpoint of a model from lang_tgt into lang_src trained on this corpus")
-    scoring.add_argument("--score_keep", type=float, default=0.9,
-                         help="fraction of the pairs the rules keep that scoring keeps (default: 0.9)")
     return parser
 
 
@@ -110,22 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argument_parser()
     args, resolved = parse_args(CLEAN, argv, parser=parser)
     config = resolved.config
+    settings = settings_from_config(config)  # its ranges are the config's, checked by parse_args
     try:
-        settings = settings_from_config(config)
-    except ValueError as error:
-        parser.error(str(error))
-    if (args.score_forward is None) != (args.score_backward is None) or not 0 < args.score_keep <= 1:
-        parser.error("scoring needs both --score_forward and --score_backward, and --score_keep in (0, 1]")
-    try:
-        models = None
-        if args.score_forward:
-            device = pick_device(config["device"])
-            models = tuple(TorchTranslator.load(path, path.parent, device)
-                           for path in (args.score_forward, args.score_backward))
+        models = load_scoring_models(config, pick_device(config["device"])) if config["clean_score_forward"] else None
         reports = [clean_corpus(corpus, config, args, settings, models) for corpus in corpora(config)]
     except ConfigError as error:
         parser.error(str(error))
-    except (DataError, CheckpointError, TranslatorError, ValueError) as error:
+    except (DataError, ValueError) as error:
         print(f"clean.py: error: {error}", file=sys.stderr)
         return 1
     if args.report:

@@ -31,6 +31,11 @@
    and of the source given the target, score = |H_f - H_b| + 0.5 (H_f + H_b), lower is better, and
    exp(-score) the adequacy; `keep_best` keeps the best fraction. A first run's models clean the
    corpus of a second (docs/cleaning.md).
+3. What a data store records (store.py cleans each corpus's training pairs as it builds its text
+   store): `cleaning_description`, the rules' settings and the scoring models' sha256, is part of
+   the store's key and of the checkpoint's batch settings (`cleaning_changes` says how two differ);
+   `report_line` and `cleaning_scalars` turn the report written beside the store into the log's
+   line and TensorBoard's counts.
 """
 from __future__ import annotations
 
@@ -41,19 +46,20 @@ import unicodedata
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from importlib.metadata import version
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from config import OPTIONS
-from sources import Pair, text_hash
+from atomic_files import sha256_of
+from checkpoint import CheckpointError
+from config import OPTIONS, corpus_name
+from sources import DataError, Pair, text_hash
 from precision import autocast_context, inference_dtype
-from tokenizer import EOS_ID, PAD_ID, SOS_ID
-
-if TYPE_CHECKING:
-    from translator import TorchTranslator
+from tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_texts
+from translator import TorchTranslator, TranslatorError
 
 CLEANING_VERSION = 1  # bump when a rule changes what it removes: stores built with the old rules are rebuilt
 REASONS = ("too_short", "too_long", "bad_characters", "copy", "length_ratio", "script", "language", "near_duplicate")
@@ -215,11 +221,6 @@ class CleaningReport:
         line = (f"cleaning {self.pair}: kept {self.kept} of {self.seen} pairs, removed {self.seen - self.kept}"
                 f"{f' ({removed})' if removed else ''}, NFC-normalised {self.normalized}")
         return line + "".join(f"; not judged: {note}" for note in self.unjudged)
-
-    def scalars(self) -> dict[str, int]:
-        """TensorBoard scalars: pairs seen, kept, and removed for each reason (0 included)."""
-        return {"clean/seen": self.seen, "clean/kept": self.kept,
-                **{f"clean/removed_{reason}": self.removed.get(reason, 0) for reason in REASONS}}
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data, samples in row order: for the file beside the store and clean.py."""
@@ -389,7 +390,7 @@ def conditional_cross_entropy(translator: TorchTranslator, sources: Sequence[str
     src_ids = [source.ids[:translator.max_source_tokens]
                for source in translator.encode(sources, translator.source_tag(target_lang))]
     tgt_ids = [encoding.ids[:translator.seq_len - 1]
-               for encoding in translator.tok_tgt.encode_batch(list(targets), add_special_tokens=False)]
+               for encoding in encode_texts(translator.tok_tgt, targets, ids_only=True)]
     order = sorted(range(len(src_ids)), key=lambda i: (len(src_ids[i]), len(tgt_ids[i])))
     entropies = np.zeros(len(src_ids), dtype=np.float64)
     was_training = model.training
@@ -430,3 +431,94 @@ def keep_best(scores: np.ndarray, fraction: float) -> np.ndarray:
     count = math.ceil(round(fraction * len(scores), 6))  # 0.07 * 100 is 7.000000000000001: 7 pairs, not 8
     best = np.argsort(scores, kind="stable")[:count]
     return np.sort(best)
+
+
+def scoring_summary(scores: np.ndarray, keep: float, worst: int) -> tuple[np.ndarray, dict[str, Any], np.ndarray]:
+    """The indices of the best `keep` share of `scores` (`keep_best`); how many were scored and kept
+    and the highest score kept, as plain data; and the indices of the `worst` scores, worst first."""
+    best = keep_best(scores, keep)
+    summary = {"scored": len(scores), "keep": keep, "kept": len(best),
+               "cut": float(scores[best].max()) if len(best) else 0.0}
+    return best, summary, np.argsort(-scores, kind="stable")[:worst]
+
+
+def load_scoring_models(config: dict[str, Any], device: torch.device) -> tuple[TorchTranslator, TorchTranslator]:
+    """The models of `clean_score_forward` and `clean_score_backward` on `device`; a DataError names
+    the option of one that cannot be loaded."""
+    models = []
+    for key in ("clean_score_forward", "clean_score_backward"):
+        path = Path(config[key])
+        try:
+            models.append(TorchTranslator.load(path, path.parent, device))
+        except (CheckpointError, TranslatorError) as error:
+            raise DataError(f"--{key}: {error}") from None
+    return models[0], models[1]
+
+
+# ---------------------------------------------------------------------------- what a data store records
+
+NOT_CLEANED = {"rules": False, "scoring": False}  # what a checkpoint from before cleaning was trained on
+
+
+def cleaning_description(config: dict[str, Any]) -> dict[str, Any]:
+    """What cleaning does to each corpus's training pairs, as plain values for the text store's key
+    and the checkpoint: the rules' settings (`describe()`; False with --clean false), and scoring's
+    models, by the sha256 of each checkpoint file rather than its path, with the share it keeps
+    (False without scoring). A DataError names a scoring checkpoint that cannot be read."""
+    scoring: dict[str, Any] | bool = False
+    if config["clean_score_forward"]:
+        digests = {}
+        for way in ("forward", "backward"):
+            path = config[f"clean_score_{way}"]
+            try:
+                digests[way] = sha256_of(Path(path))
+            except OSError as error:
+                raise DataError(f"--clean_score_{way} {path}: cannot read it ({error.strerror or error})") from None
+        scoring = {**digests, "keep": config["clean_score_keep"]}
+    return {"rules": settings_from_config(config).describe() if config["clean"] else False, "scoring": scoring}
+
+
+def cleaning_changes(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """How two `cleaning_description`s differ, in words: "rules max_length_ratio 3.0 -> 2.5",
+    "scoring off -> on" (a model's sha256 shortened to 12 digits)."""
+    def shown(value: Any) -> Any:
+        return f"{value[:12]}..." if isinstance(value, str) and len(value) == 64 else value
+
+    changes = []
+    for part in ("rules", "scoring"):
+        before, after = old.get(part, False), new.get(part, False)
+        if before == after:
+            continue
+        if not before or not after:
+            changes.append(f"{part} {'on' if before else 'off'} -> {'on' if after else 'off'}")
+            continue
+        changes += [f"{part} {name} {shown(before.get(name))} -> {shown(after.get(name))}"
+                    for name in dict.fromkeys([*before, *after]) if before.get(name) != after.get(name)]
+    return ", ".join(changes)
+
+
+def report_line(report: dict[str, Any]) -> str:
+    """One line for the log of what cleaning removed from a corpus's training pairs (the report a
+    text store keeps beside its files: store.TextStore.cleaning)."""
+    parts = []
+    if report.get("rules"):
+        parts.append(CleaningReport(**report["rules"]).summary())
+    if report.get("scoring"):
+        scoring = report["scoring"]
+        parts.append(f"scoring by dual conditional cross-entropy kept the best {scoring['kept']} of "
+                     f"{scoring['scored']} ({scoring['keep']:.0%}), scores up to {scoring['cut']:.3f}")
+    return f"{corpus_name(report['corpus'])}: {'; '.join(parts)}"
+
+
+def cleaning_scalars(reports: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """TensorBoard's counts, summed over the corpora's reports: pairs seen and kept, and the pairs
+    removed for each reason (every rule's, 0 included, and "score" for scoring)."""
+    totals = {"seen": 0, "kept": 0, **dict.fromkeys(REASONS, 0), "score": 0}
+    for report in reports:
+        rules, scoring = report.get("rules"), report.get("scoring")
+        totals["seen"] += rules["seen"] if rules else scoring["scored"]
+        totals["kept"] += scoring["kept"] if scoring else rules["kept"]
+        for reason, count in (rules["removed"] if rules else {}).items():
+            totals[reason] += count
+        totals["score"] += scoring["scored"] - scoring["kept"] if scoring else 0
+    return totals

@@ -135,7 +135,8 @@ OPTIONS: dict[str, Option] = {
     "seq_len": O(256, "longest sentence in tokens, [SOS] and [EOS] included; longer training pairs are dropped",
                  "data", range=Range(3)),
     # ---- cleaning (cleaning.py): 0 or false turns a rule off
-    "clean": O(True, "clean the training split with the rules below before it is learned", "cleaning"),
+    "clean": O(True, "clean the training split with the rules below before it is learned (scoring by models is "
+               "apart: clean_score_forward)", "cleaning"),
     "clean_min_chars": O(1, "fewest characters on each side", "cleaning", CLEANERS, range=NON_NEGATIVE),
     "clean_max_chars": O(1000, "most characters on each side", "cleaning", CLEANERS, range=NON_NEGATIVE),
     "clean_bad_characters": O(True, "remove pairs with control, surrogate, private-use or replacement characters",
@@ -155,6 +156,14 @@ OPTIONS: dict[str, Option] = {
                                "and spaces", "cleaning", CLEANERS),
     "clean_samples": O(5, "removed pairs written beside the store (clean.py: shown) per reason", "cleaning",
                        CLEANERS, range=NON_NEGATIVE),
+    "clean_score_forward": O("", "checkpoint of a lang_src->lang_tgt model trained on these corpora: with "
+                             "clean_score_backward, the pairs the rules keep are scored by dual conditional "
+                             "cross-entropy and the best clean_score_keep kept (docs/cleaning.md); empty: no scoring",
+                             "cleaning", CLEANERS),
+    "clean_score_backward": O("", "checkpoint of a lang_tgt->lang_src model trained on these corpora (see "
+                              "clean_score_forward)", "cleaning", CLEANERS),
+    "clean_score_keep": O(0.9, "share of each corpus's training pairs left by the rules that scoring keeps, the "
+                          "best scored", "cleaning", CLEANERS, range=Range(0, 1, low_open=True)),
     # ---- tokenizers
     "tokenizer_type": O("wordlevel", "the tokenizers' model", "tokenizers", choices=("wordlevel", "bpe", "unigram"),
                         model=True, identity=True),
@@ -293,6 +302,12 @@ OPTIONS: dict[str, Option] = {
                                  frozenset({SERVE}), range=SECONDS),
     "serve_body_timeout_s": O(10.0, "a request body that takes longer to arrive gets 408", "serving",
                               frozenset({SERVE}), range=SECONDS),
+    "serve_header_timeout_s": O(5.0, "a connection that has not sent a whole request head this long after it opened "
+                                "(its TLS handshake included) or after its last answer is closed", "serving",
+                                frozenset({SERVE}), range=SECONDS),
+    "serve_max_connections": O(4096, "open connections at most (fewer if the open-file limit is lower); at the limit "
+                               "a new one closes the longest-idle one, or with none idle gets 503", "serving",
+                               frozenset({SERVE}), range=AT_LEAST_ONE),
     "serve_drain_grace_s": O(20.0, "on SIGTERM or Ctrl-C, how long the requests held may take (below Kubernetes' "
                              "30 s before SIGKILL)", "serving", frozenset({SERVE}),
                              range=Range(0, math.inf, high_open=True)),
@@ -390,9 +405,12 @@ def check_data(config: dict[str, Any]) -> None:
     for tag in config["reserved_tags"].split(",") if config["reserved_tags"] else []:
         if not TAG_PATTERN.fullmatch(tag):
             raise ConfigError(f"--reserved_tags: {tag!r} is not a tag: write it as <NAME>, e.g. <BT>")
-    if 0 < config["filter_max_length_ratio"] < 1:
-        raise ConfigError(f"--filter_max_length_ratio must be 0 (off) or at least 1, "
-                          f"got {config['filter_max_length_ratio']}")
+    for key in ("filter_max_length_ratio", "clean_max_length_ratio"):
+        if 0 < config[key] < 1:
+            raise ConfigError(f"--{key} must be 0 (off) or at least 1, got {config[key]}")
+    if bool(config["clean_score_forward"]) != bool(config["clean_score_backward"]):
+        raise ConfigError("scoring needs a model each way: --clean_score_forward and --clean_score_backward, or "
+                          "neither")
     if not config["datasource"]:
         raise ConfigError("--datasource must name a Hub dataset, a local folder, a PREFIX of parallel files or a TSV file")
     corpus_entries(config["datasource"])  # raises on a malformed corpus list

@@ -6,13 +6,16 @@
   and export.py's marker `export.json`, which lists the files of the export.
 - `QUANTIZATIONS`: the weight types an export takes, CTranslate2's names.
 - `ct2_setup`: the compute type and CPU backend a model runs with on this machine.
+- `pinned_folder`: the directory read as one export while export.py may replace it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from tokenizers import Tokenizer
 
@@ -23,6 +26,7 @@ from tokenizer import load_tokenizer
 QUANTIZATIONS = ("int8", "int16", "float32", "bfloat16", "float16", "int8_float16")  # the last two for GPUs
 SOURCE_TOKENIZER, TARGET_TOKENIZER, PROJECT_CONFIG = "tokenizer_source.json", "tokenizer_target.json", "project.json"
 MARKER = "export.json"  # in every export: what export.py --overwrite may replace, and which files are its own
+READ_ATTEMPTS = 3  # reads of an export that another replaced meanwhile, before giving up
 
 
 def write_project_files(folder: Path, tok_src: Tokenizer, tok_tgt: Tokenizer, project: dict[str, Any]) -> None:
@@ -40,6 +44,30 @@ def read_project_files(folder: Path) -> tuple[dict[str, Any], dict[str, Any], To
     model_config = {**get_config(), **project["config"]}  # keys added since the export get defaults
     validate_config(model_config)
     return project, model_config, load_tokenizer(folder / SOURCE_TOKENIZER), load_tokenizer(folder / TARGET_TOKENIZER)
+
+
+@contextlib.contextmanager
+def pinned_folder(folder: Path) -> Iterator[Path]:
+    """A path to the directory that `folder` names now, which stays on that directory while the block
+    runs even if export.py --overwrite renames another export into its place: /proc/self/fd/N of a
+    descriptor held open (Linux), so that every file read through it is of one export, never the
+    tokenizers of one and the weights of the next. Elsewhere, `folder` itself. Raises OSError
+    (NotADirectoryError, FileNotFoundError) for a folder that cannot be opened."""
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        pinned = Path(f"/proc/self/fd/{descriptor}")
+        yield pinned if pinned.is_dir() else folder
+    finally:
+        os.close(descriptor)
+
+
+def replaced(pinned: Path, folder: Path) -> bool:
+    """Whether `folder` now names another directory than `pinned` (pinned_folder's) does: it was
+    replaced meanwhile, and what `pinned` holds may already be removed."""
+    try:
+        return not os.path.samefile(pinned, folder)
+    except OSError:  # gone, between the two renames of a replacement
+        return True
 
 
 def cpu_family() -> tuple[str, bool]:

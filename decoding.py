@@ -32,18 +32,63 @@ distribution is renormalised over the allowed ones and scores are taken from tha
 log-probabilities instead). A search that stops only when nothing better can come finds whatever a
 score over length ** length_penalty rewards most; with length penalties above 1 that includes long,
 confident repetition loops ("il re re re ..."), which this rules out.
+
+Constraints (`beam_search(..., constraints=...)`): each sentence may name phrases of target token
+ids that its translation must hold, in any order, each phrase alone or as a set of alternatives
+(glossary.py makes them from a glossary). The search is lexically constrained decoding with
+dynamic beam allocation (Post & Vilar 2018), in the vectorised form of Hu et al. 2019 that fairseq
+and Sockeye use, on the device and over the same KV cache (ConstraintBanks): [EOS] is forbidden to
+a hypothesis until it holds all its phrases, and the beam is shared out between hypotheses by how
+many constraint tokens they have produced. A sentence without constraints, in a batch with
+constrained ones, gets bit for bit what the search gives it without any. Every finished
+hypothesis holds all its phrases, unless `max_tokens` ends the search first: then the open
+hypotheses compete as they are, those holding all their phrases ranked before those that do not
+(`Hypothesis.complete` False), which are returned only so that every sentence gets n_best. The
+beam should have more slots than a sentence has constraint tokens (one per bank), or the
+furthest-along hypotheses take it all. Greedy decoding and sampling take no constraints.
+
+Every hypothesis also carries what confidence.py needs, read back with it at the end:
+`Hypothesis.log_prob`, `length` and `lowest`, none touched by the length or brevity penalty.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from model import Transformer
-from tokenizer import EOS_ID, SOS_ID
+from tokenizer import EOS_ID, SOS_ID, SPECIAL_TOKENS
 
-Hypotheses = list[tuple[list[int], float]]  # (tokens without [SOS]/[EOS], score), best first
+# Per sentence (None: free): its constraints, each a phrase of token ids or a list of alternative phrases.
+Constraints = Sequence[Sequence[Sequence[int] | Sequence[Sequence[int]]] | None]
+
+
+class Hypothesis(tuple):
+    """One translation found: it unpacks as (tokens without [SOS]/[EOS], score), and carries what a
+    confidence model reads (confidence.py), none of it touched by the length or brevity penalty:
+    `log_prob`, the sum of its tokens' log-probabilities ([EOS] included when it ended); `length`,
+    how many tokens that sum counts; `lowest`, its least likely token's log-probability. `complete`
+    is False only for a hypothesis cut off at max_tokens before it met all its constraints."""
+
+    log_prob: float
+    length: int
+    lowest: float
+    complete: bool
+
+    def __new__(cls, tokens: list[int], score: float, log_prob: float, length: int, lowest: float,
+                complete: bool = True) -> "Hypothesis":
+        hypothesis = super().__new__(cls, (tokens, score))
+        hypothesis.log_prob, hypothesis.length, hypothesis.lowest, hypothesis.complete = \
+            log_prob, length, lowest, complete
+        return hypothesis
+
+    def __getnewargs__(self) -> tuple:  # pickling calls __new__ with these
+        return (*self, self.log_prob, self.length, self.lowest, self.complete)
+
+
+Hypotheses = list[Hypothesis]  # best first
 
 
 def max_output_tokens(src_len: int, seq_len: int) -> int:
@@ -107,16 +152,17 @@ def _drop_finished(cache, keep: torch.Tensor, per_sentence: int) -> None:
 @torch.no_grad()
 def greedy_decode(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_tokens: int,
                   length_penalty: float = 1.0, use_cache: bool = True, no_repeat_ngram_size: int = 0,
-                  brevity_penalty: float = 0.0, length_ratio: float = 0.0) -> list[tuple[list[int], float]]:
-    """The most likely next token at each step, for each row of `src` (B, S): (tokens without
-    [EOS], score) per row."""
+                  brevity_penalty: float = 0.0, length_ratio: float = 0.0) -> list[Hypothesis]:
+    """The most likely next token at each step, for each row of `src` (B, S): one hypothesis per
+    row. It takes no constraints: a sentence that has some needs beam_search's banks."""
     expected = expected_length(source_token_counts(src_mask), length_ratio).tolist()
     memory = model.encode(src, src_mask)
     cache = model.new_cache() if use_cache else None
     rows = torch.arange(src.size(0), device=src.device)  # original row of each sentence still decoding
     ys = torch.full((src.size(0), 1), SOS_ID, dtype=torch.long, device=src.device)
     log_prob = torch.zeros(src.size(0), device=src.device)
-    outputs: list[tuple[list[int], float]] = [([], 0.0)] * src.size(0)
+    lowest = torch.zeros(src.size(0), device=src.device)
+    outputs: list[Hypothesis] = [Hypothesis([], 0.0, 0.0, 0, 0.0)] * src.size(0)
     for step in range(max_tokens):
         if cache is not None:
             hidden = model.decode(memory, src_mask, ys[:, -1:], None, cache)
@@ -124,30 +170,59 @@ def greedy_decode(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor,
             hidden = model.decode(memory, src_mask, ys)  # no tgt_mask: causal
         logits = block_repeats(model.project(hidden[:, -1]).float(), ys[:, 1:], no_repeat_ngram_size)
         next_token = logits.argmax(dim=-1)
-        log_prob += logits.gather(1, next_token[:, None]).squeeze(1) - logits.logsumexp(dim=-1)
+        token_log_prob = logits.gather(1, next_token[:, None]).squeeze(1) - logits.logsumexp(dim=-1)
+        log_prob += token_log_prob
+        lowest = torch.minimum(lowest, token_log_prob)
         ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)
         finished = next_token == EOS_ID
         if bool(finished.any()):  # one sync per step: the batch shrinks as sentences end
-            for row, tokens, score in zip(rows[finished].tolist(), ys[finished, 1:-1].tolist(),
-                                          log_prob[finished].tolist()):
-                outputs[row] = (tokens, hypothesis_score(score, step + 1, length_penalty, expected[row],
-                                                         brevity_penalty))
+            for row, tokens, score, low in zip(rows[finished].tolist(), ys[finished, 1:-1].tolist(),
+                                               log_prob[finished].tolist(), lowest[finished].tolist()):
+                outputs[row] = Hypothesis(tokens, hypothesis_score(score, step + 1, length_penalty, expected[row],
+                                                                   brevity_penalty), score, step + 1, low)
             keep = (~finished).nonzero().squeeze(1)
-            rows, ys, log_prob, memory, src_mask = rows[keep], ys[keep], log_prob[keep], memory[keep], src_mask[keep]
+            rows, ys, log_prob, lowest = rows[keep], ys[keep], log_prob[keep], lowest[keep]
+            memory, src_mask = memory[keep], src_mask[keep]
             if cache is not None:
                 _drop_finished(cache, keep, 1)
             if rows.numel() == 0:
                 break
-    for row, tokens, score in zip(rows.tolist(), ys[:, 1:].tolist(), log_prob.tolist()):
-        outputs[row] = (tokens, hypothesis_score(score, len(tokens), length_penalty, expected[row], brevity_penalty))
+    for row, tokens, score, low in zip(rows.tolist(), ys[:, 1:].tolist(), log_prob.tolist(), lowest.tolist()):
+        outputs[row] = Hypothesis(tokens, hypothesis_score(score, len(tokens), length_penalty, expected[row],
+                                                           brevity_penalty), score, len(tokens), low)
     return outputs
+
+
+class Extensions(NamedTuple):
+    """Candidate extensions of each sentence's beams, (sentences, width) each, in the order the
+    search takes them: `scores` their log-probabilities, `beam` and `token` what they extend and
+    with, `lowest` their least likely token's log-probability; with constraints, each one's state
+    (`met`, `progress`: (sentences, width, constraints), ConstraintBanks)."""
+
+    scores: torch.Tensor
+    beam: torch.Tensor
+    token: torch.Tensor
+    lowest: torch.Tensor
+    met: torch.Tensor | None = None
+    progress: torch.Tensor | None = None
+
+    def take(self, order: torch.Tensor) -> "Extensions":
+        """The extensions at `order` (sentences, n) of each sentence."""
+        return Extensions(*(None if part is None else
+                            part.gather(1, order if part.dim() == 2 else order[:, :, None].expand(-1, -1, part.size(2)))
+                            for part in self))
+
+    def sentences(self, kept: torch.Tensor) -> "Extensions":
+        return Extensions(*(None if part is None else part[kept] for part in self))
 
 
 @torch.no_grad()
 def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_tokens: int,
                 beam_size: int, length_penalty: float = 1.0, n_best: int = 1, no_repeat_ngram_size: int = 0,
-                brevity_penalty: float = 0.0, length_ratio: float = 0.0) -> list[Hypotheses]:
-    """The `n_best` best hypotheses of each row of `src` (see the module docstring).
+                brevity_penalty: float = 0.0, length_ratio: float = 0.0, constraints: Constraints | None = None,
+                use_cache: bool = True) -> list[Hypotheses]:
+    """The `n_best` best hypotheses of each row of `src` (see the module docstring); `constraints`
+    gives each row the token-id phrases it must hold (None or [] for a free row).
 
     The search's state stays on the device: each sentence's `n_best` finished hypotheses (scores,
     tokens, lengths), merged with each step's finished ones by a stable sort, in float64 so that
@@ -156,45 +231,44 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, m
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size {beam_size}, got {n_best}")
     k, device, count = beam_size, src.device, src.size(0)
+    banks = ConstraintBanks.of(constraints, count, k, device)
     expected = expected_length(source_token_counts(src_mask), length_ratio)
     memory = model.encode(src, src_mask)
-    cache = model.new_cache()
+    cache = model.new_cache() if use_cache else None
     sentences = torch.arange(count, device=device)  # original row of each sentence still searching
     tokens = torch.full((count * k, 1), SOS_ID, dtype=torch.long, device=device)
     log_probs_so_far = torch.full((count, k), float("-inf"), device=device)
     log_probs_so_far[:, 0] = 0.0  # the beams start identical: extend only the first
+    lowest_so_far = torch.zeros((count, k), device=device)
     finished = FinishedHypotheses(count, n_best, max_tokens, device)
     best_reachable_divisor = max_tokens ** length_penalty
     for step in range(max_tokens):
-        logits = model.project(model.decode(memory, src_mask, tokens[:, -1:], None, cache))[:, -1]
-        log_probs = F.log_softmax(block_repeats(logits.float(), tokens[:, 1:], no_repeat_ngram_size), dim=-1)
-        vocab = log_probs.size(-1)
-        candidates = (log_probs_so_far.view(-1, 1) + log_probs).view(-1, k * vocab)
-        top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=1)
-        top_beam, top_token = top_index // vocab, top_index % vocab
-        ends = (top_token == EOS_ID) & torch.isfinite(top_scores)
-        # The first k extensions that do not end stay open, in order of their log-probability.
-        positions = torch.arange(top_scores.size(1), device=device)
-        open_order = (ends.long() * top_scores.size(1) + positions).argsort(dim=1)[:, :k]
-        next_scores = top_scores.gather(1, open_order)
-        origin = top_beam.gather(1, open_order) + torch.arange(len(sentences), device=device)[:, None] * k
-        next_tokens = top_token.gather(1, open_order)
+        log_probs = _next_log_probs(model, memory, src_mask, tokens, cache, k, no_repeat_ngram_size)
+        if banks is not None:
+            log_probs = banks.forbid_early_end(log_probs)
+        extensions = _extensions(log_probs_so_far, lowest_so_far, log_probs, banks)
+        ends = (extensions.token == EOS_ID) & torch.isfinite(extensions.scores)
+        # The first k extensions that do not end stay open, in the order the search takes them.
+        positions = torch.arange(ends.size(1), device=device)
+        opened = extensions.take((ends.long() * ends.size(1) + positions).argsort(dim=1)[:, :k])
+        origin = opened.beam + torch.arange(len(sentences), device=device)[:, None] * k
 
         # Those of the first k extensions that end are finished: their tokens are their beam's so far.
         history = tokens[:, 1:].view(len(sentences), k, step)
-        ended = history.gather(1, top_beam[:, :k, None].expand(-1, -1, step))
+        first = extensions.take(positions[:k].expand(len(sentences), -1))
         divisor = (step + 1) ** length_penalty
         terms = brevity_term(step + 1, expected[sentences], brevity_penalty)[:, None]
-        ended_scores = torch.where(ends[:, :k], top_scores[:, :k].double() / divisor + terms, float("-inf"))
-        finished.add(sentences, ended_scores, ended, step)
-        open_best = next_scores[:, 0].double()
+        finished.add(sentences, torch.where(ends[:, :k], first.scores.double() / divisor + terms, float("-inf")),
+                     history.gather(1, first.beam[:, :, None].expand(-1, -1, step)), step, _features(first, step + 1))
+        open_best = opened.scores.amax(dim=1).double()
         can_improve = torch.isfinite(open_best) & (open_best / best_reachable_divisor > finished.worst(sentences))
         if step == max_tokens - 1:
             # Out of steps: the open hypotheses compete with the finished ones as they are.
             grown = torch.cat([tokens[:, 1:][origin.reshape(-1)].view(len(sentences), k, step),
-                               next_tokens[:, :, None]], dim=2)
-            open_scores = torch.where(can_improve[:, None], next_scores.double() / divisor + terms, float("-inf"))
-            finished.add(sentences, open_scores, grown, step + 1)
+                               opened.token[:, :, None]], dim=2)
+            open_scores = torch.where(can_improve[:, None], opened.scores.double() / divisor + terms, float("-inf"))
+            finished.add(sentences, open_scores, grown, step + 1, _features(opened, step + 1),
+                         None if banks is None else opened.met.all(dim=2))
             break
         keep = [b for b, improvable in enumerate(can_improve.tolist()) if improvable]  # the step's one read
         if not keep:
@@ -202,49 +276,263 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, m
         if len(keep) < len(sentences):
             kept = torch.tensor(keep, device=device)
             sentences, memory, src_mask = sentences[kept], memory[kept], src_mask[kept]
-            cache.keep_sentences(kept)
-            next_scores, origin, next_tokens = next_scores[kept], origin[kept], next_tokens[kept]
+            opened, origin = opened.sentences(kept), origin[kept]
+            if cache is not None:
+                cache.keep_sentences(kept)
+            if banks is not None:
+                banks.keep_sentences(kept)
         flat_origin = origin.reshape(-1)
-        cache.reorder_hypotheses(flat_origin)
-        tokens = torch.cat([tokens[flat_origin], next_tokens.reshape(-1, 1)], dim=1)
-        log_probs_so_far = next_scores
+        if cache is not None:
+            cache.reorder_hypotheses(flat_origin)
+        tokens = torch.cat([tokens[flat_origin], opened.token.reshape(-1, 1)], dim=1)
+        log_probs_so_far, lowest_so_far = opened.scores, opened.lowest
+        if banks is not None:
+            banks.advance(opened.met, opened.progress)
     return finished.ranked()
+
+
+def _next_log_probs(model: Transformer, memory: torch.Tensor, src_mask: torch.Tensor, tokens: torch.Tensor,
+                    cache, per_sentence: int, no_repeat_ngram_size: int) -> torch.Tensor:
+    """Log-probabilities (rows, vocab) of the next token of each hypothesis row of `tokens`: from
+    the newest token and the KV cache, or (cache None) from all of them again."""
+    if cache is not None:
+        logits = model.project(model.decode(memory, src_mask, tokens[:, -1:], None, cache))[:, -1]
+    else:  # each hypothesis row with its sentence's encoder output; no tgt_mask: causal
+        hidden = model.decode(memory.repeat_interleave(per_sentence, 0), src_mask.repeat_interleave(per_sentence, 0),
+                              tokens)
+        logits = model.project(hidden[:, -1:])[:, -1]
+    return F.log_softmax(block_repeats(logits.float(), tokens[:, 1:], no_repeat_ngram_size), dim=-1)
+
+
+def _extensions(log_probs_so_far: torch.Tensor, lowest_so_far: torch.Tensor, log_probs: torch.Tensor,
+                banks: "ConstraintBanks | None") -> Extensions:
+    """Each sentence's 2 x beam_size best extensions of its beams (sentences, beams), by
+    log-probability; for a sentence with constraints, in the banks' order instead."""
+    count, k = log_probs_so_far.shape
+    vocab = log_probs.size(-1)
+    candidates = (log_probs_so_far.view(-1, 1) + log_probs).view(count, k * vocab)
+    scores, index = candidates.topk(min(2 * k, k * vocab), dim=1)
+    met = progress = None
+    if banks is not None:
+        scores, index, met, progress = banks.choose(candidates, log_probs, scores, index)
+    beam = index // vocab
+    lowest = torch.minimum(lowest_so_far.gather(1, beam), log_probs.view(count, k * vocab).gather(1, index))
+    return Extensions(scores, beam, index % vocab, lowest, met, progress)
+
+
+def _features(extensions: Extensions, length: int) -> torch.Tensor:
+    """What Hypothesis carries for a confidence model, (sentences, n, 3) in float64: log-probability,
+    lowest token log-probability, length."""
+    return torch.stack([extensions.scores.double(), extensions.lowest.double(),
+                        torch.full_like(extensions.scores, length, dtype=torch.float64)], dim=2)
 
 
 class FinishedHypotheses:
     """Each sentence's `n_best` best finished hypotheses, best first, on the device: scores (-inf in
-    a slot not yet filled), tokens (without [SOS]/[EOS]) and their lengths."""
+    a slot not yet filled), tokens (without [SOS]/[EOS]), their lengths, what `Hypothesis` carries
+    for confidence (`features`: log-probability, lowest token log-probability, length scored) and
+    whether they met their constraints."""
 
     def __init__(self, sentences: int, n_best: int, max_tokens: int, device: torch.device) -> None:
         self.scores = torch.full((sentences, n_best), float("-inf"), dtype=torch.float64, device=device)
         self.tokens = torch.zeros((sentences, n_best, max_tokens), dtype=torch.long, device=device)
         self.lengths = torch.zeros((sentences, n_best), dtype=torch.long, device=device)
+        self.features = torch.zeros((sentences, n_best, 3), dtype=torch.float64, device=device)
+        self.complete = torch.ones((sentences, n_best), dtype=torch.bool, device=device)
 
     def worst(self, sentences: torch.Tensor) -> torch.Tensor:
         """The n_best-th finished score of each of `sentences` (-inf while fewer have finished)."""
         return self.scores[sentences, -1]
 
-    def add(self, sentences: torch.Tensor, scores: torch.Tensor, tokens: torch.Tensor, length: int) -> None:
-        """Merge candidates (their `scores` -inf where they did not finish; `tokens` (rows, k, length))
-        into `sentences`' finished ones. The stable sort keeps earlier ones first on a tie, as a list
-        sorted on the host would."""
+    def add(self, sentences: torch.Tensor, scores: torch.Tensor, tokens: torch.Tensor, length: int,
+            features: torch.Tensor, complete: torch.Tensor | None = None) -> None:
+        """Merge candidates (their `scores` -inf where they did not finish; `tokens` (rows, k, length);
+        `features` (rows, k, 3)) into `sentences`' finished ones. The stable sort keeps earlier ones
+        first on a tie, as a list sorted on the host would. Candidates with `complete` False (cut
+        off before meeting their constraints) rank after every complete one, whatever their score."""
         rows, n_best = len(sentences), self.scores.size(1)
         padded = torch.zeros((rows, tokens.size(1), self.tokens.size(2)), dtype=torch.long, device=tokens.device)
         padded[:, :, :length] = tokens
         all_scores = torch.cat([self.scores[sentences], scores], dim=1)
-        order = all_scores.sort(dim=1, descending=True, stable=True).indices[:, :n_best]
+        order = all_scores.sort(dim=1, descending=True, stable=True).indices
+        all_complete = torch.cat([self.complete[sentences], torch.ones_like(scores, dtype=torch.bool)
+                                  if complete is None else complete], dim=1)
+        if complete is not None:
+            behind = ~(all_complete & torch.isfinite(all_scores))
+            order = order.gather(1, behind.gather(1, order).long().argsort(dim=1, stable=True))
+        order = order[:, :n_best]
         lengths = torch.cat([self.lengths[sentences], torch.full_like(scores, length, dtype=torch.long)], dim=1)
         all_tokens = torch.cat([self.tokens[sentences], padded], dim=1)
+        all_features = torch.cat([self.features[sentences], features], dim=1)
         self.scores[sentences] = all_scores.gather(1, order)
         self.lengths[sentences] = lengths.gather(1, order)
+        self.complete[sentences] = all_complete.gather(1, order)
+        self.features[sentences] = all_features.gather(1, order[:, :, None].expand(-1, -1, 3))
         self.tokens[sentences] = all_tokens.gather(1, order[:, :, None].expand(-1, -1, all_tokens.size(2)))
 
     def ranked(self) -> list[Hypotheses]:
         """Every sentence's finished hypotheses, best first, read back once."""
-        scores, lengths, tokens = self.scores.tolist(), self.lengths.tolist(), self.tokens.tolist()
-        return [[(row_tokens[slot][:row_lengths[slot]], score) for slot, score in enumerate(row_scores)
+        # Two reads: the tokens, and the rest side by side in float64 (which holds lengths exactly).
+        slots = torch.cat([self.scores[:, :, None], self.lengths[:, :, None].double(), self.features,
+                           self.complete[:, :, None].double()], dim=2).tolist()
+        tokens = self.tokens.tolist()
+        return [[Hypothesis(row_tokens[slot][:int(length)], score, log_prob, int(scored), lowest, bool(complete))
+                 for slot, (score, length, log_prob, lowest, scored, complete) in enumerate(row_slots)
                  if math.isfinite(score)]
-                for row_scores, row_lengths, row_tokens in zip(scores, lengths, tokens)]
+                for row_slots, row_tokens in zip(slots, tokens)]
+
+
+class ConstraintBanks:
+    """Lexically constrained beam search's state, on the device. Each sentence has constraints, in
+    any order, each a set of alternative phrases (token ids) of which one must appear: a term with
+    its spellings, such as "▁acqua" and "'acqua" (after an elision: dell'acqua). Each hypothesis
+    row holds which constraints it has met (`met`) and how far it is into each alternative of the
+    others (`progress`: the longest end of the hypothesis that begins the phrase, so a phrase broken
+    off starts again, from wherever its own beginning recurs: a token extends the longest of the
+    prefixes matched so far that it fits, found through the phrase's borders as in Knuth-Morris-Pratt,
+    in memory linear in the phrase's length).
+
+    A candidate extension's bank counts the constraint tokens it has produced: for each constraint
+    met, the length of its longest alternative; plus its progress into the phrase it is furthest
+    into. Dynamic beam allocation (Post & Vilar 2018) in its vectorised form (Hu et al. 2019): each
+    step a sentence's candidates are the 2 x beam_size best overall, each beam's best token, its
+    [EOS] and its next token of every alternative of a constraint it has not met; duplicates dropped,
+    they are ranked by score within their bank and taken round robin over the banks, the highest
+    first (rank 0 of every bank, then rank 1, ...). [EOS] is forbidden to a hypothesis until it has
+    met all its constraints; then it finishes the hypothesis when it is among the beam_size best
+    of its bank (the plain search's rule, for the one bank it has). Sentences without constraints
+    keep exactly the plain search's candidates."""
+
+    def __init__(self, constraints: list[list[list[list[int]]]], beam_size: int, device: torch.device) -> None:
+        groups = max(len(sentence) for sentence in constraints)
+        phrases = [[phrase for constraint in sentence for phrase in constraint] for sentence in constraints]
+        width, longest = max(map(len, phrases)), max(len(phrase) for sentence in phrases for phrase in sentence)
+        self.largest_id = max(max(phrase) for sentence in phrases for phrase in sentence)
+        padded = [sentence + [[]] * (width - len(sentence)) for sentence in phrases]
+        self.phrases = torch.tensor([[phrase + [-1] * (longest - len(phrase)) for phrase in sentence]
+                                     for sentence in padded], dtype=torch.long, device=device)
+        self.lengths = torch.tensor([[len(phrase) for phrase in sentence] for sentence in padded], dtype=torch.long,
+                                    device=device)  # (sentences, alternatives); 0: an empty slot
+        # borders[s, p, a, b]: the first b tokens of phrase p end its first a tokens (b <= a): the
+        # prefixes a hypothesis that has matched a tokens of the phrase has matched too (KMP's borders).
+        self.borders = torch.tensor([[[[b <= a and phrase[a - b:a] == phrase[:b] for b in range(longest + 1)]
+                                       for a in range(longest + 1)] for phrase in sentence] for sentence in padded],
+                                    dtype=torch.bool, device=device)
+        owners = [[c for c, constraint in enumerate(sentence) for _ in constraint] for sentence in constraints]
+        self.owner = torch.tensor([[[c == o for c in range(groups)] for o in sentence] +
+                                   [[False] * groups] * (width - len(sentence)) for sentence in owners],
+                                  dtype=torch.bool, device=device)  # (sentences, alternatives, constraints)
+        sizes = [[max(map(len, constraint)) for constraint in sentence] for sentence in constraints]
+        self.sizes = torch.tensor([size + [0] * (groups - len(size)) for size in sizes], dtype=torch.long,
+                                  device=device)
+        self.banks = 1 + max(map(sum, sizes))
+        self.beam_size = beam_size
+        self.constrained = self.sizes.sum(dim=1) > 0
+        self.met = (self.sizes == 0).repeat_interleave(beam_size, dim=0)  # an empty slot counts as met
+        self.progress = torch.zeros((self.met.size(0), width), dtype=torch.long, device=device)
+        self.spans = torch.arange(1, longest + 1, device=device)
+
+    @classmethod
+    def of(cls, constraints: Constraints | None, count: int, beam_size: int,
+           device: torch.device) -> "ConstraintBanks | None":
+        """The banks of a batch of `count` sentences; None when no sentence has a constraint. A
+        constraint is a phrase (token ids) or a list of alternative phrases. Raises ValueError for
+        an empty phrase or one holding a special token."""
+        if constraints is None:
+            return None
+        if len(constraints) != count:
+            raise ValueError(f"{len(constraints)} constraint lists for {count} sentences")
+        groups = [[[[int(token) for token in phrase] for phrase in _alternatives(constraint)]
+                   for constraint in sentence or []] for sentence in constraints]
+        for phrase in (phrase for sentence in groups for constraint in sentence for phrase in constraint):
+            if not phrase or min(phrase) < len(SPECIAL_TOKENS):
+                raise ValueError(f"a constraint must be a non-empty phrase of ordinary tokens, got {phrase}")
+        return cls(groups, beam_size, device) if any(groups) else None
+
+    def forbid_early_end(self, log_probs: torch.Tensor) -> torch.Tensor:
+        """`log_probs` (rows, vocab) with [EOS] impossible for each hypothesis that has not met all its
+        constraints (not renormalised: the other tokens keep the model's log-probabilities)."""
+        log_probs[:, EOS_ID] = torch.where(self.met.all(dim=1), log_probs[:, EOS_ID], float("-inf"))
+        return log_probs
+
+    def choose(self, candidates: torch.Tensor, log_probs: torch.Tensor, top_scores: torch.Tensor,
+               top_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Scores, indices into `candidates` (sentences, beams x vocab) and states (met, progress) of
+        each sentence's extensions in the order the search takes them: the banks' order for a
+        sentence with constraints, `top_scores`/`top_index` (the plain search's) for the others."""
+        count, k, vocab = candidates.size(0), self.beam_size, log_probs.size(-1)
+        if self.largest_id >= vocab:
+            raise ValueError(f"constraint token {self.largest_id} is outside the model's vocabulary of {vocab}")
+        offsets = torch.arange(k, device=candidates.device) * vocab
+        best = log_probs.argmax(dim=1).view(count, k) + offsets
+        phrases, owner = self.phrases.repeat_interleave(k, dim=0), self.owner.repeat_interleave(k, dim=0)
+        wanted = phrases.gather(2, self.progress[:, :, None]).squeeze(2)  # each alternative's next token
+        nexts = (wanted.clamp(min=0).view(count, k, -1) + offsets[:, None]).view(count, -1)
+        wanting = ~(self.met[:, None, :] & owner).any(dim=2) & (self.lengths.repeat_interleave(k, dim=0) > 0)
+        # [EOS] of each beam too (-inf where forbidden): ranked in its bank, it may finish the beam.
+        index = torch.cat([top_index, best, (offsets + EOS_ID).expand(count, -1), nexts], dim=1)
+        usable = torch.cat([torch.ones((count, top_index.size(1) + 2 * k), dtype=torch.bool, device=index.device),
+                            wanting.view(count, -1)], dim=1)
+        # Duplicates: the first of each (beam, token) stays. Unusable ones get keys of their own, so
+        # that they never hide a usable twin.
+        positions = torch.arange(index.size(1), device=index.device)
+        ordered, order = torch.where(usable, index, -1 - positions).sort(dim=1, stable=True)
+        repeated = torch.cat([torch.zeros_like(ordered[:, :1], dtype=torch.bool), ordered[:, 1:] == ordered[:, :-1]], 1)
+        usable &= ~torch.zeros_like(repeated).scatter(1, order, repeated)
+        scores = torch.where(usable, candidates.gather(1, index), float("-inf"))
+        met, progress = self._states(index // vocab + torch.arange(count, device=index.device)[:, None] * k,
+                                     index % vocab)
+        bank = (met * self.sizes[:, None, :]).sum(dim=2) + progress.amax(dim=2)
+        chosen = self._round_robin(scores, bank, index % vocab == EOS_ID)[:, :top_index.size(1)]
+        take = self.constrained[:, None]
+        return (torch.where(take, scores.gather(1, chosen), top_scores),
+                torch.where(take, index.gather(1, chosen), top_index),
+                met.gather(1, chosen[:, :, None].expand(-1, -1, met.size(2))),
+                progress.gather(1, chosen[:, :, None].expand(-1, -1, progress.size(2))))
+
+    def _states(self, rows: torch.Tensor, token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(met, progress) of the hypothesis rows `rows` (sentences, candidates), each extended by its
+        `token`: (sentences, candidates, constraints) and (..., alternatives). An alternative's new
+        progress is the longest of the prefixes the row has matched (its progress and that prefix's
+        borders) that `token` extends, plus one; 0 when `token` extends none."""
+        progress = self.progress[rows]
+        sentence = torch.arange(rows.size(0), device=rows.device)[:, None, None]
+        alternative = torch.arange(progress.size(2), device=rows.device)[None, None, :]
+        matched_so_far = self.borders[sentence, alternative, progress][..., :-1]  # (..., alternatives, longest)
+        extends = matched_so_far & (self.phrases[:, None] == token[:, :, None, None]) \
+            & (self.spans <= self.lengths[:, None, :, None])
+        matched = (extends * self.spans).amax(dim=-1)
+        completed = (matched == self.lengths[:, None, :]) & (self.lengths[:, None, :] > 0)
+        met = self.met[rows] | (completed[:, :, :, None] & self.owner[:, None]).any(dim=2)
+        settled = (met[:, :, None, :] & self.owner[:, None]).any(dim=3)  # the alternative's constraint is met
+        return met, torch.where(settled, 0, matched)
+
+    def _round_robin(self, scores: torch.Tensor, bank: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """Each sentence's candidates in the order the search takes them: first those that end
+        ([EOS]) among the beam_size best of their bank, as the plain search finishes an [EOS] among
+        its beam_size best; then the rest by rank within their bank, the higher bank first on a
+        rank; impossible ones (-inf) last."""
+        by_score = scores.argsort(dim=1, descending=True, stable=True)
+        bank, ends = bank.gather(1, by_score), ends.gather(1, by_score)
+        finite = torch.isfinite(scores.gather(1, by_score))
+        rank = F.one_hot(bank, self.banks).cumsum(dim=1).gather(2, bank[:, :, None]).squeeze(2) - 1
+        key = (rank * self.banks + self.banks - 1 - bank).masked_fill(~finite, scores.size(1) * self.banks)
+        key = torch.where(ends & finite & (rank < self.beam_size), rank - self.beam_size, key)
+        return by_score.gather(1, key.argsort(dim=1, stable=True))
+
+    def keep_sentences(self, kept: torch.Tensor) -> None:
+        """Only the sentences `kept`: every per-sentence tensor (the rows' states follow in `advance`)."""
+        self.phrases, self.lengths, self.borders = self.phrases[kept], self.lengths[kept], self.borders[kept]
+        self.owner, self.sizes, self.constrained = self.owner[kept], self.sizes[kept], self.constrained[kept]
+
+    def advance(self, met: torch.Tensor, progress: torch.Tensor) -> None:
+        """The states (sentences, beams, ...) of the beams the search keeps."""
+        self.met, self.progress = met.reshape(-1, met.size(2)), progress.reshape(-1, progress.size(2))
+
+
+def _alternatives(constraint: Sequence[int] | Sequence[Sequence[int]]) -> list[Sequence[int]]:
+    """A constraint's alternative phrases: itself when it is one phrase (its items are ids, not lists)."""
+    return list(constraint) if constraint and isinstance(constraint[0], (list, tuple)) else [constraint]
 
 
 @torch.no_grad()
@@ -256,57 +544,105 @@ def sample(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_to
     distribution divided by `temperature`, restricted to the `topk` most likely tokens (0: all)
     and to the smallest set of most likely tokens whose probability reaches `topp` (0: all).
     Scores are those of the module docstring under the model's own distribution (temperature 1,
-    nothing cut off), as rescoring wants them; each sentence's samples come best first."""
-    device = src.device
+    nothing cut off), as rescoring wants them; each sentence's samples come best first.
+
+    As in beam search, the finished samples stay on the device (`FinishedSamples`): the host reads
+    one flag per sentence each step (whether any of its samples is still open), and the finished
+    samples once, at the end."""
+    device, count = src.device, src.size(0)
     expected = expected_length(source_token_counts(src_mask), length_ratio).tolist()
     memory = model.encode(src, src_mask)
     cache = model.new_cache()
-    sentences = torch.arange(src.size(0), device=device)
-    rows = src.size(0) * samples
-    tokens = torch.full((rows, 1), SOS_ID, dtype=torch.long, device=device)
-    log_prob = torch.zeros(rows, device=device)
-    alive = torch.ones(rows, dtype=torch.bool, device=device)
-    results: list[list[tuple[float, list[int]]]] = [[] for _ in range(src.size(0))]
+    sentences = list(range(count))  # original row of each sentence still sampling
+    tokens = torch.full((count * samples, 1), SOS_ID, dtype=torch.long, device=device)
+    log_prob = torch.zeros(count * samples, device=device)
+    lowest = torch.zeros(count * samples, device=device)
+    alive = torch.ones(count * samples, dtype=torch.bool, device=device)
+    finished = FinishedSamples(count * samples, max_tokens, device)
     for step in range(max_tokens):
         logits = model.project(model.decode(memory, src_mask, tokens[:, -1:], None, cache))[:, -1].float()
         logits = block_repeats(logits, tokens[:, 1:], no_repeat_ngram_size)
         model_log_probs = F.log_softmax(logits, dim=-1)
-        filtered = logits / temperature
-        if topk:
-            kth = filtered.topk(min(topk, filtered.size(-1)), dim=-1).values[:, -1:]
-            filtered = filtered.masked_fill(filtered < kth, float("-inf"))
-        if topp:
-            ordered, order = filtered.sort(dim=-1, descending=True)
-            probabilities = ordered.softmax(dim=-1)
-            # Cut a token when the more likely ones already reach topp (so the first always stays).
-            cut_in_order = probabilities.cumsum(dim=-1) - probabilities >= topp
-            filtered = filtered.masked_fill(torch.zeros_like(cut_in_order).scatter(1, order, cut_in_order),
-                                            float("-inf"))
-        drawn = torch.multinomial(filtered.softmax(dim=-1), 1, generator=generator).squeeze(1)
+        drawn = torch.multinomial(_cut(logits / temperature, topk, topp).softmax(dim=-1), 1,
+                                  generator=generator).squeeze(1)
         drawn = torch.where(alive, drawn, EOS_ID)
-        log_prob += torch.where(alive, model_log_probs.gather(1, drawn[:, None]).squeeze(1), 0.0)
+        token_log_prob = model_log_probs.gather(1, drawn[:, None]).squeeze(1)
+        log_prob += torch.where(alive, token_log_prob, 0.0)
+        lowest = torch.where(alive, torch.minimum(lowest, token_log_prob), lowest)
         tokens = torch.cat([tokens, drawn[:, None]], dim=1)
         alive &= drawn != EOS_ID
-        per_sentence_alive = alive.view(len(sentences), samples).any(dim=1)
-        if step == max_tokens - 1 or not bool(per_sentence_alive.all()):
-            done = (~per_sentence_alive).nonzero().squeeze(1).tolist() if step < max_tokens - 1 \
-                else list(range(len(sentences)))
-            history, scores, ended = tokens[:, 1:].tolist(), log_prob.tolist(), (~alive).tolist()
-            for b in done:
-                for row in range(b * samples, (b + 1) * samples):
-                    hypothesis = history[row]
-                    if ended[row]:
-                        hypothesis = hypothesis[:hypothesis.index(EOS_ID)]
-                    length = len(hypothesis) + 1 if ended[row] else len(hypothesis)
-                    sentence = int(sentences[b])
-                    results[sentence].append((hypothesis_score(scores[row], length, length_penalty,
-                                                               expected[sentence], brevity_penalty), hypothesis))
-            keep = per_sentence_alive.nonzero().squeeze(1)
-            if keep.numel() == 0:
-                break
-            row_index = (keep[:, None] * samples + torch.arange(samples, device=device)).reshape(-1)
-            sentences, memory, src_mask = sentences[keep], memory[keep], src_mask[keep]
-            tokens, log_prob, alive = tokens[row_index], log_prob[row_index], alive[row_index]
-            _drop_finished(cache, keep, samples)
-    return [[(hypothesis, score) for score, hypothesis in sorted(found, key=lambda item: item[0], reverse=True)]
-            for found in results]
+        if step == max_tokens - 1:
+            finished.add(sentences, samples, tokens[:, 1:], log_prob, lowest)
+            break
+        open_sentences = alive.view(len(sentences), samples).any(dim=1).tolist()  # the step's one read
+        keep = [b for b, still_open in enumerate(open_sentences) if still_open]
+        if len(keep) == len(sentences):
+            continue
+        done = [b for b, still_open in enumerate(open_sentences) if not still_open]
+        rows = _sample_rows(done, samples, device)
+        finished.add([sentences[b] for b in done], samples, tokens[rows, 1:], log_prob[rows], lowest[rows])
+        if not keep:
+            break
+        rows, kept = _sample_rows(keep, samples, device), torch.tensor(keep, device=device)
+        sentences, memory, src_mask = [sentences[b] for b in keep], memory[kept], src_mask[kept]
+        tokens, log_prob, lowest, alive = tokens[rows], log_prob[rows], lowest[rows], alive[rows]
+        _drop_finished(cache, kept, samples)
+    return finished.ranked(samples, length_penalty, expected, brevity_penalty)
+
+
+def _cut(logits: torch.Tensor, topk: int, topp: float) -> torch.Tensor:
+    """`logits` with -inf outside the `topk` most likely tokens (0: all) and outside the smallest set
+    of most likely tokens whose probability reaches `topp` (0: all)."""
+    if topk:
+        kth = logits.topk(min(topk, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if topp:
+        ordered, order = logits.sort(dim=-1, descending=True)
+        probabilities = ordered.softmax(dim=-1)
+        # Cut a token when the more likely ones already reach topp (so the first always stays).
+        cut_in_order = probabilities.cumsum(dim=-1) - probabilities >= topp
+        logits = logits.masked_fill(torch.zeros_like(cut_in_order).scatter(1, order, cut_in_order), float("-inf"))
+    return logits
+
+
+def _sample_rows(sentences: list[int], samples: int, device: torch.device) -> torch.Tensor:
+    """The rows of `sentences`' samples (`samples` rows each, one sentence after the other)."""
+    return (torch.tensor(sentences, device=device)[:, None] * samples
+            + torch.arange(samples, device=device)).reshape(-1)
+
+
+class FinishedSamples:
+    """Every sample's tokens after [SOS] (filled with [EOS] past its end), log-probability and least
+    likely token's log-probability, by original row (sentence x samples + sample), on the device
+    until `ranked` reads them once."""
+
+    def __init__(self, rows: int, max_tokens: int, device: torch.device) -> None:
+        self.tokens = torch.full((rows, max_tokens), EOS_ID, dtype=torch.long, device=device)
+        self.log_probs = torch.zeros((rows, 2), device=device)  # the sum, the lowest
+
+    def add(self, sentences: list[int], samples: int, tokens: torch.Tensor, log_probs: torch.Tensor,
+            lowest: torch.Tensor) -> None:
+        """The samples of `sentences` (original rows): their `tokens` (rows, length), `log_probs` and
+        `lowest` token log-probabilities."""
+        rows = _sample_rows(sentences, samples, tokens.device)
+        self.tokens[rows, :tokens.size(1)] = tokens
+        self.log_probs[rows] = torch.stack([log_probs, lowest], dim=1)
+
+    def ranked(self, samples: int, length_penalty: float, expected: list[float],
+               brevity_penalty: float) -> list[Hypotheses]:
+        """Each sentence's samples without [EOS], scored (its [EOS] counted where it has one), best
+        first; the samples of one score in drawing order."""
+        results: list[Hypotheses] = []
+        histories_of = self.tokens.view(-1, samples, self.tokens.size(1)).tolist()
+        for sentence, (histories, log_probs) in enumerate(zip(histories_of,
+                                                               self.log_probs.view(-1, samples, 2).tolist())):
+            found = []
+            for history, (log_prob, lowest) in zip(histories, log_probs):
+                ended = EOS_ID in history
+                hypothesis = history[:history.index(EOS_ID)] if ended else history
+                length = len(hypothesis) + ended
+                found.append(Hypothesis(hypothesis, hypothesis_score(log_prob, length, length_penalty,
+                                                                     expected[sentence], brevity_penalty),
+                                        log_prob, length, lowest))
+            results.append(sorted(found, key=lambda hypothesis: hypothesis[1], reverse=True))
+        return results

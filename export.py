@@ -33,24 +33,31 @@ file, a symbolic link, an earlier export without `--overwrite`, one holding file
 folder of export.py's own beside DIR (tempfile.mkdtemp) and renamed into place whole; an earlier
 export is checked again, renamed aside, so it stays usable until the new one is complete, and
 removed only then. A failed or interrupted (Ctrl-C: one line, exit 130) export removes only that
-folder of its own and leaves an earlier export as it was.
+folder of its own and leaves an earlier export as it was. The folder is locked (flock) from before
+anything is written into it until it is gone, so the next export of DIR removes those of exports
+killed by SIGKILL (putting back an earlier export that one had moved aside) and never a live one's.
+Readers never see a half-replaced export: translator.py opens DIR once and reads every file of it
+through that descriptor (ct2_model.pinned_folder), reading again the export that took its place if
+this one is removed under it.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from atomic_files import atomic_write_bytes
+from atomic_files import atomic_write_bytes, lock_folder
 from checkpoint import CheckpointError, load_for_inference
 from config import EXPORT, ConfigError, OneLineParser, build_parser, choose_run, parse_args, weights_dir
 from ct2_model import MARKER, QUANTIZATIONS, write_project_files
+from diagnostics import log
 from model import Transformer
 from tokenizer import EOS, SOS, UNK, missing_target_tag
 
@@ -58,6 +65,7 @@ LAYER_NORM_EPSILON = 1e-5  # nn.LayerNorm's default, which model.py uses
 MARKER_NOTE = ("a model directory written by export.py, which may replace it when given --overwrite if it holds no "
                "file but those listed here")
 SHOWN_EXTRAS = 3  # entries named in the message refusing to replace an export that holds others
+STAGING = ".export-"  # an export is written into .NAME.export-XXXXXXXX beside --output NAME
 
 
 class ExportError(RuntimeError):
@@ -235,18 +243,34 @@ def export_model(model: Transformer, config: dict[str, Any], tok_src: Any, tok_t
             return spec
 
     output = Path(output)
+    remove_leftovers(output)
     check_output(output, overwrite)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
-        own = Path(tempfile.mkdtemp(prefix=f".{output.name}.export-", dir=output.parent))
+        own = Path(tempfile.mkdtemp(prefix=f".{output.name}{STAGING}", dir=output.parent))
+        held = lock_folder(own)  # before anything is written into it: remove_leftovers leaves it alone
     except OSError as error:
         raise ExportError(f"cannot write {output}: {error.strerror or error}") from None
+    try:
+        write_and_swap_in(SpecConverter(), own, output, quantization, overwrite,
+                          lambda staging: write_project_files(staging, tok_src, tok_tgt, {
+                              "checkpoint": checkpoint, "quantization": quantization, "config": config}))
+        shutil.rmtree(own, ignore_errors=True)  # export.py's own folder, holding the export it replaced
+    finally:
+        os.close(held)
+    return output
+
+
+def write_and_swap_in(converter: Any, own: Path, output: Path, quantization: str, overwrite: bool,
+                      write_project: Callable[[Path], None]) -> None:
+    """Convert into `own`/model, add this project's files and the marker, and rename it to `output`
+    (an earlier export moved to `own`/previous when `overwrite`). On failure, `own` is removed, unless
+    it holds the earlier export, which could not be put back (the error says where it is)."""
     aside = own / "previous"
     try:
         staging = own / "model"  # made by the converter, with the user's umask (mkdtemp's folder is 0700)
-        SpecConverter().convert(str(staging), quantization=quantization)
-        write_project_files(staging, tok_src, tok_tgt, {"checkpoint": checkpoint, "quantization": quantization,
-                                                        "config": config})
+        converter.convert(str(staging), quantization=quantization)
+        write_project(staging)
         marker = {"written_by": "export.py", "note": MARKER_NOTE, "files": sorted(entries(staging))}
         atomic_write_bytes(staging / MARKER, json.dumps(marker, indent=1).encode("utf-8"))
         swap_in(staging, output, aside if overwrite else None)
@@ -258,8 +282,39 @@ def export_model(model: Transformer, config: dict[str, Any], tok_src: Any, tok_t
         if isinstance(error, OSError):
             raise ExportError(reason) from None
         raise
-    shutil.rmtree(own, ignore_errors=True)  # export.py's own folder, holding the export it replaced
-    return output
+
+
+def remove_leftovers(output: Path) -> None:
+    """Remove the staging folders, each with a full model, that exports of `output` killed by SIGKILL
+    (or a power cut) left beside it, as store.py removes its own: those that hold something and that
+    no live export holds locked (an export locks its folder before it writes into it). An earlier
+    export found in one, where `output` is missing (killed between the two renames of swap_in), is
+    put back at `output` first. Each is said in one line on stderr."""
+    pattern = re.compile(rf"\.{re.escape(output.name)}{re.escape(STAGING)}[a-z0-9_]+")
+    try:
+        found = sorted(path for path in output.parent.iterdir() if pattern.fullmatch(path.name))
+    except OSError:  # no parent folder yet, or an unreadable one: nothing of ours to find
+        return
+    for folder in found:
+        try:
+            held = lock_folder(folder, wait=False)
+        except OSError:  # not a folder, or gone meanwhile
+            continue
+        if held is None:
+            continue  # a live export's
+        try:
+            if not any(folder.iterdir()):
+                continue  # just made by a live export that has not locked it yet
+            previous = folder / "previous"
+            if previous.is_dir() and not os.path.lexists(output):
+                previous.rename(output)
+                log(f"export.py: put back the earlier export at {output}, which a killed export had moved aside")
+            shutil.rmtree(folder, ignore_errors=True)
+            log(f"export.py: removed {folder}, the staging folder of an export that was killed")
+        except OSError as error:
+            log(f"export.py: warning: cannot remove {folder}, left by a killed export: {error.strerror or error}")
+        finally:
+            os.close(held)
 
 
 def swap_in(staging: Path, output: Path, aside: Path | None) -> None:

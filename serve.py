@@ -35,6 +35,9 @@ Under overload it sheds load instead of stalling: requests wait in a queue bound
 Retry-After at once; one not answered within serve_request_timeout_s of its arrival gets 503 with
 Retry-After, and its sentences are dropped if they have not reached the model; a body that takes
 longer than serve_body_timeout_s gets 408; a client that disconnects has its request dropped.
+Idle connections cannot starve it (connection_guard.py): one that sends no whole request head within
+serve_header_timeout_s is closed, and at serve_max_connections a new one closes the longest-idle.
+Once the model has been idle IDLE_TRIM_S after some calls, the heap's free pages go back to the system.
 
 It listens on 127.0.0.1 unless --host says otherwise (--port 0: any free port; the lines on stderr
 say which). On any other address it needs an API key, from the TRANSLATE_API_KEY environment
@@ -78,6 +81,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from checkpoint import CheckpointError
 from config import SERVE, ConfigError, OneLineParser, build_parser, choose_run, parse_args
+from connection_guard import ConnectionGuard, connection_limit, raise_file_limit, tls_context
+from cpu_kernels import release_freed_memory
 from sentences import TextPlan
 from translator import (DecodingOptions, Translator, TranslatorError, add_translator_arguments, load_translator,
                         split_sentences_on)
@@ -86,6 +91,7 @@ STATIC = Path(__file__).resolve().parent / "static"
 API_KEY_VARIABLE = "TRANSLATE_API_KEY"
 WARM_UP = "Hello."  # translated once after loading: the first call pays for lazy set-up, not a client
 API_ENDPOINTS = {"/translate": "translate", "/attention": "attention"}  # path -> the metrics' label
+IDLE_TRIM_S = 2.0  # the model idle this long after some calls: its freed memory goes back to the system
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 T = TypeVar("T")
@@ -183,6 +189,7 @@ class Batcher:
         self.arrived = asyncio.Event()
         self.batch: list[Job] = []  # taken off the queue: being gathered, or in the model
         self.started: float | None = None  # when the batch went into the model
+        self.calls = 0  # model calls made
         self.rate = 0.0  # work per second of recent decoding calls; 0 until one is measured
         self.worker: asyncio.Task | None = None
         self.sentences = Counter("serve_sentences", "Sentences translated", registry=registry)
@@ -286,6 +293,7 @@ class Batcher:
             return
         finally:
             seconds, self.batch, self.started = now() - self.started, [], None
+            self.calls += 1
         measured = sum(job.work for job in batch) / max(seconds, 1e-3)
         self.rate = measured if not self.rate else 0.7 * self.rate + 0.3 * measured
         if first.call is None:
@@ -416,6 +424,7 @@ class Service:
         self.loop = asyncio.get_running_loop()
         print(f"serve.py: listening on {self.url} (loading the model)", file=sys.stderr, flush=True)
         self.background(self.load_model())
+        self.background(self.trim_when_idle())
 
     def background(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
@@ -443,6 +452,21 @@ class Service:
         if self.drain_ends is None:
             print(f"serve.py: serving {translator.source} ({translator.engine}) on {self.url}", file=sys.stderr,
                   flush=True)
+
+    async def trim_when_idle(self) -> None:
+        """Once the model has been idle IDLE_TRIM_S after some calls, hand the heap's free pages back
+        to the system (in the model's thread, so never during a call): a burst of large batches
+        leaves its high-water mark in the heap, which would stay resident through the quiet hours."""
+        trimmed_at = 0
+        while True:
+            await asyncio.sleep(IDLE_TRIM_S)
+            idle_since = self.batcher.calls
+            if idle_since == trimmed_at or self.batcher.busy:
+                continue
+            await asyncio.sleep(IDLE_TRIM_S)
+            if self.batcher.calls == idle_since and not self.batcher.busy:
+                await asyncio.get_running_loop().run_in_executor(self.model_thread, release_freed_memory)
+                trimmed_at = idle_since
 
     def fail(self, message: str) -> None:
         print(f"serve.py: error: {message}", file=sys.stderr, flush=True)
@@ -759,9 +783,11 @@ def is_loopback(host: str) -> bool:
 
 
 def read_api_key(path: Path | None) -> str | None:
-    """The key from --api_key_file (its first line), else from the environment; None if neither."""
+    """The key from --api_key_file (its first line), else from the environment; None if neither.
+    A key of other characters than visible ASCII is refused (ConfigError)."""
     if path is None:
-        return os.environ.get(API_KEY_VARIABLE, "").strip() or None
+        key, origin = os.environ.get(API_KEY_VARIABLE, "").strip(), f"the {API_KEY_VARIABLE} environment variable"
+        return check_api_key(key, origin) if key else None
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as error:
@@ -769,7 +795,18 @@ def read_api_key(path: Path | None) -> str | None:
             from None
     if not lines or not lines[0].strip():
         raise ConfigError(f"--api_key_file {path}: its first line is empty")
-    return lines[0].strip()
+    return check_api_key(lines[0].strip(), f"--api_key_file {path}")
+
+
+def check_api_key(key: str, origin: str) -> str:
+    """`key`, if every character is visible ASCII ('!' to '~'), as in a bearer token: an HTTP header
+    carries other characters as latin-1 bytes at best, so a client sending the key in UTF-8 could
+    never match it. Else a ConfigError naming the first other character and where the key came from."""
+    odd = next((char for char in key if not "!" <= char <= "~"), None)
+    if odd is not None:
+        raise ConfigError(f"{origin}: the API key holds {odd!r} (U+{ord(odd):04X}); a key must be visible ASCII "
+                          f"characters only ('!' to '~'), as a bearer token is")
+    return key
 
 
 def transport_problem(host: str, api_key: str | None, tls: bool, trusted_network: bool) -> str | None:
@@ -783,6 +820,17 @@ def transport_problem(host: str, api_key: str | None, tls: bool, trusted_network
         return (f"--host {host} is not a loopback address: the API key would cross the network in clear text; give "
                 f"--ssl_certfile and --ssl_keyfile, or --trusted_network if the network is private")
     return None
+
+
+def connections(configured: int) -> int:
+    """serve_max_connections, lowered (and said so on stderr) where the limit on open files, lifted to
+    its hard maximum first, would be reached before it."""
+    files = raise_file_limit()
+    limit = connection_limit(configured, files)
+    if limit < configured:
+        print(f"serve.py: at most {limit} connections at once, not {configured} (serve_max_connections): the limit "
+              f"on open files (ulimit -n) is {files}", file=sys.stderr, flush=True)
+    return limit
 
 
 def argument_parser() -> OneLineParser:
@@ -834,20 +882,19 @@ def main(argv: list[str] | None = None) -> int:
     host = f"[{args.host}]" if ":" in args.host else args.host
     url = f"{'https' if tls else 'http'}://{host}:{listener.getsockname()[1]}/"
     service = Service(config, lambda: load_translator(args, resolved), url)
-    # uvicorn answers a connection past limit_concurrency with a plain-text 503: the limit sits above
-    # all that the queue and a batch can hold (each request is at least one unit of work), with room
-    # for connections that are being refused, probed or kept alive, so that overload meets the
-    # queue's JSON 503 with Retry-After first.
-    limit = config["serve_max_queued_work"] + config["serve_batch_sentences"] + 1024
-    server = DrainingServer(uvicorn.Config(build_app(service, api_key), lifespan="on", log_level="warning",
-                                           access_log=False, timeout_graceful_shutdown=5, limit_concurrency=limit,
-                                           ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile), service)
     try:
-        server.config.load()  # reads the certificate and key now, to refuse them in one line
+        tls = tls_context(args.ssl_certfile, args.ssl_keyfile) if args.ssl_certfile is not None else None
     except OSError as error:  # ssl.SSLError is one
         listener.close()
         parser.error(f"--ssl_certfile {args.ssl_certfile} and --ssl_keyfile {args.ssl_keyfile}: cannot use them: "
                      f"{error}")
+    guard = ConnectionGuard(config["serve_header_timeout_s"], connections(config["serve_max_connections"]), tls,
+                            service.registry)
+    # No limit_concurrency: uvicorn's counts idle connections and answers in plain text; the guard
+    # bounds connections (connection_guard.py), the batcher's queue bounds work.
+    server = DrainingServer(uvicorn.Config(build_app(service, api_key), http=guard.protocol(), lifespan="on",
+                                           log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+                                           timeout_keep_alive=math.ceil(config["serve_header_timeout_s"])), service)
     # uvicorn installs the same handler while it serves; before (a signal during start-up) it stops
     # the server as soon as it starts, and after it keeps a late signal from ending in a traceback.
     for sig in (signal.SIGINT, signal.SIGTERM):

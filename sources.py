@@ -2,19 +2,20 @@
 store.py -> dataset.py).
 
 1. `open_source` opens a datasource: a Hub id or a local folder in Hub layout, read with
-   `datasets` in streaming mode (row by row, never whole in memory), or plain parallel files (a
-   PREFIX.SRC + PREFIX.TGT pair, a two-column TSV file, or a folder of train.*, validation.* (or
-   valid.* / dev.*) and test.* in those forms; gzip, bzip2 or xz by suffix), read a line at a time
-   in binary, none held in more than `max_line_bytes`. Plain files that exist win over a Hub id of
-   the same name; language codes are BCP 47's (pt-BR, zh-Hant), and a TSV file's name gives its
-   columns' languages only by naming the run's pair whole (`tsv_languages`). A symbolic link that
-   leads nowhere is named as such. `Source.fingerprint` is the source's identity by content: a Hub
-   dataset by the revision its files resolve to, local files by the sha256 of their bytes
-   (file_digests.py), with the split and languages each is read as. `read_pairs` streams a split,
-   keeping rows with two non-empty strings and counting the others by reason (a line that is not
-   UTF-8, longer than `max_line_bytes`, a TSV line without two columns); two files of different
-   lengths end the read with one line naming both counts, and so does a file that is UTF-16 (by its
-   byte-order mark), holds a NUL byte, or of which most rows are not UTF-8 text of pairs.
+   `datasets` in streaming mode (row by row, never whole in memory; a pair it names only the other
+   way round, it-en where it has en-it, is read from that config, sides swapped), or plain parallel
+   files (a PREFIX.SRC + PREFIX.TGT pair, a two-column TSV file, or a folder of train.*,
+   validation.* (or valid.* / dev.*) and test.* in those forms; gzip, bzip2 or xz by suffix), read
+   a line at a time in binary, none held in more than `max_line_bytes`. Plain files that exist win
+   over a Hub id of the same name; language codes are BCP 47's (pt-BR, zh-Hant), and a TSV file's
+   name gives its columns' languages only by naming the run's pair whole (`tsv_languages`). A
+   symbolic link that leads nowhere is named as such. `Source.fingerprint` is the source's identity
+   by content: a Hub dataset by the revision its files resolve to, local files by the sha256 of
+   their bytes (file_digests.py), with the split and languages each is read as. `read_pairs` streams
+   a split, keeping rows with two non-empty strings and counting the others by reason (a line that
+   is not UTF-8, longer than `max_line_bytes`, a TSV line without two columns); two files of
+   different lengths end the read with one line naming both counts, and so does a file that is
+   UTF-16 (by its byte-order mark), holds a NUL byte, or of which most rows are not UTF-8 text of pairs.
 2. `carve` splits a source that has only a train split, with the run's seed: validation and test
    each get `val_fraction` / `test_fraction` of it up to `val_max_pairs` / `test_max_pairs`, and
    training pairs whose source sentence also appears in either are removed (opus_books repeats
@@ -471,18 +472,29 @@ def open_source(datasource: str, lang_src: str, lang_tgt: str, max_line_bytes: i
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # failures are reported by us, in one line
     datasets.disable_progress_bars()
     try:
-        builder = datasets.load_dataset_builder(str(datasource), pair)
-    except ValueError as error:
-        if "BuilderConfig" in str(error) or "not found" in str(error).lower():
-            available = str(error).split("Available:")[-1].strip() if "Available:" in str(error) else "?"
-            raise DataError(f"{datasource!r} has no {pair} language pair (available: {available})") from None
-        raise DataError(f"cannot load {datasource!r} ({pair}): {error}") from None
+        builder = _pair_builder(datasets, datasource, lang_src, lang_tgt)
     except (ConnectionError, OSError, datasets.exceptions.DatasetNotFoundError) as error:
         where = "" if local else f"; no local files either ({_tried(datasource, lang_src, lang_tgt)})"
         raise DataError(f"cannot load {datasource!r} ({pair}): {first_line(error)}{where}") from None
     splits = sorted({str(split) for split, names in (builder.config.data_files or {}).items() for _ in names})
     return Source(str(datasource), (lang_src, lang_tgt), splits, builder, max_line_bytes=max_line_bytes,
                   digests=digests)
+
+
+def _pair_builder(datasets: Any, datasource: str, lang_src: str, lang_tgt: str) -> Any:
+    """datasets' builder of `datasource`'s config of the pair, or else of the reversed pair's: a
+    folder whose README names only en-it serves it-en too, since each row names the language of each
+    side (pair_of reads them by name, so the columns come swapped). A DataError names the pairs there are."""
+    pair = f"{lang_src}-{lang_tgt}"
+    try:
+        return datasets.load_dataset_builder(str(datasource), pair)
+    except ValueError as error:
+        if "BuilderConfig" not in str(error) and "not found" not in str(error).lower():
+            raise DataError(f"cannot load {datasource!r} ({pair}): {error}") from None
+        available = str(error).split("Available:")[-1].strip() if "Available:" in str(error) else "?"
+    if f"'{lang_tgt}-{lang_src}'" in available:
+        return datasets.load_dataset_builder(str(datasource), f"{lang_tgt}-{lang_src}")
+    raise DataError(f"{datasource!r} has no {pair} language pair (available: {available})")
 
 
 def pair_of(row: Any, lang_src: str, lang_tgt: str, max_bytes: int = MAX_LINE_BYTES) -> Pair | str:

@@ -9,13 +9,18 @@ others wait and map the same files):
    corpus's own, else carved from its train split (capped); training pairs whose source sentence is
    in a carved split or one given apart are removed. Every other corpus's holds its train split
    without the pairs whose source sentence is in those held-out splits (`text_stores`).
-   `filter_duplicates` drops repeated training pairs. Keyed by the corpus's fingerprint (its
-   content, sources.Source.fingerprint), its language pair, the carving, filter and line-limit
-   settings, the fingerprints of the held-out sources given apart, and for the other corpora a
-   digest of the held-out source sentences: adding a corpus reads only that corpus. Tokenizers train
-   on a seeded sample of all the corpora's training pairs (`tokenizer_sample`). A run resumed on
-   changed corpora with --data_changed keep_held_out takes the held-out splits of its earlier
-   first text store (`KeptSplits`).
+   `filter_duplicates` drops repeated training pairs. Then the training pairs alone are cleaned
+   (`_clean_train`, after carving, so the held-out splits are the same with cleaning on or off): by
+   cleaning.py's rules (`clean`; the kept pairs NFC-normalised in a flat file of their own,
+   clean-train), then by scoring with a model each way (`clean_score_*`); the counts by reason and
+   samples of the removed pairs go to cleaning.json in the store (`TextStore.cleaning`), logged in
+   one line whenever the store is opened. Keyed by the corpus's fingerprint (its content,
+   sources.Source.fingerprint), its language pair, the carving, filter, line-limit and cleaning
+   settings (the scoring models by content), the fingerprints of the held-out sources given apart,
+   and for the other corpora a digest of the held-out source sentences: adding a corpus reads only
+   that corpus. Tokenizers train on a seeded sample of all the corpora's training pairs
+   (`tokenizer_sample`). A run resumed on changed corpora with --data_changed keep_held_out takes
+   the held-out splits of its earlier first text store (`KeptSplits`).
 2. The token store: the token ids of the pairs that fit in `seq_len` (`filter_max_length_ratio`
    drops training pairs whose token lengths differ by more than that ratio); a tagged corpus's
    source rows start with its tag's id. Keyed by the text store, both tokenizers' content hashes,
@@ -70,14 +75,18 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from atomic_files import atomic_write_bytes, lock_file, sha256_of
+from cleaning import (Cleaner, cleaning_description, dual_conditional_cross_entropy, load_scoring_models, report_line,
+                      scoring_summary, settings_from_config)
 from config import Corpus, corpora, corpus_entries, corpus_name, target_tag
 from dataset import BilingualDataset, fits
+from device import pick_device
 from diagnostics import log
 from file_digests import FileDigests
 from sources import SPLITS, DataError, Pair, Source, carve, open_source, read_all_pairs, read_pairs, text_hash
-from tokenizer import tag_id, tokenizer_hash
+from tokenizer import encode_texts, tag_id, tokenizer_hash
 
 STORE_FORMAT = 1
+CLEANING_FILE = "cleaning.json"  # in a text store: what cleaning removed from its training pairs
 ENCODE_BATCH = 20_000  # pairs tokenized per call: bounds memory, keeps the tokenizer's threads busy
 DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # errors that mean "no room to write"
 
@@ -337,6 +346,12 @@ class TextStore(Store):
         for start in range(0, self.size(split), chunk):
             yield self.pairs(split, range(start, min(start + chunk, self.size(split))))
 
+    def cleaning(self) -> dict[str, Any] | None:
+        """What cleaning removed from the training pairs (`_clean_train`'s report), None when the
+        store was built without cleaning."""
+        path = self.folder / CLEANING_FILE
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
     def held_out_hashes(self) -> np.ndarray:
         """The sorted hashes of the source sentences of the validation and test splits."""
         return np.unique(np.fromiter((text_hash(source) for split in ("validation", "test")
@@ -579,17 +594,21 @@ def data_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
 def _text_store(config: dict[str, Any], corpus: Corpus, source: Source, held: dict[str, Any],
                 **fill: Any) -> TextStore:
     """The text store of `corpus`, read from `source`: opened, or built by `_fill_text_store` with the
-    arguments `fill`. Keyed by the corpus's fingerprint and pair, `filter_duplicates`, and `held`:
-    what decides its held-out splits (carving settings, held-out sources, hashes). The fingerprint is
-    the corpus's content (sources.Source.fingerprint), so the same bytes under another path find the
-    same key, and other bytes under the same path another."""
+    arguments `fill`. Keyed by the corpus's fingerprint and pair, `filter_duplicates`, the cleaning
+    (cleaning.cleaning_description) and `held`: what decides its held-out splits (carving settings,
+    held-out sources, hashes). The fingerprint is the corpus's content (sources.Source.fingerprint),
+    so the same bytes under another path find the same key, and other bytes under the same path
+    another."""
     key = {"format": STORE_FORMAT, "datasource": source.fingerprint, "pair": list(source.languages),
-           "filter_duplicates": config["filter_duplicates"], "max_line_bytes": config["max_line_bytes"], **held}
+           "filter_duplicates": config["filter_duplicates"], "max_line_bytes": config["max_line_bytes"],
+           "cleaning": cleaning_description(config), **held}
     folder = _store_folder(config, corpus, "text", key)
     store = TextStore.open_or_build(folder, key, partial(_fill_text_store, config=config, corpus=corpus, **fill),
                                     f"building the data store {folder} from {corpus.source}")
     log(f"data store {store.folder}: " + ", ".join(f"{name} {store.size(name)}" for name in store.splits())
         + " pairs")
+    if (report := store.cleaning()) is not None:
+        log(report_line(report))
     return store
 
 
@@ -597,8 +616,9 @@ def _fill_text_store(folder: Path, config: dict[str, Any], corpus: Corpus, reads
                      missing: list[str], apart: list[str], held_out: np.ndarray | None = None) -> dict[str, Any]:
     """Read each split of `reads` (name -> the source and split to read) into the store, carve the
     `missing` held-out splits from train, then drop the training pairs whose source sentence is in a
-    held-out split from elsewhere (the splits named in `apart`, and `held_out`'s hashes), and repeated
-    pairs with `filter_duplicates`."""
+    held-out split from elsewhere (the splits named in `apart`, and `held_out`'s hashes), repeated
+    pairs with `filter_duplicates`, and clean what is left (`_clean_train`): after carving, so that
+    the held-out splits are neither cleaned nor carved otherwise with cleaning on or off."""
     counts: dict[str, int] = {}
     hashes: dict[str, np.ndarray] = {}
     pair_hashes: list[np.ndarray] = []
@@ -639,12 +659,82 @@ def _fill_text_store(folder: Path, config: dict[str, Any], corpus: Corpus, reads
         log(f"filter_duplicates: dropped {len(rows['train']) - len(first)} of {len(rows['train'])} training pairs "
             f"that repeat an earlier pair")
         rows["train"] = rows["train"][np.sort(first)]
+    train_raw = "raw-train"
+    if config["clean"] or config["clean_score_forward"]:
+        train_raw, rows["train"] = _clean_train(folder, config, corpus, rows["train"])
     splits = {}
     for name, index in rows.items():
         np.save(folder / f"{name}.rows.npy", index.astype(np.int64))
-        raw = "raw-train" if name == "train" or name in missing else f"raw-{name}"
+        raw = train_raw if name == "train" else "raw-train" if name in missing else f"raw-{name}"
         splits[name] = {"raw": raw, "pairs": len(index)}
     return {"splits": splits}
+
+
+def _clean_train(folder: Path, config: dict[str, Any], corpus: Corpus, rows: np.ndarray) -> tuple[str, np.ndarray]:
+    """The training pairs at `rows` of raw-train, cleaned: by the rules (`clean`; the pairs they keep,
+    NFC-normalised, written to clean-train), then scored by models (`clean_score_*`; the best share
+    kept). Returns the flat files the train split reads and its rows there. What was removed, by
+    reason with samples, goes to CLEANING_FILE (a sample's row: the pair's place among the corpus's
+    usable training pairs, from 0)."""
+    report: dict[str, Any] = {"corpus": corpus.source, "rules": None, "scoring": None}
+    asked = len(rows)
+    raw, numbers = "raw-train", rows  # numbers: the raw-train row of each row of `rows`
+    if config["clean"]:
+        numbers, report["rules"] = _apply_rules(folder, config, corpus, rows)
+        raw, rows = "clean-train", np.arange(len(numbers))
+    if config["clean_score_forward"]:
+        kept, report["scoring"] = _apply_scoring(folder, config, corpus, raw, rows, numbers)
+        rows = rows[kept]
+    if len(rows) == 0 < asked:
+        raise DataError(f"cleaning removed every training pair of {corpus.source!r} ({report_line(report)}): "
+                        f"loosen the clean_* settings, or --clean false")
+    atomic_write_bytes(folder / CLEANING_FILE, json.dumps(report, ensure_ascii=False, indent=1).encode("utf-8"))
+    return raw, rows
+
+
+def _apply_rules(folder: Path, config: dict[str, Any], corpus: Corpus,
+                 rows: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+    """Ask the rules (cleaning.Cleaner) about each pair at `rows` of raw-train, and write those they
+    keep to clean-train, NFC-normalised. Returns the raw-train row of each kept pair, and the report
+    (its samples' rows numbered as raw-train's)."""
+    cleaner = Cleaner(settings_from_config(config), config["lang_src"], corpus.lang_tgt, config["clean_samples"],
+                      config["seed"])
+    writer = PairWriter(folder, "clean-train", np.dtype(np.uint8))
+    kept_rows = [np.zeros(0, dtype=np.int64)]
+    for start in range(0, len(rows), ENCODE_BATCH):
+        chunk = rows[start:start + ENCODE_BATCH]
+        pairs, kept = cleaner.mark(read_texts(folder, "raw-train", chunk))
+        kept_pairs = [pair for pair, keep in zip(pairs, kept) if keep]
+        writer.add([s.encode("utf-8") for s, _ in kept_pairs], [t.encode("utf-8") for _, t in kept_pairs])
+        kept_rows.append(chunk[kept])
+    writer.close()
+    report = cleaner.report.as_dict()
+    for samples in report["samples"].values():
+        for sample in samples:
+            sample["row"] = int(rows[sample["row"]])  # the cleaner counts the pairs it was asked about
+    return np.concatenate(kept_rows), report
+
+
+def _apply_scoring(folder: Path, config: dict[str, Any], corpus: Corpus, raw: str, rows: np.ndarray,
+                   numbers: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+    """Score the pairs at `rows` of the flat files `raw` by dual conditional cross-entropy with the
+    clean_score_* models, in chunks. Returns the positions in `rows` of the best clean_score_keep
+    share, in order, and the report: how many were scored and kept, the highest score kept, and the
+    worst pairs (their rows: `numbers`')."""
+    forward, backward = load_scoring_models(config, pick_device(config["device"]))
+    scores = [np.zeros(0)]
+    try:
+        for start in range(0, len(rows), ENCODE_BATCH):
+            scores.append(dual_conditional_cross_entropy(read_texts(folder, raw, rows[start:start + ENCODE_BATCH]),
+                                                         forward, backward, config["lang_src"], corpus.lang_tgt))
+    except ValueError as error:  # a model of another pair
+        raise DataError(f"cannot score {corpus.source!r} with --clean_score_forward and --clean_score_backward: "
+                        f"{error}") from None
+    scored = np.concatenate(scores)
+    best, summary, worst = scoring_summary(scored, config["clean_score_keep"], config["clean_samples"])
+    summary["worst"] = [{"row": int(numbers[i]), "source": source, "target": target, "score": float(scored[i])}
+                        for i, (source, target) in zip(worst, read_texts(folder, raw, rows[worst]))]
+    return best, summary
 
 
 # ---------------------------------------------------------------------------- the token store
@@ -666,7 +756,8 @@ def token_store(config: dict[str, Any], text: TextStore, tok_src: Tokenizer, tok
     tag = tag_id(tok_src, corpus.tag, "this run") if corpus.tag else None
     key = {"format": STORE_FORMAT, "text": text.folder.name, "source_tokenizer": tokenizer_hash(tok_src),
            "target_tokenizer": tokenizer_hash(tok_tgt), "seq_len": config["seq_len"],
-           "filter_max_length_ratio": config["filter_max_length_ratio"]}
+           "filter_max_length_ratio": config["filter_max_length_ratio"],
+           "typed_special_tokens": "text"}  # stores that read a typed [EOS] or <2fr> as that token are not reused
     if corpus.tag:
         key["tag"] = corpus.tag
     folder = _store_folder(config, corpus, "tokens", key)
@@ -691,9 +782,8 @@ def _fill_token_store(folder: Path, text: TextStore, config: dict[str, Any], tok
         writer = PairWriter(folder, split, dtype)
         too_long = unbalanced = 0
         for pairs in text.iter_pairs(split):
-            # encode_batch_fast: ids only, without the character offsets nothing here uses
-            src = [e.ids for e in tok_src.encode_batch_fast([s for s, _ in pairs], add_special_tokens=False)]
-            tgt = [e.ids for e in tok_tgt.encode_batch_fast([t for _, t in pairs], add_special_tokens=False)]
+            src = [e.ids for e in encode_texts(tok_src, [s for s, _ in pairs], ids_only=True)]
+            tgt = [e.ids for e in encode_texts(tok_tgt, [t for _, t in pairs], ids_only=True)]
             keep = []
             for s, t in zip(src, tgt):
                 if not fits(len(prefix) + len(s), len(t), seq_len):

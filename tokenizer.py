@@ -2,10 +2,11 @@
 
 Special tokens and their ids are defined here once: [UNK], [PAD], [SOS], [EOS] take ids 0..3, and a
 new run's tag tokens (`config.tokenizer_tags`: <BT> for back-translation, <2fr> for "into French")
-follow them as special tokens of both tokenizers, so a tag is one token that is never split (special
-tokens are cut out before pre-tokenizing, in every model type) and `decode_ids` drops it like the
-four fixed ones. `tag_id` finds a tag's id and refuses a tokenizer that lacks it. Every model splits
-text the same way:
+follow them as special tokens of both tokenizers, so a tag is one token with one id, and `decode_ids`
+drops it like the four fixed ones. `tag_id` finds a tag's id and refuses a tokenizer that lacks it.
+Text is only ever text: `encode_texts` never reads a special token's string typed in a sentence as
+that token (a typed "<2fr>" or "[EOS]" is split into ordinary pieces); the pipeline adds control
+ids itself (a tag by its id). Every model splits text the same way:
 a Metaspace pre-tokenizer marks word starts with "▁" and punctuation is split off, so the
 Metaspace decoder gives back natural text ("Hello, world." not "Hello , world .").
 
@@ -19,7 +20,7 @@ import hashlib
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Encoding, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from atomic_files import atomic_write_bytes
 from config import target_languages, target_tag, tokenizer_tags
@@ -149,8 +150,21 @@ def load_tokenizers(folder: Path, config: dict[str, Any]) -> tuple[Tokenizer, To
     return load_tokenizer(src_path), load_tokenizer(tgt_path)
 
 
+def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], ids_only: bool = False) -> list[Encoding]:
+    """Each of `texts` tokenized as text, without [SOS]/[EOS]: a special token's string typed in it
+    ([EOS], [PAD], <BT>, <2fr>) is split like any other text and never read as that token, so that
+    control ids (the ends, padding, a tag, which the caller adds by id) only ever come from the
+    pipeline. The library matches special tokens in the text unless its encode_special_tokens is
+    set, on the tokenizer object, which is why every encoding of text goes through here.
+    `ids_only`: encodings without tokens and offsets (faster, for the data store)."""
+    tokenizer.encode_special_tokens = True
+    if ids_only:
+        return tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
+    return tokenizer.encode_batch(list(texts), add_special_tokens=False)
+
+
 def encode_ids(tokenizer: Tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text, add_special_tokens=False).ids
+    return encode_texts(tokenizer, [text])[0].ids
 
 
 def decode_ids(tokenizer: Tokenizer, ids: Iterable[int]) -> str:

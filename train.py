@@ -3,11 +3,12 @@
 The run reads top to bottom, one named phase after another:
 1. `train`: the ranks of a torchrun job, the device, the run lock, then a `Trainer`.
 2. `Trainer.start_or_resume`: which checkpoint to continue, the data (a text and a token store per
-   corpus of `datasource`, store.py) and tokenizers, the model, optimizer, schedule and counters. A folder that holds checkpoints of which none can be resumed
-   stops the run with one line, every file left as it is: a run never starts over unasked. So
-   does a checkpoint above the resume step that checkpoints.json does not list, unless it is the
-   newest, verifies, and is this run's (its writer died before recording it): then it is listed
-   and resumed.
+   corpus of `datasource`, store.py, which cleans the training pairs: the counts by reason in
+   TensorBoard as data/cleaning/<reason>) and tokenizers, the model, optimizer, schedule and
+   counters. A folder that holds checkpoints of which none can be resumed stops the run with one
+   line, every file left as it is: a run never starts over unasked. So does a checkpoint above the
+   resume step that checkpoints.json does not list, unless it is the newest, verifies, and is this
+   run's (its writer died before recording it): then it is listed and resumed.
 3. `Trainer.train_epoch`: how many pairs each corpus gives the epoch (its weight x its size: one
    line, and data/pairs/<corpus> in TensorBoard); forward and backward of each micro-batch (AMP,
    gradient accumulation); `Trainer.optimizer_step` after the last micro-batch of each step
@@ -51,6 +52,7 @@ from attention_plot import attention_figure
 from checkpoint import (CheckpointError, adopt_unlisted, check_unlisted_above, checkpoint_files, load_checkpoint,
                         load_latest, load_weights, named, read_manifest, reconcile_manifest, save_average,
                         save_checkpoint)
+from cleaning import NOT_CLEANED, cleaning_changes, cleaning_scalars
 from config import (IDENTITY_KEYS, MODEL_KEYS, TRAIN, ConfigError, OneLineParser, build_parser, corpora, corpus_entries,
                     corpus_name, get_config, parse_args, runs_dir, validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
@@ -129,8 +131,6 @@ def take_model_from(config: dict[str, Any], explicit: set[str]) -> dict[str, Any
     return state
 
 
-CUDA_PAD_MULTIPLE = 8  # tensor cores take fp16/bf16 matrix sides in multiples of 8
-
 # What a checkpoint holds for resuming: `Trainer.save` writes these keys (`Trainer.resume_value`) and
 # the metrics, `Trainer.restore` reads them back, and a checkpoint that lacks one cannot be resumed.
 RESUME_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "global_step", "batches_done", "step_in_epoch",
@@ -199,8 +199,10 @@ def step_seed(seed: int, rank: int, step: int) -> int:
 
 # What a training step's batches are made of: a checkpoint records them. Changing world_size or
 # accum_steps regroups the same batches into steps (resumed exactly); the others change the batches.
+# "cleaning" is what the text stores were built with (cleaning.cleaning_description: the rules'
+# settings, the scoring models' sha256), from the first store's key.
 BATCH_SETTINGS = ("world_size", "accum_steps", "batch_tokens", "seq_len", "filter_duplicates",
-                  "filter_max_length_ratio")
+                  "filter_max_length_ratio", "cleaning")
 OPTIMIZER_SETTINGS = ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps")
 
 
@@ -209,8 +211,24 @@ def compile_for_training(model: torch.nn.Module, backend: str | Any = "inductor"
     lengths: dynamic shapes from the first batch (`dynamic=True`). torch's default compiles a static
     graph first and recompiles on the next shapes, and past its recompile limit (8) runs the rest
     uncompiled. What stays specialised is whether the batch has a source mask and a batch of one
-    sentence: at most four graphs per run, however many shapes (tests/test_compile.py)."""
-    return torch.compile(model, dynamic=True, backend=backend)
+    sentence: at most four dynamo graphs per run, whatever the first batch (tests/test_compile.py);
+    inductor's own guards can add compilations (docs/gpu.md)."""
+    return DynamicBatches(torch.compile(model, dynamic=True, backend=backend))
+
+
+class DynamicBatches(torch.nn.Module):
+    """A compiled model that gives every size of its batches a symbol of its own. By default dynamo
+    ties sizes that are equal in the batch it compiles for (duck sizing: a source as wide as its
+    target, as many sentences as positions), and compiles again at the first batch where they
+    differ. The setting is read when a graph is compiled, inside the call."""
+
+    def __init__(self, compiled: torch.nn.Module) -> None:
+        super().__init__()
+        self.compiled = compiled
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
+        with torch.fx.experimental._config.patch(use_duck_shape=False):
+            return self.compiled(src, tgt, src_mask)
 
 
 class OutOfMemory(RuntimeError):
@@ -341,6 +359,7 @@ class Trainer:
         self.nonfinite_run, self.last_validation_seconds = 0, 0.0
         self.saved_step = -1  # the step of this process's last checkpoint
         self.log_skipped = 0  # steps skipped since the last logged step
+        self.cleaning_reports: list[dict[str, Any]] = []  # rank 0's: what cleaning removed from each corpus
         self.writer = None
         self.data_record: dict[str, Any] | None = None  # what the run trains on (store.data_record): rank 0's
         self.data_changed = False  # resumed on corpora whose content changed (--data_changed keep_held_out)
@@ -501,6 +520,7 @@ class Trainer:
                     f"{tok_src.get_vocab_size()} source and {tok_tgt.get_vocab_size()} target entries")
             tokens = token_stores(config, texts, tok_src, tok_tgt)
             held_out = texts[0]
+            self.cleaning_reports = [report for text in texts if (report := text.cleaning()) is not None]
             folders = [str(held_out.folder), *(str(store.folder) for store in tokens)]
         folders = self.from_rank0(folders)  # the other ranks wait here while rank 0 builds
         if not ranks.is_main:
@@ -533,9 +553,10 @@ class Trainer:
             log(f"--best_metric {saved_metric} -> {self.config['best_metric']}: early stopping counts from here")
             self.best_value, self.stale_validations = None, 0
         self.apply_optimizer_settings(state["config"])
-        saved, current = state["batch_settings"], self.batch_settings()
+        saved, current = {"cleaning": NOT_CLEANED, **state["batch_settings"]}, self.batch_settings()
         changed = [key for key in BATCH_SETTINGS if saved[key] != current[key]]
-        described = ", ".join([f"--{key} {saved[key]} -> {current[key]}" for key in changed]
+        described = ", ".join([f"cleaning: {cleaning_changes(saved[key], current[key])}" if key == "cleaning"
+                               else f"--{key} {saved[key]} -> {current[key]}" for key in changed]
                               + ["the corpora's content"] * self.data_changed)
         changed += ["data"] * self.data_changed  # other pairs make other batches, like a changed batch setting
         if not changed or not self.batches_done:
@@ -551,7 +572,9 @@ class Trainer:
             self.epoch, self.batches_done, self.step_in_epoch = self.epoch + 1, 0, 0
 
     def batch_settings(self) -> dict[str, Any]:
-        return {key: self.ranks.world_size if key == "world_size" else self.config[key] for key in BATCH_SETTINGS}
+        """BATCH_SETTINGS' values: the config's, the world size, and the text stores' cleaning."""
+        special = {"world_size": self.ranks.world_size, "cleaning": self.text.meta["key"]["cleaning"]}
+        return {key: special[key] if key in special else self.config[key] for key in BATCH_SETTINGS}
 
     def apply_optimizer_settings(self, saved: dict[str, Any]) -> None:
         """The optimizer state brings back the learning rate, weight decay and Adam's betas and eps it
@@ -573,6 +596,9 @@ class Trainer:
         # purge_step drops events a killed run logged after its last checkpoint, so no step is logged twice.
         self.writer = SummaryWriter(str(runs_dir(config)),
                                     purge_step=self.global_step + 1 if self.global_step else None)
+        if self.cleaning_reports:  # at the step the run starts from: a resumed run writes its own
+            for name, count in cleaning_scalars(self.cleaning_reports).items():
+                self.writer.add_scalar(f"data/cleaning/{name}", count, self.global_step)
         batches = self.plan.epoch_batches(self.epoch)
         waste = padding_waste(batches, self.train_ds.src_lens, self.train_ds.tgt_lens)
         log(f"{len(self.train_ds)} training pairs, {steps_per_epoch} steps per epoch, {waste:.1%} padding, "
@@ -626,9 +652,7 @@ class Trainer:
         workers = config["num_workers"] if config["num_workers"] >= 0 else (2 if device.type == "cuda" else 0)
         # Its own generator: a loader draws worker seeds from the global RNG otherwise, which
         # would shift the dropout stream of a run resumed mid-epoch.
-        # On CUDA, lengths padded to a multiple of 8 for the tensor cores (collate's docstring).
-        micro_batches = MicroBatches(self.train_ds, self.plan.micro_batches(self.epoch, self.batches_done),
-                                     CUDA_PAD_MULTIPLE if device.type == "cuda" else 1, config["seq_len"])
+        micro_batches = MicroBatches(self.train_ds, self.plan.micro_batches(self.epoch, self.batches_done))
         loader = DataLoader(micro_batches,
                             batch_size=None, shuffle=False, num_workers=workers, pin_memory=device.type == "cuda",
                             generator=torch.Generator().manual_seed(config["seed"] + self.epoch))

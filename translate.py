@@ -13,11 +13,11 @@ and flushed as soon as they are done, so memory stays bounded on inputs of any l
 run leaves complete lines behind. A line longer than `--max_line_bytes` is read and translated in
 pieces of at most that size, cut at whitespace (kept), whose translations make its one output line:
 no line is held whole (`input_pieces`; a sentence across such a cut is translated in two parts).
-A line that is not valid UTF-8 gets an empty output line and a
-message naming it, the others are translated, and the exit code is 1. When the reader of stdout
-goes away (`translate.py < big.txt | head -1`), it stops quietly with exit code 141, what a Unix
-tool killed by SIGPIPE reports (`yes | head -1`): not 0, since not everything was written, and no
-traceback.
+A line that is not valid UTF-8 gets an empty output line and a message naming it, the others are
+translated, and the exit code is 1. When the reader of stdout goes away (`translate.py < big.txt |
+head -1`), it stops quietly with exit code 141, what a Unix tool killed by SIGPIPE reports (`yes |
+head -1`): not 0, since not everything was written, and no traceback; so does a run started with
+stdout closed (`translate.py "x" >&-`, unless it writes to --output), before loading the model.
 
 Documents: `--input FILE` translates a whole file in its own shape (documents.py): plain text,
 SubRip subtitles (.srt: numbers and timings kept) or Markdown (.md: structure, code, URLs and link
@@ -263,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.n_best < 0 or args.chunk_size < 1:
         parser.error("--n_best must not be negative and --chunk_size must be at least 1")
     arguments, document = command_line_lines(parser, args), read_document(parser, args)
+    if sys.stdout is None and args.output is None:  # started with stdout closed (`>&-`): as into a closed pipe
+        return EXIT_CLOSED_PIPE
     try:
         options = DecodingOptions.from_config(config, n_best=max(1, args.n_best))
         translator = load_translator(args, resolved)

@@ -47,7 +47,7 @@ from tokenizers import Tokenizer
 
 from checkpoint import load_for_inference
 from config import Resolved, choose_run, get_config, target_languages, target_tag, weights_dir
-from ct2_model import ct2_setup, read_project_files
+from ct2_model import READ_ATTEMPTS, ct2_setup, pinned_folder, read_project_files, replaced
 from decoding import beam_search, brevity_term, expected_length, greedy_decode, max_output_tokens, sample
 from device import pick_device
 from diagnostics import first_line
@@ -55,7 +55,7 @@ from documents import DocumentPlan, plan_document
 from model import Transformer, causal_mask
 from precision import autocast_context, inference_dtype
 from sentences import URL_OR_EMAIL, Sentence, TextPlan, plan_lines
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK, TokenizerError, decode_ids, missing_target_tag
+from tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK, TokenizerError, decode_ids, encode_texts, missing_target_tag
 
 ENGINES = ("pytorch", "ctranslate2")
 
@@ -72,7 +72,7 @@ class DecodingOptions:
     """How to decode. Sampling is on when `sampling_topk` or `sampling_topp` is set; it draws
     `n_best` samples per sentence and needs beam_size 1."""
 
-    beam_size: int = 0  # 0: the config's default, or 1 when sampling
+    beam_size: int = None  # type: ignore[assignment]  # None: the config's default, or 1 when sampling
     length_penalty: float = _DEFAULTS["length_penalty"]
     brevity_penalty: float = _DEFAULTS["brevity_penalty"]
     n_best: int = 1
@@ -84,7 +84,7 @@ class DecodingOptions:
     target_lang: str = _DEFAULTS["target_lang"]  # for a model of several target languages: which one
 
     def __post_init__(self) -> None:
-        if not self.beam_size:
+        if self.beam_size is None:
             object.__setattr__(self, "beam_size", 1 if self.sampling else _DEFAULTS["beam_size"])
 
     @classmethod
@@ -249,10 +249,11 @@ class Translator(ABC):
         return target_tag(language) if len(self.target_languages) > 1 else ""
 
     def encode(self, sentences: Sequence[str], tag: str) -> list[Source]:
-        """Each sentence tokenized, once, with `tag` ("" = none) first. Nothing is cut here: the
+        """Each sentence tokenized, once, as text (a tag or [EOS] typed in it is text, not that token:
+        tokenizer.encode_texts), with `tag` ("" = none) first as its id. Nothing is cut here: the
         pieces `segment_lines` and `segment_document` make fit the model's limit."""
         prefix = ([self.tok_src.token_to_id(tag)], [tag]) if tag else ([], [])
-        encodings = self.tok_src.encode_batch(list(sentences), add_special_tokens=False)
+        encodings = encode_texts(self.tok_src, sentences)
         return [Source(prefix[0] + e.ids, prefix[1] + e.tokens) for e in encodings]
 
     def segment_lines(self, lines: Sequence[str], target_lang: str,
@@ -460,10 +461,30 @@ class CTranslate2Translator(Translator):
     def __init__(self, model_dir: Path, device: str = "cpu", seed: int = 0, threads: int = 0,
                  compute_type: str = "default") -> None:
         model_dir = Path(model_dir)
-        if not model_dir.is_dir():
-            raise TranslatorError(f"model directory {model_dir} does not exist (write one with export.py)")
+        for attempt in range(READ_ATTEMPTS):
+            try:
+                with pinned_folder(model_dir) as folder:
+                    try:
+                        self.load(model_dir, folder, device, seed, threads, compute_type)
+                        break
+                    except TranslatorError:
+                        # export.py --overwrite put another export in its place and removed this one
+                        # while it was read: read that one, whole
+                        if attempt + 1 == READ_ATTEMPTS or not replaced(folder, model_dir):
+                            raise
+            except NotADirectoryError:
+                raise TranslatorError(f"model directory {model_dir} is not a directory (write one with export.py)") \
+                    from None
+            except OSError:
+                raise TranslatorError(f"model directory {model_dir} does not exist (write one with export.py)") \
+                    from None
+        self.warm_up(device)
+
+    def load(self, model_dir: Path, folder: Path, device: str, seed: int, threads: int, compute_type: str) -> None:
+        """Read the export at `model_dir` through `folder`, a path that stays on one directory
+        (ct2_model.pinned_folder), so that its tokenizers, config and weights are one export's."""
         try:
-            project, model_config, tok_src, tok_tgt = read_project_files(model_dir)
+            project, model_config, tok_src, tok_tgt = read_project_files(folder)
         except (OSError, ValueError, KeyError, TypeError, TokenizerError) as error:
             raise TranslatorError(f"{model_dir} is not a model directory written by export.py: "
                                   f"{first_line(error)}") from None
@@ -477,11 +498,10 @@ class CTranslate2Translator(Translator):
         # Its sampling RNG is per thread and seeded when a translator is made: seed first.
         ctranslate2.set_random_seed(seed)
         try:
-            self.ct2 = ctranslate2.Translator(str(model_dir), device=device, compute_type=self.compute_type,
+            self.ct2 = ctranslate2.Translator(str(folder), device=device, compute_type=self.compute_type,
                                               intra_threads=threads or torch.get_num_threads())
         except (RuntimeError, ValueError, OSError) as error:
             raise TranslatorError(f"cannot load the CTranslate2 model in {model_dir}: {first_line(error)}") from None
-        self.warm_up(device)
 
     def warm_up(self, device: str) -> None:
         """Translate one token: what the device lacks shows when CTranslate2 first runs there, not when

@@ -37,6 +37,7 @@ from config import EVALUATE, Resolved, build_parser, parse_args, weights_dir  # 
 from scoring import corpus_scores  # noqa: E402
 from sources import DataError  # noqa: E402
 from store import eval_pairs  # noqa: E402
+from tokenizer import encode_texts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository, where the children run from
 
@@ -67,7 +68,7 @@ def child(args: argparse.Namespace, resolved: Resolved) -> int:
     hypotheses = translator.translate(sources, options)
     seconds = time.perf_counter() - started
     texts = [h[0].text for h in hypotheses]
-    tokens = sum(len(e.ids) for e in translator.tok_tgt.encode_batch(texts, add_special_tokens=False))
+    tokens = sum(len(e.ids) for e in encode_texts(translator.tok_tgt, texts, ids_only=True))
     described = translator.describe()
     setup = ", ".join(f"{described[key]}" for key in ("compute_type", "cpu_backend") if described.get(key)) or "fp32"
     print(json.dumps({"seconds": seconds, "sentences_per_s": len(sources) / seconds, "tokens_per_s": tokens / seconds,

@@ -4,8 +4,10 @@ For each engine of --engines (pytorch: the experiment's newest checkpoint or --c
 ctranslate2: --model_dir DIR) it starts serve.py on a free 127.0.0.1 port, passing on the config
 options given here (the serve_* limits and batching, --beam_size, ...), sends a warm-up request
 (repeated while the server answers 503, as one that is still loading does), loads it, and stops
-it. Each request is --sentences_per_request sentences in turn from the --split of --datasource or
-the lines of --text_file. Requests go to that loopback port only.
+it. Requests take sentences in turn from the --split of --datasource or the lines of --text_file:
+--workload fixed, --sentences_per_request each at the server's beam size; --workload mixed, drawn
+with --seed, 1 to 16 sentences at beam 1 or 5, and 5% of them one sentence to /attention. Requests
+go to that loopback port only.
 
 --mode closed (default): --requests POST /translate requests from --clients concurrent clients,
 each sending its next request when the last is answered; clients stop at --time_limit seconds and
@@ -33,7 +35,7 @@ was a failure or any request unsent, if the p99 latency of answered requests is 
 --max_rss_growth_mb.
 
 --mode soak: the open-loop load for --soak_minutes, reporting also the memory slope (MB per
-minute, least squares over the samples after the first minute), bounded by
+minute, least squares over the samples after the first --slope_skip_minutes), bounded by
 --max_rss_slope_mb_per_min if given.
 
 --json prints the full report of every engine as JSON.
@@ -74,6 +76,7 @@ SERVING = re.compile(r"^serve\.py: serving .* on https?://\[?([^\]]+?)\]?:(\d+)/
 DEADLINE_KEY = "serve_request_timeout_s"  # the server's own deadline, when its config has one
 DEFAULT_DEADLINE_S = 10.0
 DEFAULT_RATE_FACTOR = 2.0
+MIXED_SENTENCES, MIXED_BEAMS, MIXED_ATTENTION = 16, (1, 5), 0.05  # --workload mixed: its draws
 
 
 class ServerProcess:
@@ -230,9 +233,30 @@ def json_field(body: bytes, name: str) -> Any:
     return answer.get(name) if isinstance(answer, dict) else None
 
 
-def classify(status: int, retry_after: str | None, body: bytes, sentences: int) -> tuple[str, str]:
-    """The kind of an answer (one of KINDS), and unless it is OK one line about it."""
+@dataclass(frozen=True)
+class Request:
+    """One request of the load: its sentences, the beam size it asks for (None: the server's) and
+    the endpoint (/attention takes one sentence)."""
+
+    sentences: list[str]
+    beam_size: int | None = None
+    path: str = "/translate"
+
+    def body(self) -> str:
+        if self.path == "/attention":
+            return json.dumps({"text": self.sentences[0]})
+        return json.dumps({"text": self.sentences, **({} if self.beam_size is None else {"beam_size": self.beam_size})})
+
+
+def classify(status: int, retry_after: str | None, body: bytes, sentences: int,
+             path: str = "/translate") -> tuple[str, str]:
+    """The kind of an answer (one of KINDS) to a request of `sentences` to `path`, and unless it is
+    OK one line about it."""
     text = body[:200].decode("utf-8", "replace")
+    if status == 200 and path == "/attention":
+        if isinstance(json_field(body, "output_tokens"), list) and isinstance(json_field(body, "weights"), list):
+            return OK, ""
+        return "bad_answer", f"expected output_tokens and weights, got {text}"
     if status == 200:
         translations = json_field(body, "translations")
         if isinstance(translations, list) and len(translations) == sentences and \
@@ -248,10 +272,9 @@ def classify(status: int, retry_after: str | None, body: bytes, sentences: int) 
     return "other_status", f"HTTP {status}: {text}"
 
 
-def exchange(connection: http.client.HTTPConnection, sentences: list[str]) -> tuple[int, str | None, bytes]:
-    """POST /translate `sentences`: the status, the Retry-After header and the body of the answer."""
-    connection.request("POST", "/translate", json.dumps({"text": sentences}),
-                       {"Content-Type": "application/json"})
+def exchange(connection: http.client.HTTPConnection, request: Request) -> tuple[int, str | None, bytes]:
+    """POST `request`: the status, the Retry-After header and the body of the answer."""
+    connection.request("POST", request.path, request.body(), {"Content-Type": "application/json"})
     response = connection.getresponse()
     return response.status, response.getheader("Retry-After"), response.read()
 
@@ -261,28 +284,28 @@ def retry_pause(retry_after: str) -> float:
     return max(0.1, min(1.0, float(retry_after))) if retry_after.strip().isdigit() else 1.0
 
 
-def send_one(port: int, sentences: list[str], timeout: float) -> tuple[str, int | None, str, str | None]:
+def send_one(port: int, request: Request, timeout: float) -> tuple[str, int | None, str, str | None]:
     """One request on a connection of its own: its kind, status (None if unanswered), failure
     line and Retry-After."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        status, retry_after, body = exchange(connection, sentences)
+        status, retry_after, body = exchange(connection, request)
     except TimeoutError:
         return "timeout", None, f"no answer within {timeout:g} s", None
     except (OSError, http.client.HTTPException) as error:
         return "connection_error", None, f"{type(error).__name__}: {error}", None
     finally:
         connection.close()
-    kind, message = classify(status, retry_after, body, len(sentences))
+    kind, message = classify(status, retry_after, body, len(request.sentences), request.path)
     return kind, status, message, retry_after
 
 
-def warm_up(port: int, sentences: list[str], timeout: float) -> str | None:
-    """Send `sentences` until they are answered 200 (None), waiting as Retry-After says (at most
+def warm_up(port: int, request: Request, timeout: float) -> str | None:
+    """Send `request` until it is answered 200 (None), waiting as Retry-After says (at most
     a second) while the server refuses; else what went wrong."""
     give_up = time.monotonic() + timeout
     while True:
-        kind, status, message, retry_after = send_one(port, sentences, max(1.0, give_up - time.monotonic()))
+        kind, status, message, retry_after = send_one(port, request, max(1.0, give_up - time.monotonic()))
         if kind == OK:
             return None
         if kind != REFUSED or time.monotonic() > give_up:
@@ -306,7 +329,7 @@ class Load:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def client(port: int, requests: list[list[str]], total: int, next_index: list[int], load: Load,
+def client(port: int, requests: list[Request], total: int, next_index: list[int], load: Load,
            deadline: float, timeout: float | None, leave_on_refusal: bool = False) -> None:
     """One client: a kept-alive connection sending the next unsent request (of `total`, taken from
     `requests` in turn) until none is left or time is up; an answer is awaited `timeout` seconds,
@@ -320,12 +343,12 @@ def client(port: int, requests: list[list[str]], total: int, next_index: list[in
                 break
             next_index[0] += 1
             load.sent += 1
-        sentences = requests[index % len(requests)]
+        request = requests[index % len(requests)]
         connection.timeout = timeout or max(0.1, deadline - time.monotonic())
         start = time.monotonic()
         try:
-            status, retry_after, body = exchange(connection, sentences)
-            kind, error = classify(status, retry_after, body, len(sentences))
+            status, retry_after, body = exchange(connection, request)
+            kind, error = classify(status, retry_after, body, len(request.sentences), request.path)
         except (OSError, http.client.HTTPException) as failure:
             kind, error = "connection_error", f"{type(failure).__name__}: {failure}"
             connection.close()  # the next request opens a new connection
@@ -333,7 +356,7 @@ def client(port: int, requests: list[list[str]], total: int, next_index: list[in
         with load.lock:
             if kind == OK:
                 load.latencies.append(latency)
-                load.sentences += len(sentences)
+                load.sentences += len(request.sentences)
             elif kind == REFUSED:
                 load.refused += 1
             else:
@@ -347,7 +370,7 @@ def client(port: int, requests: list[list[str]], total: int, next_index: list[in
     connection.close()
 
 
-def run_load(port: int, requests: list[list[str]], clients: int, time_limit: float, total: int | None = None,
+def run_load(port: int, requests: list[Request], clients: int, time_limit: float, total: int | None = None,
              timeout: float | None = None, leave_on_refusal: bool = False) -> Load:
     """`total` requests (default: each of `requests` once) from `clients` closed-loop clients, sent
     for `time_limit` seconds; each answer awaited `timeout` seconds (None: until the time limit)."""
@@ -393,7 +416,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                                enumerate(zip(line, widths))) for line in cells)
 
 
-def measure_capacity(port: int, requests: list[list[str]], clients: int, seconds: float,
+def measure_capacity(port: int, requests: list[Request], clients: int, seconds: float,
                      timeout: float) -> dict[str, Any]:
     """Requests and sentences answered 200 per second by closed-loop clients sending for `seconds`
     at saturation (the answers to the last requests are awaited and counted). A refused client
@@ -448,7 +471,7 @@ class OpenLoad:
                 self.failures.append(message)
 
 
-def run_open_loop(port: int, requests: list[list[str]], times: list[float], timeout: float,
+def run_open_loop(port: int, requests: list[Request], times: list[float], timeout: float,
                   max_in_flight: int) -> OpenLoad:
     """Send request i (of `requests` in turn) at `times[i]` seconds from now, each from a thread of
     its own, whatever the server does meanwhile; wait for the last answer (or timeout)."""
@@ -532,7 +555,7 @@ def deadline(args: argparse.Namespace, config: dict[str, Any]) -> tuple[float, s
     return DEFAULT_DEADLINE_S, f"--deadline_s default; the server has no {DEADLINE_KEY}"
 
 
-def drive_open_loop(port: int, pid: int, requests: list[list[str]], args: argparse.Namespace, config: dict[str, Any],
+def drive_open_loop(port: int, pid: int, requests: list[Request], args: argparse.Namespace, config: dict[str, Any],
                     pinning: Pinning) -> dict[str, Any]:
     """Measure the capacity (unless --rate), drive the server at port `port` (process `pid`)
     open-loop, and report what it answered and how its memory went."""
@@ -560,7 +583,7 @@ def drive_open_loop(port: int, pid: int, requests: list[list[str]], args: argpar
         start = time.monotonic()
         recovery, status, message, _ = send_one(port, requests[0], timeout)
         recovery_s = time.monotonic() - start
-    slope_from_s = 60.0 if duration >= 120 else 0.0
+    slope_from_s = 60 * args.slope_skip_minutes if duration >= 60 * args.slope_skip_minutes + 60 else 0.0
     return {
         "engine": None, "mode": args.mode, "capacity": capacity,
         "rate_factor": None if capacity is None else rate_factor, "rate": round(rate, 3),
@@ -676,9 +699,9 @@ def load_sentences(args: argparse.Namespace, config: dict[str, Any]) -> list[str
 
 def server_arguments(args: argparse.Namespace, engine: str) -> list[str]:
     """serve.py's options for `engine`: the model, and every config option given to loadtest.py."""
-    forwarded = ["--preset", args.preset] if args.preset else []
+    forwarded = ["--preset", args.preset] if getattr(args, "preset", None) else []  # train.py's alone now
     for key in get_config():
-        if getattr(args, key) is not None:
+        if getattr(args, key, None) is not None:  # a key of the programs loadtest.py takes options of, given
             forwarded += [f"--{key}", str(getattr(args, key))]
     if engine == "ctranslate2":
         return forwarded + ["--engine", "ctranslate2", "--model_dir", str(args.model_dir)]
@@ -698,7 +721,13 @@ def parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, dict[st
     parser.add_argument("--clients", type=int, default=32,
                         help="concurrent clients of the closed loop and of the capacity run (default: 32)")
     parser.add_argument("--requests", type=int, default=400, help="requests per engine, closed loop (default: 400)")
-    parser.add_argument("--sentences_per_request", type=int, default=4, help="default: 4")
+    parser.add_argument("--sentences_per_request", type=int, default=4, help="--workload fixed (default: 4)")
+    parser.add_argument("--workload", choices=["fixed", "mixed"], default="fixed",
+                        help="fixed: --sentences_per_request sentences at the server's beam size; mixed: 1 to 16 "
+                             "sentences, beam 1 or 5, 5%% of requests to /attention, drawn with --seed "
+                             "(default: fixed)")
+    parser.add_argument("--slope_skip_minutes", type=float, default=1.0,
+                        help="soak: the memory slope is fitted to the samples after this many minutes (default: 1)")
     parser.add_argument("--split", default="test", help="split of --datasource to take sentences from (default: test)")
     parser.add_argument("--text_file", type=Path, default=None, help="take sentences from this file, one a line")
     parser.add_argument("--time_limit", type=float, default=120.0,
@@ -736,19 +765,38 @@ def parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, dict[st
     if min(args.clients, args.requests, args.sentences_per_request, args.max_in_flight) < 1:
         parser.error("--clients, --requests, --sentences_per_request and --max_in_flight must be at least 1")
     for name in ("time_limit", "rate", "rate_factor", "capacity_seconds", "duration", "soak_minutes", "deadline_s",
-                 "request_timeout_s", "rss_interval_s"):
+                 "request_timeout_s", "rss_interval_s", "slope_skip_minutes"):
         if getattr(args, name) is not None and not getattr(args, name) > 0:
             parser.error(f"--{name} must be positive, got {getattr(args, name)}")
     if args.max_rss_growth_mb < 0:
         parser.error(f"--max_rss_growth_mb must not be negative, got {args.max_rss_growth_mb}")
     if args.rate is not None and args.rate_factor is not None:
         parser.error("give --rate or --rate_factor, not both")
-    if args.sentences_per_request > config["serve_max_sentences"]:
+    if args.workload == "fixed" and args.sentences_per_request > config["serve_max_sentences"]:
         parser.error(f"--sentences_per_request {args.sentences_per_request} is above --serve_max_sentences "
                      f"{config['serve_max_sentences']}")
     if "ctranslate2" in args.engines and args.model_dir is None:
         parser.error("--engines ctranslate2 needs --model_dir DIR (a model written by export.py)")
     return args, config
+
+
+def build_requests(sentences: list[str], args: argparse.Namespace, config: dict[str, Any]) -> list[Request]:
+    """--requests requests taking `sentences` in turn. --workload fixed: --sentences_per_request each,
+    at the server's beam size. mixed, drawn with the config's seed: 1 to 16 sentences (at most
+    serve_max_sentences), beam 1 or 5 (at most serve_max_beam_size) with even odds, and one request
+    in MIXED_ATTENTION (of one sentence) to /attention."""
+    rng, taken, requests = random.Random(config["seed"]), 0, []
+    for _ in range(args.requests):
+        if args.workload == "fixed":
+            size, beam_size, path = args.sentences_per_request, None, "/translate"
+        elif rng.random() < MIXED_ATTENTION:
+            size, beam_size, path = 1, None, "/attention"
+        else:
+            size = rng.randint(1, min(MIXED_SENTENCES, config["serve_max_sentences"]))
+            beam_size, path = min(rng.choice(MIXED_BEAMS), config["serve_max_beam_size"]), "/translate"
+        requests.append(Request([sentences[(taken + j) % len(sentences)] for j in range(size)], beam_size, path))
+        taken += size
+    return requests
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -758,8 +806,7 @@ def main(argv: list[str] | None = None) -> int:
     except (DataError, ConfigError) as error:
         print(f"loadtest.py: error: {error}", file=sys.stderr)
         return 1
-    size = args.sentences_per_request
-    requests = [[sentences[(i * size + j) % len(sentences)] for j in range(size)] for i in range(args.requests)]
+    requests = build_requests(sentences, args, config)
     # On loopback with no key needed: a key in the environment would make the server ask for it.
     env = {name: value for name, value in os.environ.items() if name != "TRANSLATE_API_KEY"}
     closed = args.mode == "closed"

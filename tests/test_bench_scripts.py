@@ -1,8 +1,9 @@
-"""benchmarks/bench_data.py, bench_translate.py, bench_segmentation.py and bench_paragraphs.py, on
-small data: the corpus bench_data writes is what it says (opus_books-shaped, train only, distinct
-pairs), a bench_translate child measures and reports what the engine translated, bench_segmentation
-counts boundaries as its docstring defines them, and bench_paragraphs scores the three ways it
-translates paragraphs against the joined references."""
+"""benchmarks/bench_data.py, bench_translate.py, bench_segmentation.py, bench_glossary.py and
+bench_paragraphs.py, on small data: the corpus bench_data writes is what it says (opus_books-shaped,
+train only, distinct pairs), a bench_translate child measures and reports what the engine
+translated, bench_segmentation counts boundaries as its docstring defines them, bench_glossary
+finds word pairs, takes constraints from the references and decodes as the translator does, and
+bench_paragraphs scores the three ways it translates paragraphs against the joined references."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import bench_data, bench_paragraphs, bench_segmentation, bench_translate
+from benchmarks import bench_data, bench_glossary, bench_paragraphs, bench_segmentation, bench_translate
 from config import Resolved, get_config
 from scoring import corpus_scores
 from sources import open_source, read_pairs
@@ -110,6 +111,31 @@ def test_noisy_corpus_replaces_a_seeded_share_by_kind(tmp_path: Path, capsys: py
     assert noisy_corpus.main(["--output", str(tmp_path / "mine"), "--source", str(source)]) == 1
     assert "exists, is not empty and has no noise.json" in capsys.readouterr().err
     assert (tmp_path / "mine" / "notes.txt").read_text() == "a user's file"
+
+
+def test_bench_glossary_takes_constraints_from_the_references() -> None:
+    nouns = {"cat": "gatto", "dog": "cane", "horse": "cavallo", "bird": "uccello", "fish": "pesce", "cow": "mucca"}
+    verbs = {"sleeps": "dorme", "eats": "mangia", "runs": "corre", "sings": "canta", "swims": "nuota",
+             "waits": "aspetta"}
+    pairs = [(f"The {n} {v}.", f"Il {nouns[n]} {verbs[v]}.") for n in nouns for v in verbs]
+    associated = bench_glossary.word_list(pairs)
+    # A noun meets each verb once in 36 pairs: below the Dice threshold (and MIN_PAIRS).
+    assert associated["gatto"] == {"cat": 1.0} and associated["dorme"] == {"sleeps": 1.0}
+    found = bench_glossary.sentence_glossary("The cat sleeps.", "Il gatto dorme.", "Il cane dorme.", associated, 3)
+    assert found == [("cat", "gatto")]  # "dorme" is in the output already
+    assert len(bench_glossary.sentence_glossary("The cat sleeps.", "Il gatto dorme.", "Ciao.", associated, 1)) == 1
+    assert bench_glossary.appended("Tom dorme. gatto.", "Tom dorme.", "gatto")
+    assert not bench_glossary.appended("Il gatto dorme. Sì.", "Tom dorme.", "gatto")
+    assert not bench_glossary.appended("Dorme. Il gatto no.", "Dorme. Tom no.", "gatto")
+
+
+def test_bench_glossary_decodes_as_the_translator_does(toy_translator) -> None:
+    translator = toy_translator.translator()
+    sentences = [s for s, _ in toy_translator.pairs(20, seed=5)]
+    config = dict(get_config(), eval_batch_size=8)
+    found, seconds = bench_glossary.search(translator, sentences, 3, config)
+    expected = translator.translate_best(sentences, DecodingOptions.from_config(config, beam_size=3))
+    assert [toy_translator.tok_tgt.decode(h[0]) for h in found] == expected and seconds > 0
 
 
 def test_bench_paragraphs_scores_lines_and_paragraphs_against_joined_references(trained_run) -> None:

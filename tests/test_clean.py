@@ -5,14 +5,9 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 import clean
-from checkpoint import save_checkpoint
-from config import parse_config
-from model import build_model
 from synthetic_data import write_hub_dataset
-from tokenizer import train_tokenizer
 
 GOOD = [("The station is on the other side of the river.", "La stazione è dall'altra parte del fiume."),
         ("I would like a cup of coffee, please.", "Vorrei una tazza di caffè, per favore."),
@@ -56,7 +51,8 @@ def exit_code(argv: list[str]) -> int:
 
 
 @pytest.mark.parametrize("args, code, message", [
-    (["--clean_max_length_ratio", "0.5"], 2, "error: max_length_ratio must be 0 (off) or at least 1, got 0.5"),
+    (["--clean_max_length_ratio", "0.5"], 2, "error: --clean_max_length_ratio must be 0 (off) or at least 1, got 0.5"),
+    (["--clean_score_forward", "model.pt"], 2, "error: scoring needs a model each way"),
     (["--clean_copies", "maybe"], 2, "error: argument --clean_copies: expected true or false, got 'maybe'"),
     (["--split", "validation"], 1, "error: '{corpus}' has no 'validation' split (found: test, train)"),
 ])
@@ -67,25 +63,14 @@ def test_bad_input_is_one_line(corpus: Path, capsys: pytest.CaptureFixture, args
     assert len(err) == 1 and err[0].split(": ", 1)[1].startswith(message.format(corpus=corpus))  # prog: __main__.py here
 
 
-def untrained_checkpoint(folder: Path, pairs: list[tuple[str, str]], lang_src: str, lang_tgt: str) -> Path:
-    """A checkpoint file of an untrained tiny model from lang_src into lang_tgt, tokenizers from `pairs`."""
-    torch.manual_seed(0)
-    config = parse_config(["--preset", "tiny", "--lang_src", lang_src, "--lang_tgt", lang_tgt])
-    tok_src = train_tokenizer([s for s, _ in pairs], "wordlevel", 200, 1)
-    tok_tgt = train_tokenizer([t for _, t in pairs], "wordlevel", 200, 1)
-    model = build_model(config, tok_src.get_vocab_size(), tok_tgt.get_vocab_size())
-    state = {"config": config, "model": model.state_dict(),
-             "tokenizers": {"src": tok_src.to_str(), "tgt": tok_tgt.to_str()}}
-    return save_checkpoint(folder, state, 1, keep=1)
-
-
-def test_scores_the_kept_pairs_with_a_model_each_way(corpus: Path, tmp_path: Path,
+def test_scores_the_kept_pairs_with_a_model_each_way(corpus: Path, tmp_path: Path, untrained_checkpoint,
                                                      capsys: pytest.CaptureFixture) -> None:
     forward = untrained_checkpoint(tmp_path / "forward", GOOD, "en", "it")
     backward = untrained_checkpoint(tmp_path / "backward", [(t, s) for s, t in GOOD], "it", "en")
     report = tmp_path / "report.json"
-    assert clean.main(["--datasource", str(corpus), "--score_forward", str(forward), "--score_backward",
-                       str(backward), "--score_keep", "0.5", "--clean_samples", "2", "--report", str(report)]) == 0
+    assert clean.main(["--datasource", str(corpus), "--clean_score_forward", str(forward), "--clean_score_backward",
+                       str(backward), "--clean_score_keep", "0.5", "--clean_samples", "2",
+                       "--report", str(report)]) == 0
     out = capsys.readouterr().out
     scoring = json.loads(report.read_text(encoding="utf-8"))[0]["scoring"]
     assert (scoring["scored"], scoring["kept"], len(scoring["worst"])) == (3, 2, 2)  # 1.5 pairs, rounded up
@@ -94,6 +79,6 @@ def test_scores_the_kept_pairs_with_a_model_each_way(corpus: Path, tmp_path: Pat
     assert scoring["worst"][0]["score"] >= scoring["worst"][1]["score"] == scoring["cut"]
     assert f"  scored 3 kept pairs by dual conditional cross-entropy: keeping the best 2 (50%), scores up to " \
            f"{scoring['cut']:.3f}\n" in out
-    assert exit_code(["--datasource", str(corpus), "--score_forward", str(backward), "--score_backward",
+    assert exit_code(["--datasource", str(corpus), "--clean_score_forward", str(backward), "--clean_score_backward",
                       str(forward)]) == 1
     assert capsys.readouterr().err == "clean.py: error: the forward model translates it into en, not en into it\n"

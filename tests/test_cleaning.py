@@ -12,10 +12,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cleaning import (REASONS, Cleaner, CleaningSettings, Removal, conditional_cross_entropy,
-                      dual_conditional_cross_entropy, keep_best, near_duplicate_key, settings_from_config)
+from cleaning import (NOT_CLEANED, REASONS, Cleaner, CleaningSettings, Removal, cleaning_changes,
+                      cleaning_description, cleaning_scalars, conditional_cross_entropy,
+                      dual_conditional_cross_entropy, keep_best, near_duplicate_key, report_line,
+                      settings_from_config)
 from config import get_config
 from model import build_transformer
+from sources import DataError
 from tokenizer import EOS_ID, SOS_ID, encode_ids, train_tokenizer
 from translator import TorchTranslator
 
@@ -124,15 +127,46 @@ def test_a_lone_surrogate_is_removed_and_its_sample_can_be_written() -> None:
     json.dumps(cleaner.report.as_dict(), ensure_ascii=False).encode("utf-8")
 
 
-def test_report_line_and_scalars() -> None:
+def test_report_lines_and_scalars() -> None:
     cleaner = Cleaner(CleaningSettings(), "en", "xx")
     list(cleaner.clean([KEPT, ("Tom.", "Tom.")]))
     report = cleaner.report
     assert report.summary() == ("cleaning en-xx: kept 1 of 2 pairs, removed 1 (1 copy), NFC-normalised 0; "
                                 "not judged: script of xx (not in cleaning.SCRIPTS); "
                                 "not judged: language xx (not one of py3langid's)")
-    assert report.scalars() == {"clean/seen": 2, "clean/kept": 1,
-                                **{f"clean/removed_{reason}": int(reason == "copy") for reason in REASONS}}
+    rules_only = {"corpus": "data/first", "rules": report.as_dict(), "scoring": None}
+    scored = {"scored": 10, "keep": 0.5, "kept": 5, "cut": 1.25, "worst": []}
+    both = {"corpus": "second.tsv.gz", "rules": report.as_dict(), "scoring": scored}
+    assert report_line(both) == f"second: {report.summary()}; scoring by dual conditional cross-entropy kept the " \
+                                "best 5 of 10 (50%), scores up to 1.250"
+    # seen: what the rules (else scoring) were asked about; kept: what is left after both
+    assert cleaning_scalars([rules_only, both, {"corpus": "third", "rules": None, "scoring": scored}]) == \
+        {"seen": 2 + 2 + 10, "kept": 1 + 5 + 5, **{reason: 2 * (reason == "copy") for reason in REASONS},
+         "score": 5 + 5}
+
+
+def test_the_store_description_names_the_scoring_models_by_content(tmp_path: Path) -> None:
+    """A text store's key and a checkpoint hold what cleaning does: the rules' settings or False,
+    and the scoring models' sha256 (a copy elsewhere is the same model) with the share kept."""
+    forward, backward = tmp_path / "forward.pt", tmp_path / "backward.pt"
+    forward.write_bytes(b"one model")
+    backward.write_bytes(b"another model")
+    config = {**get_config(), "clean_score_forward": str(forward), "clean_score_backward": str(backward)}
+    described = cleaning_description(config)
+    assert described["rules"] == CleaningSettings().describe() and described["scoring"]["keep"] == 0.9
+    assert cleaning_description(get_config()) == {"rules": CleaningSettings().describe(), "scoring": False}
+    assert cleaning_description({**get_config(), "clean": False}) == NOT_CLEANED
+    moved = tmp_path / "elsewhere.pt"
+    forward.rename(moved)
+    assert cleaning_description({**config, "clean_score_forward": str(moved)}) == described
+    moved.write_bytes(b"one model, trained further")
+    retrained = cleaning_description({**config, "clean_score_forward": str(moved), "clean_max_chars": 500})
+    assert cleaning_changes(described, retrained) == \
+        f"rules max_chars 1000 -> 500, scoring forward {described['scoring']['forward'][:12]}... -> " \
+        f"{retrained['scoring']['forward'][:12]}..."
+    assert cleaning_changes(NOT_CLEANED, described) == "rules off -> on, scoring off -> on"
+    with pytest.raises(DataError, match=f"--clean_score_forward {forward}: cannot read it"):
+        cleaning_description(config)
 
 
 @pytest.mark.parametrize("name", [field.name for field in dataclasses.fields(CleaningSettings)])

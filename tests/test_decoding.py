@@ -7,15 +7,18 @@ prefix, so every expected hypothesis and score is worked out below.
 from __future__ import annotations
 
 import math
+import pickle
+import random
 
 import pytest
 import torch
 from torch.testing import assert_close
 
+from conftest import TOY_SOURCE, TOY_TARGET, train_toy
 from decoding import (beam_search, block_repeats, brevity_term, expected_length, greedy_decode, hypothesis_score,
                       max_output_tokens, sample, source_token_counts)
 from model import KVCache, build_transformer, causal_mask
-from tokenizer import EOS_ID, PAD_ID, SOS_ID
+from tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_ids
 
 
 def source_batch(toy, sentences: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,12 +114,13 @@ class StubCache:
 
 
 class StubModel(torch.nn.Module):
-    """Next-token probabilities looked up by prefix (after [SOS]); unknown prefixes end at once.
-    "Hidden states" are the prefixes themselves, so `project` can look them up."""
+    """Next-token probabilities looked up by prefix (after [SOS]); unknown prefixes get `default`
+    (ending at once unless given). "Hidden states" are the prefixes themselves, so `project` can
+    look them up."""
 
-    def __init__(self, table: dict[tuple[int, ...], dict[int, float]]) -> None:
+    def __init__(self, table: dict[tuple[int, ...], dict[int, float]], default: dict[int, float] | None = None) -> None:
         super().__init__()
-        self.table = table
+        self.table, self.default = table, default or {EOS_ID: 1.0}
         self.queried: list[tuple[int, ...]] = []
         self.anchor = torch.nn.Parameter(torch.zeros(1))
 
@@ -137,7 +141,7 @@ class StubModel(torch.nn.Module):
         for row, prefix in enumerate(flat.tolist()):
             prefix = tuple(prefix[1:])  # after [SOS]
             self.queried.append(prefix)
-            for token, probability in self.table.get(prefix, {EOS_ID: 1.0}).items():
+            for token, probability in self.table.get(prefix, self.default).items():
                 logits[row, token] = math.log(probability)
         return logits.view(*hidden.shape[:-1], VOCAB)
 
@@ -428,3 +432,226 @@ def test_beam_search_reads_one_flag_per_step_back_from_the_device() -> None:
             hypotheses = beam_search(model, src, src_mask, steps, 4, n_best=2, brevity_penalty=0.2, length_ratio=1.0)
         assert all(len(tokens) == steps for tokens, _ in hypotheses[0])
         assert reads.count <= steps + 4, f"{reads.count} reads in {steps} steps"
+
+
+def test_sampling_reads_one_flag_per_step_back_from_the_device() -> None:
+    """Finished samples stay on the device as in beam search: one read per step (which sentences
+    still have an open sample) plus a fixed few, however many steps sentences finish at."""
+    torch.manual_seed(0)
+    model = build_transformer(30, 20, 32, 32, d_model=16, N=1, h=2, d_ff=32).eval()
+    with torch.no_grad():
+        model.projection_layer.proj.bias[EOS_ID] = 2.0  # samples end after a few tokens, each at its own step
+    src = torch.randint(4, 30, (6, 5))
+    src_mask = (src != PAD_ID)[:, None, None, :]
+    steps = []
+    decode = model.decode
+    model.decode = lambda *args, **kwargs: steps.append(1) or decode(*args, **kwargs)
+    with HostReads() as reads:
+        drawn = sample(model, src, src_mask, 30, samples=3, generator=torch.Generator().manual_seed(0))
+    longest = [max(len(tokens) for tokens, _ in hypotheses) for hypotheses in drawn]
+    assert len(set(longest)) >= 3 and max(longest) < 29, longest  # sentences finished at several steps
+    assert reads.count <= len(steps) + 3, f"{reads.count} reads in {len(steps)} steps"
+
+
+# ---------------------------------------------------------------------------- hypotheses' features
+
+def test_hypotheses_carry_their_log_probability_length_and_lowest_token() -> None:
+    """What confidence.py reads, untouched by the length penalty: with length_penalty 0 the score
+    is the log-probability; the length counts [EOS] when it ended."""
+    table = {(): {A: 0.6, B: 0.4}, (A,): {EOS_ID: 0.4, A: 0.3, B: 0.3}, (B,): {EOS_ID: 0.9, A: 0.05, B: 0.05}}
+    [beam] = beam_search(StubModel(table), *ONE_SOURCE, 10, 2, 1.0, n_best=2)
+    [greedy] = greedy_decode(StubModel(table), *ONE_SOURCE, 10, length_penalty=1.0)
+    drawn = sample(StubModel(table), *ONE_SOURCE, 10, samples=8, generator=torch.Generator().manual_seed(0))[0]
+    for hypothesis in [*beam, greedy, *drawn]:
+        tokens, score = hypothesis
+        probabilities = [table.get(tuple(tokens[:i]), {EOS_ID: 1.0})[token]
+                         for i, token in enumerate([*tokens, EOS_ID])]
+        assert hypothesis.length == len(tokens) + 1 and hypothesis.complete
+        assert hypothesis.log_prob == pytest.approx(sum(map(math.log, probabilities)))
+        assert hypothesis.lowest == pytest.approx(math.log(min(probabilities)))
+        assert score == pytest.approx(hypothesis.log_prob / hypothesis.length)
+        assert pickle.loads(pickle.dumps(hypothesis)).lowest == hypothesis.lowest
+    [[cut]] = beam_search(LoopingModel(), *ONE_SOURCE, 3, 2, 0.0)  # cut off at max_tokens: no [EOS] counted
+    assert cut == ([A, A, A], pytest.approx(3 * math.log(0.6))) and cut.length == 3
+
+
+# ---------------------------------------------------------------------------- constraints
+
+SYNONYMS = {"two": "coppia", "five": "mano aperta"}  # one translation in ten: learned, never preferred
+
+
+def synonym_pairs(count: int, seed: int) -> list[tuple[str, str]]:
+    """The toy pairs, with "two" and "five" translated by their SYNONYMS one time in ten."""
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(count):
+        words = [TOY_SOURCE[rng.randrange(len(TOY_SOURCE))] for _ in range(rng.randint(3, 6))]
+        target = [SYNONYMS[w] if w in SYNONYMS and rng.random() < 0.1 else TOY_TARGET[TOY_SOURCE.index(w)]
+                  for w in words]
+        pairs.append((" ".join(words) + ".", " ".join(reversed(target)) + "."))
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def synonym_toy():
+    """The toy model of the synonym pairs (400 steps, about 4 s on 2 cores)."""
+    return train_toy(synonym_pairs(2000, seed=1), 400)
+
+
+def test_glossary_terms_are_used_in_place(synonym_toy) -> None:
+    """Each sentence holds "two" or "five" once (or both): free search never writes their synonyms,
+    constrained search writes each in place of the usual translation, never after the end."""
+    rng = random.Random(11)
+    sentences = []
+    for index in range(12):
+        words = [rng.choice(["one", "three", "four", "six", "seven", "eight"]) for _ in range(rng.randint(3, 5))]
+        for term in (["two"], ["five"], ["two", "five"])[index % 3]:
+            words.insert(rng.randrange(len(words) + 1), term)
+        sentences.append(" ".join(words) + ".")
+    src, src_mask = source_batch(synonym_toy, sentences)
+    terms = [[t for w, t in SYNONYMS.items() if w in sentence.split()] for sentence in sentences]
+    constraints = [[encode_ids(synonym_toy.tok_tgt, t) for t in sentence_terms] for sentence_terms in terms]
+    free = beam_search(synonym_toy.model, src, src_mask, 20, 5)
+    found = beam_search(synonym_toy.model, src, src_mask, 20, 5, constraints=constraints)
+    in_place = 0
+    for sentence_terms, [(plain, _)], [(tokens, _)] in zip(terms, free, found):
+        plain, text = synonym_toy.tok_tgt.decode(plain), synonym_toy.tok_tgt.decode(tokens)
+        assert not any(t in plain for t in SYNONYMS.values()), "premise: the model never chooses them"
+        assert all(f" {t} " in f" {text} "[:f" {text} ".index(".")] + " " for t in sentence_terms), text
+        expected = " " + plain
+        for source_word, term in SYNONYMS.items():
+            if term in sentence_terms:
+                expected = expected.replace(f" {TOY_TARGET[TOY_SOURCE.index(source_word)]}", f" {term}")
+        in_place += text == expected.strip()
+    assert in_place >= 10, f"{in_place} of 12 exactly in place"
+
+
+@pytest.fixture(scope="module")
+def mixed_batch(toy_translator, mixed_lengths: list[str]):
+    """Twelve toy sentences, every other one with constraints the model would never write for it:
+    the translation of a number word it does not hold (of two such words, every fourth sentence)."""
+    sentences = mixed_lengths[:12]
+    constraints = []
+    for index, sentence in enumerate(sentences):
+        absent = [t for s, t in zip(TOY_SOURCE, TOY_TARGET) if s not in sentence.rstrip(".").split()]
+        constraints.append([encode_ids(toy_translator.tok_tgt, t) for t in absent[:1 + (index % 4 == 0)]]
+                           if index % 2 == 0 else None)
+    return (*source_batch(toy_translator, sentences), constraints)
+
+
+def test_free_sentences_of_a_mixed_batch_are_bit_identical(toy_translator, mixed_batch) -> None:
+    src, src_mask, constraints = mixed_batch
+    options = dict(max_tokens=20, beam_size=4, length_penalty=1.0, n_best=2, brevity_penalty=0.5, length_ratio=1.0)
+    free = beam_search(toy_translator.model, src, src_mask, **options)
+    mixed = beam_search(toy_translator.model, src, src_mask, **options, constraints=constraints)
+    assert beam_search(toy_translator.model, src, src_mask, **options, constraints=[[]] * len(constraints)) == free
+    for row, wanted in enumerate(constraints):
+        if wanted is None:
+            assert [(h, h.log_prob, h.length, h.lowest) for h in mixed[row]] == \
+                [(h, h.log_prob, h.length, h.lowest) for h in free[row]]
+        else:
+            for tokens, _ in mixed[row]:
+                assert all(any(tokens[i:i + len(p)] == p for i in range(len(tokens))) for p in wanted), tokens
+            assert mixed[row] != free[row]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_in_its_autocast_free_sentences_stay_bit_identical(toy_translator, mixed_batch) -> None:
+    """The same on the GPU, in the dtype translator.py decodes in there."""
+    import copy
+
+    from precision import autocast_context, inference_dtype
+    device = torch.device("cuda")
+    model = copy.deepcopy(toy_translator.model).to(device)
+    src, src_mask, constraints = mixed_batch
+    with autocast_context(device, inference_dtype(device)):
+        free = beam_search(model, src.to(device), src_mask.to(device), 20, 5, n_best=2)
+        mixed = beam_search(model, src.to(device), src_mask.to(device), 20, 5, n_best=2, constraints=constraints)
+    for row, wanted in enumerate(constraints):
+        if wanted is None:
+            assert [(h, h.log_prob, h.lowest) for h in mixed[row]] == [(h, h.log_prob, h.lowest) for h in free[row]]
+        else:
+            for tokens, _ in mixed[row]:
+                assert all(any(tokens[i:i + len(p)] == p for i in range(len(tokens))) for p in wanted), tokens
+
+
+def test_constrained_search_with_and_without_the_cache_and_n_best(toy_translator, mixed_batch) -> None:
+    """The cache reordered by the chosen beams gives what decoding every position again gives; all
+    n_best hypotheses hold every constraint, distinct and ranked."""
+    src, src_mask, constraints = mixed_batch
+    cached = beam_search(toy_translator.model, src, src_mask, 20, 5, n_best=3, no_repeat_ngram_size=3,
+                         constraints=constraints)
+    uncached = beam_search(toy_translator.model, src, src_mask, 20, 5, n_best=3, no_repeat_ngram_size=3,
+                           constraints=constraints, use_cache=False)
+    assert [tokens_of(h) for h in cached] == [tokens_of(h) for h in uncached]
+    assert_close(torch.cat([scores_of(h) for h in cached]), torch.cat([scores_of(h) for h in uncached]),
+                 rtol=1e-5, atol=1e-5)
+    for hypotheses, wanted in zip(cached, constraints):
+        assert len(hypotheses) == 3 and len({tuple(t) for t, _ in hypotheses}) == 3
+        assert scores_of(hypotheses).tolist() == sorted(scores_of(hypotheses).tolist(), reverse=True)
+        for tokens, _ in hypotheses if wanted else []:
+            assert all(any(tokens[i:i + len(p)] == p for i in range(len(tokens))) for p in wanted), tokens
+
+
+ALMOST_ALWAYS_AAAB = {(): {A: 0.85, C: 0.05, EOS_ID: 0.1}, (A,): {A: 0.85, B: 0.1, C: 0.05},
+                      (A, A): {A: 0.85, B: 0.1, C: 0.05}, (A, A, A): {B: 0.9, A: 0.05, C: 0.05},
+                      (A, A, A, B): {EOS_ID: 0.9, A: 0.05, C: 0.05}}
+ANYTHING = {A: 0.3, B: 0.3, C: 0.3, EOS_ID: 0.1}
+
+
+def constrained(constraints, beam_size: int = 3, n_best: int = 1, max_tokens: int = 10):
+    model = StubModel(ALMOST_ALWAYS_AAAB, ANYTHING)
+    return beam_search(model, *ONE_SOURCE, max_tokens, beam_size, 0.0, n_best, constraints=[constraints])[0]
+
+
+def test_a_sentence_that_leaves_the_batch_takes_its_constraints_with_it() -> None:
+    """Two sentences; the free one ends at once. The other must hold A B C, and the model prefers
+    A B B C: with the free sentence's (empty) phrase in its place, B B would count as the A B of
+    A B C continuing, and A B B C as holding it."""
+    table = {(): {EOS_ID: 0.6, A: 0.4}, (A,): {B: 0.9, C: 0.1}, (A, B): {B: 0.9, C: 0.1},
+             (A, B, B): {C: 0.9, A: 0.1}, (A, B, B, C): {EOS_ID: 0.9, A: 0.1}}
+    two = (torch.tensor([[SOS_ID, 9, EOS_ID]] * 2), torch.ones(2, 1, 1, 3, dtype=torch.bool))
+    free, bound = beam_search(StubModel(table, ANYTHING), *two, 10, 3, 0.0, constraints=[None, [[A, B, C]]])
+    assert tokens_of(free) == [[]]
+    [(tokens, _)] = bound
+    assert any(tokens[i:i + 3] == [A, B, C] for i in range(len(tokens))), tokens
+
+
+def test_a_broken_phrase_starts_again_and_eos_waits_for_every_constraint() -> None:
+    """The model writes A A A B: the phrase A A B, broken off by the third A, is met all the same
+    (its match falls back to the A A it ends with), as is either alternative of a constraint.
+    With C also required, [EOS] waits until C is written too."""
+    assert tokens_of(constrained(None)) == [[A, A, A, B]]
+    assert tokens_of(constrained([[A, A, B]])) == [[A, A, A, B]]
+    assert tokens_of(constrained([[[C, C], [A, A, B]]])) == [[A, A, A, B]]  # alternatives: either will do
+    for tokens, _ in constrained([[A, A, B], [C]], beam_size=4, n_best=2):
+        assert C in tokens and any(tokens[i:i + 3] == [A, A, B] for i in range(len(tokens))), tokens
+
+
+def test_out_of_tokens_a_hypothesis_that_missed_a_constraint_comes_last() -> None:
+    """When max_tokens ends the search, hypotheses that hold all their constraints rank first; the
+    others are returned (complete False) only to fill n_best, or when no hypothesis could hold them."""
+    hypotheses = constrained([[B]], beam_size=4, n_best=4, max_tokens=3)
+    completeness = [h.complete for h in hypotheses]
+    assert completeness == sorted(completeness, reverse=True) and any(completeness)
+    assert all((B in tokens) == h.complete for h, (tokens, _) in zip(hypotheses, hypotheses))
+    cut = constrained([[B, B, B]], beam_size=2, n_best=2, max_tokens=2)  # three tokens cannot fit in two
+    assert [h.complete for h in cut] == [False, False] and cut[0][1] >= cut[1][1]
+
+
+def test_bad_constraints_are_refused() -> None:
+    for constraints, message in (([[[]]], "non-empty phrase"), ([[[A, EOS_ID]]], "ordinary tokens"),
+                                 ([[[A]], [[B]]], "2 constraint lists for 1 sentences"),
+                                 ([[[A, 99]]], "token 99 is outside the model's vocabulary of 7")):
+        with pytest.raises(ValueError, match=message):
+            beam_search(StubModel(ALMOST_ALWAYS_AAAB, ANYTHING), *ONE_SOURCE, 10, 2, constraints=constraints)
+
+
+def test_constrained_search_reads_one_flag_per_step_back_from_the_device() -> None:
+    torch.manual_seed(0)
+    model = build_transformer(30, 20, 32, 32, d_model=16, N=1, h=2, d_ff=32).eval()
+    src = torch.randint(4, 30, (3, 6))
+    src_mask = (src != PAD_ID)[:, None, None, :]
+    with HostReads() as reads:
+        beam_search(model, src, src_mask, 12, 4, n_best=2, constraints=[[[5, 6]], None, [[7], [8, 9, 10]]])
+    assert reads.count <= 12 + 4, f"{reads.count} reads in at most 12 steps"

@@ -56,7 +56,8 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 def train_args(data: Path, out: Path, *extra: str, dropout: str = "0") -> list[str]:
     return ["train.py", "--datasource", str(data), "--preset", "tiny", "--d_model", "64", "--d_ff", "128",
             "--dropout", dropout, "--adam_eps", "1e-6", "--num_epochs", "100", "--val_max_sentences", "4",
-            "--model_folder", str(out / "w"), "--runs_folder", str(out / "r"), "--store_folder", str(out / "s"), *extra]
+            "--model_folder", str(out / "w"), "--runs_folder", str(out / "r"), "--store_folder", str(out / "s"),
+            "--clean", "false", *extra]  # the ranks are tested, not cleaning: no language identifier to load
 
 
 def checkpoint(out: Path, step: int) -> dict:

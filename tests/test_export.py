@@ -13,6 +13,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -378,6 +380,71 @@ def test_ctrl_c_during_an_export_is_one_line_and_leaves_the_earlier_export(train
         signal.signal(signal.SIGINT, previous)
     assert code == 130 and out == [] and err == [f"export.py: interrupted; nothing was written to {tmp_path / 'model'}"]
     assert snapshot(tmp_path) == earlier, "the staging folder is removed and the earlier export left as it was"
+
+
+KILLED_BETWEEN_RENAMES = """import os, signal, sys
+import export
+def killed(staging, output, aside):  # SIGKILL after the earlier export was moved aside, before the new one is in
+    output.rename(aside)
+    os.kill(os.getpid(), signal.SIGKILL)
+export.swap_in = killed
+sys.exit(export.main(sys.argv[1:]))
+"""
+
+
+def test_the_next_export_cleans_up_after_one_killed_by_sigkill(trained_run, tmp_path: Path, capsys) -> None:
+    """An export killed at its worst moment leaves its staging folder (a full model) and the earlier
+    export moved aside into it, and no --output. The next export puts the earlier export back, removes
+    the leftover in one line each, and leaves alone the staging folder of an export still running
+    (locked); here it then refuses to replace the earlier export without --overwrite, as it would
+    have before the kill."""
+    model = tmp_path / "model"
+    experiment = ["--datasource", str(trained_run.datasource), "--model_folder", str(trained_run.model_folder),
+                  "--output", str(model)]
+    assert run(capsys, export.main, experiment)[0] == 0
+    earlier = snapshot(model)
+    killed = subprocess.run([sys.executable, "-c", KILLED_BETWEEN_RENAMES, *experiment, "--overwrite"],
+                            cwd=export.Path(export.__file__).parent, capture_output=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    [leftover] = tmp_path.glob(".model.export-*")
+    assert not model.exists() and snapshot(leftover / "previous") == earlier and (leftover / "model").is_dir()
+    running = tmp_path / ".model.export-running1"
+    running.mkdir()
+    (running / "model.bin").write_bytes(b"being written")
+    held = export.lock_folder(running)
+    try:
+        code, out, err = run(capsys, export.main, experiment)
+    finally:
+        os.close(held)
+    assert code == 1 and err == [
+        f"export.py: put back the earlier export at {model}, which a killed export had moved aside",
+        f"export.py: removed {leftover}, the staging folder of an export that was killed",
+        f"export.py: error: {model} holds an earlier export; pass --overwrite to replace it"]
+    assert snapshot(model) == earlier and sorted(p.name for p in tmp_path.iterdir()) == [".model.export-running1",
+                                                                                      "model"]
+
+
+def test_a_translator_never_reads_a_half_replaced_export(toy_translator, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """export.py --overwrite replaces the export (float32 by int8) while a server loads it, after its
+    tokenizers and config are read and before its weights: the translator gets one export whole (the
+    new one, read again once the old one is gone), never the old one's files with the new weights."""
+    import translator as translator_module
+    folder = tmp_path / "model"
+    export_toy(toy_translator, folder, "float32")
+    read_project_files, replacements = translator_module.read_project_files, []
+
+    def replaced_meanwhile(path: Path) -> tuple:
+        found = read_project_files(path)
+        if not replacements:
+            config = dict(get_config(), d_model=32, num_layers=1, num_heads=2, d_ff=64, seq_len=toy_translator.seq_len)
+            replacements.append(export.export_model(toy_translator.model, config, toy_translator.tok_src,
+                                                    toy_translator.tok_tgt, folder, "int8", overwrite=True))
+        return found
+
+    monkeypatch.setattr(translator_module, "read_project_files", replaced_meanwhile)
+    loaded = CTranslate2Translator(folder)
+    assert replacements and loaded.project["quantization"] == "int8" and loaded.ct2.compute_type.startswith("int8")
 
 
 @pytest.mark.parametrize("quantization", ["float16", "int8_float16"])

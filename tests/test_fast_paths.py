@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.testing import assert_close
 
 import cpu_kernels
@@ -48,6 +49,22 @@ def test_fast_linear_equals_f_linear(shape: tuple[int, ...], out_features: int, 
         results.append((out, *grads))
     for fast, stock in zip(*results):
         assert_close(fast, stock, atol=1e-5, rtol=1e-5)
+
+
+def test_onednn_is_taken_only_where_a_gradient_flows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decoding (no_grad, or nothing that requires a gradient) takes F.linear: oneDNN keeps state
+    for every input shape it sees (its caches grew a server by 36 MB a minute), and there was no
+    faster. Training takes oneDNN."""
+    monkeypatch.setattr(cpu_kernels, "_ONEDNN", True)
+    taken = []
+    monkeypatch.setattr(cpu_kernels._OneDNNLinear, "apply", lambda *args: taken.append(args) or F.linear(*args))
+    weight, x = torch.randn(8, 4, requires_grad=True), torch.randn(3, 4)
+    with torch.no_grad():
+        cpu_kernels.linear(x, weight)
+    cpu_kernels.linear(x, weight.detach())
+    assert taken == []
+    cpu_kernels.linear(x, weight)
+    assert len(taken) == 1
 
 
 def test_onednn_is_taken_only_on_avx512() -> None:

@@ -223,7 +223,7 @@ def test_a_refused_client_leaves_the_capacity_run() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), OneAtATime)
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
-        capacity = loadtest.measure_capacity(server.server_port, [["a", "b"]], clients=5, seconds=0.6, timeout=10)
+        capacity = loadtest.measure_capacity(server.server_port, [loadtest.Request(["a", "b"])], clients=5, seconds=0.6, timeout=10)
     finally:
         server.shutdown()
         server.server_close()
@@ -244,3 +244,26 @@ def test_arrivals_are_seeded_and_at_the_rate() -> None:
     poisson = loadtest.arrival_times(100, 60, "poisson", 1)
     assert poisson == loadtest.arrival_times(100, 60, "poisson", 1) != loadtest.arrival_times(100, 60, "poisson", 2)
     assert len(poisson) == pytest.approx(6000, rel=0.05) and poisson == sorted(poisson) and poisson[-1] < 60
+
+
+def test_the_mixed_workload_is_seeded_and_within_the_servers_limits() -> None:
+    """--workload mixed: 1 to 16 sentences (at most serve_max_sentences), beam 1 or 5 (at most
+    serve_max_beam_size), about 5% of one sentence to /attention, the same for a seed; an answer
+    to /attention is judged as one."""
+    sentences = [f"Sentence {i}." for i in range(50)]
+    args, config = loadtest.parse_arguments(["--text_file", "unused", "--workload", "mixed", "--requests", "2000"])
+    mixed = loadtest.build_requests(sentences, args, config)
+    assert mixed == loadtest.build_requests(sentences, args, config)
+    translate = [request for request in mixed if request.path == "/translate"]
+    sizes, beams = {len(r.sentences) for r in translate}, {r.beam_size for r in translate}
+    assert sizes == set(range(1, 17)) and beams == {1, 5}
+    attention = [request for request in mixed if request.path == "/attention"]
+    assert 50 < len(attention) < 150 and all(len(request.sentences) == 1 for request in attention)
+    args, config = loadtest.parse_arguments(["--text_file", "unused", "--workload", "mixed", "--serve_max_sentences",
+                                             "4", "--serve_max_beam_size", "3", "--seed", "7"])
+    other = loadtest.build_requests(sentences, args, config)
+    assert other != mixed[:len(other)] and max(len(r.sentences) for r in other) == 4
+    assert {r.beam_size for r in other if r.path == "/translate"} == {1, 3}
+    attention_answer = json.dumps({"source_tokens": [], "output_tokens": ["x"], "weights": [[1.0]]}).encode()
+    assert loadtest.classify(200, None, attention_answer, 1, "/attention") == ("ok", "")
+    assert loadtest.classify(200, None, b'{"translations": ["x"]}', 1, "/attention")[0] == "bad_answer"

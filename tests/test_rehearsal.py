@@ -102,8 +102,8 @@ def test_a_training_step_on_the_cpu_makes_no_host_tensor_in_project_code(data: P
 
 
 def test_decoding_makes_no_host_tensor_in_project_code() -> None:
-    """Greedy, beam search (with the brevity penalty and n-gram blocking) and sampling, over the
-    model and its KV cache, and the training loss."""
+    """Greedy, beam search (with the brevity penalty and n-gram blocking, and with constraints) and
+    sampling, over the model and its KV cache, and the training loss."""
     torch.manual_seed(0)
     config = {**get_config(), **PRESETS["tiny"]}
     model = build_model(config, 40, 50).eval()
@@ -114,6 +114,7 @@ def test_decoding_makes_no_host_tensor_in_project_code() -> None:
         greedy_decode(model, src, src_mask, 12, no_repeat_ngram_size=2)
         beam_search(model, src, src_mask, 12, 3, length_penalty=1.0, n_best=2, no_repeat_ngram_size=2,
                     brevity_penalty=0.2, length_ratio=1.1)
+        beam_search(model, src, src_mask, 12, 4, constraints=[[[5, 6]], None, [[[7], [8, 9]], [10]]])
         sample(model, src, src_mask, 12, samples=2, topk=5, topp=0.9, temperature=0.8)
         tgt = torch.full((3, 6), SOS_ID, device=src.device)
         loss_sum(model(src, tgt, src_mask), tgt, 0.1).backward()

@@ -41,6 +41,7 @@ SENTENCES = ["The cat sees the dog.", "The old man reads a book.", "The small fi
 LIMITS = ["--serve_max_sentences", "4", "--serve_max_chars", "80", "--serve_max_body_bytes", "2048",
           "--serve_max_beam_size", "3"]
 KEY = "test-key-0123456789"
+TYPED_SPECIALS = "<2fr> the cat [EOS] sees [PAD] the <BT> dog [SOS] ."  # control tokens' strings, typed
 AUTHORIZED = {"Authorization": f"Bearer {KEY}"}
 
 
@@ -164,6 +165,11 @@ def test_a_model_of_several_targets_translates_into_the_requested_one(several_ta
             (400, {"error": "target_lang 'de' is not a target language of this model (fr, it)"})
         status, answer = call(server.port, "POST", "/attention", {"text": sentences[0], "target_lang": "it"})
         assert status == 200 and answer["source_tokens"][:2] == ["[SOS]", "<2it>"]
+        # typed, a tag or a special token is text: the request's target_lang decides, nothing is masked
+        status, typed = call(server.port, "POST", "/attention", {"text": TYPED_SPECIALS, "target_lang": "it"})
+        assert status == 200 and typed["source_tokens"][:2] == ["[SOS]", "<2it>"] and typed["source_tokens"][-1] == "[EOS]"
+        assert not {"[SOS]", "[EOS]", "[PAD]", "<2fr>", "<2it>"} & set(typed["source_tokens"][2:-1])
+        assert all(len(row) == len(typed["source_tokens"]) for row in typed["weights"])
         assert answer["output_tokens"] == translator.cross_attention(sentences[0], "it").output_tokens
         assert no_traceback(server)
 
@@ -410,6 +416,23 @@ def test_a_key_off_loopback_needs_tls_or_a_trusted_network(tmp_path: Path, capsy
             serve.main(["--checkpoint", str(tmp_path / "missing.pt"), "--port", "0", *args])
         [line] = capsys.readouterr().err.splitlines()
         assert stopped.value.code == 2 and message in line, args
+
+
+def test_a_key_that_is_not_visible_ascii_is_refused_at_start(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client sends a header's key as UTF-8 or latin-1 bytes: a key like 'clé-secrète' could never
+    match one of them, nor a key with a space or a control character pass every proxy; such a key
+    ends the start in one line (from a file or from the environment)."""
+    key_file = tmp_path / "key"
+    for key, shown in (("clé-secrète", "'é' (U+00E9)"), ("two words", "' ' (U+0020)"), ("tab\there", "'\\t' (U+0009)")):
+        key_file.write_text(key + "\n", encoding="utf-8")
+        monkeypatch.setenv("TRANSLATE_API_KEY", key)
+        for args, origin in ((["--api_key_file", str(key_file)], f"--api_key_file {key_file}"),
+                             ([], "the TRANSLATE_API_KEY environment variable")):
+            with pytest.raises(SystemExit) as stopped:
+                serve.main(["--checkpoint", str(tmp_path / "missing.pt"), "--port", "0", *args])
+            [line] = capsys.readouterr().err.splitlines()
+            assert stopped.value.code == 2 and f"{origin}: the API key holds {shown}; a key must be visible ASCII" in line
 
 
 def test_serving_keys_are_validated() -> None:

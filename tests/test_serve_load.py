@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 import pytest
 from starlette.requests import Request
 
+import serve
 from benchmarks.loadtest import ROOT, ServerProcess
 from config import get_config
 from serve import WARM_UP, ApiError, Service
@@ -108,6 +109,7 @@ class Server:
     log: list[str]
     tls: ssl.SSLContext | None = None
     headers: dict[str, str] | None = None
+    pid: int = 0
 
     def send(self, method: str, path: str, body: Any = None) -> tuple[int, http.client.HTTPMessage, bytes]:
         return exchange(self.port, method, path, body, self.headers, tls=self.tls)
@@ -182,15 +184,16 @@ def expected(translator: TorchTranslator, sentences: list[str], beam_size: int =
 
 @pytest.fixture(scope="module")
 def held(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Server, Gates]:
-    """A server whose decoding calls wait at their gate. Its queue holds 12 work (one request of 4
-    sentences at beam 3); a batch goes to the model as soon as its first request arrives; a body has
-    1 s to arrive."""
+    """A server whose decoding calls wait at their gate, greedy unless a request says otherwise. Its
+    queue holds 12 work (one request of 4 sentences at beam 3); a batch goes to the model as soon as
+    its first request arrives; a body has 1 s to arrive; a request head 2 s; 500 connections at most."""
     gates = Gates(tmp_path_factory.mktemp("gates"))
     gates.open("load")
     with ServerProcess(["--checkpoint", str(checkpoint), "--serve_max_sentences", "4", "--serve_max_beam_size", "3",
-                        "--serve_max_queued_work", "12", "--serve_batch_wait_ms", "0", "--serve_body_timeout_s", "1"],
+                        "--serve_max_queued_work", "12", "--serve_batch_wait_ms", "0", "--serve_body_timeout_s", "1",
+                        "--serve_header_timeout_s", "2", "--serve_max_connections", "500", "--beam_size", "1"],
                        env=gates.env()) as process:
-        yield Server(process.port, process.log), gates
+        yield Server(process.port, process.log, pid=process.pid), gates
 
 
 def test_overload_gets_503_with_retry_after(held: tuple[Server, Gates], translator: TorchTranslator) -> None:
@@ -253,6 +256,41 @@ def test_a_slow_body_gets_408(held: tuple[Server, Gates]) -> None:
     client.close()
 
 
+def test_thousands_of_idle_connections_leave_the_probes_and_the_api_answering(held: tuple[Server, Gates],
+                                                                             translator: TorchTranslator) -> None:
+    """3,000 connections from one client that send nothing, against serve_max_connections 500:
+    liveness, readiness and a translation answer 200 meanwhile (uvicorn's own limit answered them a
+    plain-text 503), the server holds at most 500 of them (its open files stay bounded), and each
+    is closed once serve_header_timeout_s (2 s) has passed without a request head."""
+    server, gates = held
+    gates.open("decode")
+    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(3000)]
+    opened = time.monotonic()
+    try:
+        assert server.call("GET", "/health/live") == (200, {"status": "live"})
+        assert server.call("GET", "/health/ready") == (200, {"status": "ready"})
+        assert server.call("POST", "/translate", {"text": [SENTENCES[0]], "beam_size": 1}) == \
+            expected(translator, [SENTENCES[0]])
+        assert len(os.listdir(f"/proc/{server.pid}/fd")) < 500 + 128
+        assert server.metric("serve_connections_closed_total", reason="evicted") >= 2500
+        time.sleep(max(0.0, opened + 3 - time.monotonic()))
+        assert all(closed(connection) for connection in idle)
+    finally:
+        for connection in idle:
+            connection.close()
+    assert no_traceback(server.log)
+
+
+def closed(connection: socket.socket) -> bool:
+    """Whether the other end has closed `connection` (without waiting)."""
+    try:
+        return connection.recv(1, socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True
+
+
 def test_metrics_parse(held: tuple[Server, Gates]) -> None:
     server, _ = held
     samples = metrics(server.port, headers=None)
@@ -306,7 +344,7 @@ def test_probes_tls_and_a_drain_with_requests_in_flight(checkpoint: Path, transl
     (tmp_path / "api_key").write_text(KEY)
     process, log = start(["--checkpoint", str(checkpoint), "--host", "0.0.0.0", "--api_key_file",
                           str(tmp_path / "api_key"), "--ssl_certfile", str(cert), "--ssl_keyfile", str(key),
-                          "--serve_batch_wait_ms", "0"], gates.env())
+                          "--serve_batch_wait_ms", "0", "--beam_size", "1"], gates.env())
     try:
         listening = until(lambda: next(filter(None, map(LISTENING.match, log)), None), "the socket to open")
         tls = ssl.create_default_context(cafile=str(cert))
@@ -415,6 +453,30 @@ def test_the_deadline_and_a_stuck_decode(translator: TorchTranslator,
 
     asyncio.run(asyncio.wait_for(scenario(), 60))  # a broken guard fails, not hangs
     assert calls == [[WARM_UP], ["The cat."]]
+
+
+def test_freed_memory_goes_back_once_the_model_is_idle(translator: TorchTranslator,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a translation and IDLE_TRIM_S without another model call, the heap's free pages are
+    handed back (malloc_trim), once, in the model's thread; not before any call, not again until
+    the next call."""
+    monkeypatch.setattr(serve, "IDLE_TRIM_S", 0.05)
+    trims: list[str] = []
+    monkeypatch.setattr(serve, "release_freed_memory", lambda: trims.append(threading.current_thread().name))
+
+    async def scenario() -> None:
+        service = await loaded(translator)
+        service.background(service.trim_when_idle())
+        await asyncio.sleep(0.3)
+        assert trims == []
+        await service.translate(never_disconnects(), asyncio.get_running_loop().time(), ["The cat."],
+                                service.defaults)
+        await asyncio.sleep(0.3)
+        assert trims == ["model"]
+        await asyncio.sleep(0.3)
+        assert trims == ["model"]
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
 @pytest.mark.parametrize("grace, signals", [(0.3, 1), (60.0, 2)], ids=["grace-period-ends", "second-signal"])

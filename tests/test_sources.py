@@ -46,6 +46,20 @@ def test_streams_a_local_hub_layout_folder(tmp_path: Path) -> None:
         assert all_pairs(folder, name) == pairs
 
 
+def test_a_hub_layout_folder_of_one_direction_serves_the_other(tmp_path: Path) -> None:
+    """A README that names only en-it: it-en reads that config with the sides swapped (the
+    scoring recipe's backward model), with a fingerprint of its own; a pair it lacks both ways is
+    one line naming the pairs it has."""
+    pairs = synthetic_pairs(6, 1)
+    folder = write_hub_dataset(tmp_path / "data", {"train": pairs})
+    reverse = open_source(str(folder), "it", "en")
+    assert reverse.pair == "it-en" and reverse.splits == ["train"]
+    assert reverse.fingerprint != open_source(str(folder), "en", "it").fingerprint
+    assert read_all_pairs(reverse, "train", "it", "en") == [(tgt, src) for src, tgt in pairs]
+    with pytest.raises(DataError, match=r"no fr-en language pair \(available: \['en-it'\]\)"):
+        open_source(str(folder), "fr", "en")
+
+
 def test_bad_rows_are_skipped_and_counted(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     good = synthetic_pairs(4, 1)
     bad = [{"id": "a", "translation": {"en": "No Italian."}},

@@ -10,6 +10,7 @@ line and is never deleted; a store_folder or lock file that cannot be written is
 from __future__ import annotations
 
 import errno
+import json
 import multiprocessing
 import os
 import resource
@@ -22,14 +23,18 @@ from typing import Callable
 
 import numpy as np
 import pytest
+import torch
 
 import sources
 import store
 import train
+from cleaning import dual_conditional_cross_entropy, keep_best
 from config import get_config
+from sources import DataError
 from store import TextStore, text_store, token_store, tokenizer_sample
 from synthetic_data import synthetic_pairs, write_hub_dataset, write_parallel_files
-from tokenizer import UNK_ID, encode_ids, train_tokenizers
+from tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK_ID, encode_ids, train_tokenizers
+from translator import TorchTranslator
 
 
 def numbered_pairs(count: int, prefix: str = "w") -> list[tuple[str, str]]:
@@ -126,10 +131,10 @@ def test_filters_are_off_by_default_and_counted_when_on(tmp_path: Path, capsys: 
     pairs = synthetic_pairs(100, 1)
     noisy = pairs + pairs[:30] + [("Yes.", "Sì " * 20 + "."), ("No.", "No.")]
     folder = write_hub_dataset(tmp_path / "data", {"train": noisy, "validation": pairs[:5], "test": pairs[:5]})
-    plain = text_store(config_for(folder, tmp_path))
+    plain = text_store(config_for(folder, tmp_path, clean=False))  # cleaning's rules would remove those too
     assert plain.size("train") == 132
     assert "filter_" not in capsys.readouterr().err
-    config = config_for(folder, tmp_path, filter_duplicates=True, filter_max_length_ratio=3.0)
+    config = config_for(folder, tmp_path, filter_duplicates=True, filter_max_length_ratio=3.0, clean=False)
     deduplicated = text_store(config)
     unique = len(set(noisy))
     assert deduplicated.size("train") == unique
@@ -142,6 +147,77 @@ def test_filters_are_off_by_default_and_counted_when_on(tmp_path: Path, capsys: 
                .dataset("train")) == unique
 
 
+# ---------------------------------------------------------------------------- cleaning
+
+NOISE = [("Tom is here.", "Tom is here."),  # copy
+         ("La stazione è dall'altra parte del fiume.", "The station is on the other side of the river."),  # language
+         ("The word w3 is here!", "La parola w3 è qui!"),  # a near-duplicate of row 3
+         ("The word café is here.", "La parola caffe\u0300 è qui.")]  # kept, NFC-normalised
+
+
+def test_cleaning_removes_training_pairs_by_reason_and_keeps_the_report(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    """Only train is cleaned, kept pairs NFC-normalised; the counts and samples (rows numbered as the
+    corpus's training pairs) are logged in one line and written beside the store, and read back when
+    it is reused; --clean false and every setting have stores of their own."""
+    train = numbered_pairs(40) + NOISE
+    held_out = [NOISE[0], *numbered_pairs(3, "v")]  # the held-out splits are never cleaned
+    folder = write_hub_dataset(tmp_path / "data", {"train": train, "validation": held_out, "test": held_out})
+    cleaned = text_store(config_for(folder, tmp_path))
+    line = "data: cleaning en-it: kept 41 of 44 pairs, removed 3 (1 copy, 1 language, 1 near_duplicate), " \
+           "NFC-normalised 1"
+    assert line in capsys.readouterr().err.splitlines()
+    assert cleaned.pairs("train") == numbered_pairs(40) + [("The word café is here.", "La parola caffè è qui.")]
+    assert cleaned.pairs("validation") == cleaned.pairs("test") == held_out
+    report = json.loads((cleaned.folder / store.CLEANING_FILE).read_text(encoding="utf-8"))
+    assert report == cleaned.cleaning() and report["scoring"] is None
+    assert report["rules"]["removed"] == {"copy": 1, "language": 1, "near_duplicate": 1}
+    assert {reason: [(sample["row"], sample["source"]) for sample in samples]
+            for reason, samples in report["rules"]["samples"].items()} == \
+        {"copy": [(40, NOISE[0][0])], "language": [(41, NOISE[1][0])], "near_duplicate": [(42, NOISE[2][0])]}
+    assert text_store(config_for(folder, tmp_path)).folder == cleaned.folder
+    assert "building" not in (err := capsys.readouterr().err) and line in err.splitlines()
+    plain = text_store(config_for(folder, tmp_path, clean=False))
+    assert plain.folder != cleaned.folder and plain.pairs("train") == train and plain.cleaning() is None
+    assert text_store(config_for(folder, tmp_path, clean_near_duplicates=False)).size("train") == 42
+
+
+def test_carving_is_the_same_with_cleaning_on_or_off(tmp_path: Path) -> None:
+    pairs = numbered_pairs(200)
+    folder = write_hub_dataset(tmp_path / "data", {"train": pairs[:100] + NOISE + pairs[100:]})
+    cleaned, plain = (text_store(config_for(folder, tmp_path, clean=clean)) for clean in (True, False))
+    for split in ("validation", "test"):
+        assert cleaned.pairs(split) == plain.pairs(split)
+    removed = set(plain.pairs("train")) - set(cleaned.pairs("train"))
+    assert removed and removed <= set(NOISE)
+
+
+def test_model_scoring_keeps_the_best_share_and_is_keyed_by_the_models_content(
+        tmp_path: Path, untrained_checkpoint, capsys: pytest.CaptureFixture) -> None:
+    train = numbered_pairs(30)
+    folder = write_hub_dataset(tmp_path / "data", {"train": train, "validation": train[:2], "test": train[:2]})
+    forward = untrained_checkpoint(tmp_path / "forward", train, "en", "it")
+    backward = untrained_checkpoint(tmp_path / "backward", [(t, s) for s, t in train], "it", "en")
+    config = config_for(folder, tmp_path, clean_score_forward=str(forward), clean_score_backward=str(backward),
+                        clean_score_keep=0.3, clean_samples=2)
+    scored = text_store(config)
+    models = [TorchTranslator.load(path, path.parent, torch.device("cpu")) for path in (forward, backward)]
+    scores = dual_conditional_cross_entropy(train, *models, "en", "it")
+    assert scored.pairs("train") == [train[i] for i in keep_best(scores, 0.3)]  # 9 of 30
+    report = scored.cleaning()["scoring"]
+    assert (report["scored"], report["kept"], [sample["row"] for sample in report["worst"]]) == \
+        (30, 9, list(np.argsort(-scores, kind="stable")[:2]))
+    assert "scoring by dual conditional cross-entropy kept the best 9 of 30 (30%)" in capsys.readouterr().err
+    copy = tmp_path / "copy" / forward.name
+    copy.parent.mkdir()
+    shutil.copy(forward, copy)
+    assert text_store({**config, "clean_score_forward": str(copy)}).folder == scored.folder  # the same model
+    retrained = untrained_checkpoint(tmp_path / "retrained", train[:20], "en", "it")
+    assert text_store({**config, "clean_score_forward": str(retrained)}).folder != scored.folder
+    with pytest.raises(DataError, match="the forward model translates it into en, not en into it"):
+        text_store({**config, "clean_score_forward": str(backward), "clean_score_keep": 0.5})
+
+
 # ---------------------------------------------------------------------------- the token store
 
 @pytest.fixture
@@ -150,6 +226,22 @@ def built(train_only: Path, tmp_path: Path):
     text = text_store(config)
     tok_src, tok_tgt = train_tokenizers(config, lambda: tokenizer_sample(config, [text]))
     return config, text, tok_src, tok_tgt, token_store(config, text, tok_src, tok_tgt)
+
+
+def test_special_tokens_typed_in_training_pairs_are_stored_as_text(tmp_path: Path) -> None:
+    """A pair whose text holds [EOS], [PAD], [SOS] or a tag (<BT> is reserved by default) gets none
+    of their ids: only the tagged corpus's own tag, first in each source row, is a control id."""
+    pairs = [(f"The word w{i} [EOS] is [PAD] <BT> here.", f"La parola [SOS] w{i} <BT> è qui [EOS].") for i in range(60)]
+    folder = write_hub_dataset(tmp_path / "data", {"train": pairs})
+    config = config_for(folder, tmp_path, datasource=f"{folder}:1:<BT>")
+    [text] = store.text_stores(config)
+    tok_src, tok_tgt = train_tokenizers(config, lambda: tokenizer_sample(config, [text]))
+    tag = tok_src.token_to_id("<BT>")
+    controls = {tag, PAD_ID, SOS_ID, EOS_ID}
+    rows = token_store(config, text, tok_src, tok_tgt, store.corpora(config)[0]).dataset("train")
+    for row in range(len(rows)):
+        src, tgt = (ids.tolist() for ids in rows[row])
+        assert src[0] == tag and not controls & set(src[1:]) and not controls & set(tgt)
 
 
 def test_rows_are_the_pairs_token_ids_memory_mapped_in_the_smallest_type(built, tmp_path: Path) -> None:

@@ -118,7 +118,8 @@ def test_experiment_tokenizers_are_saved_and_loaded(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kind", ["wordlevel", "bpe", "unigram"])
 def test_a_run_reserves_its_tags_whole_after_the_fixed_ids_and_never_decodes_them(kind: str) -> None:
     """<BT> (reserved_tags), <2fr> and <2it> (a model of two targets), in every tokenizer type: ids 4, 5
-    and 6 on both sides, one token each even in the text, and gone from decoded output."""
+    and 6 on both sides, and gone from decoded output; typed in a text, a tag or a fixed special
+    token is text: split into ordinary pieces, never its id."""
     config = {**get_config(), "tokenizer_type": kind, "vocab_size": 300, "min_frequency": 1, "lang_tgt": "fr+it",
               "datasource": "europarl:1:<2fr>,news:1:<2it>"}
     tok_src, tok_tgt = train_tokenizers(config, lambda: iter([(s, s) for s in SENTENCES * 3]))
@@ -127,7 +128,8 @@ def test_a_run_reserves_its_tags_whole_after_the_fixed_ids_and_never_decodes_the
         assert [tag_id(tokenizer, tag, "the test") for tag in ("<BT>", "<2fr>", "<2it>")] == [4, 5, 6]
         for sentence in SENTENCES[:4]:
             ids = encode_ids(tokenizer, sentence)
-            assert encode_ids(tokenizer, "<2fr>" + sentence)[0] == 5  # a tag in the text is the tag, whole
+            typed = encode_ids(tokenizer, f"<2fr> {sentence} [EOS] [PAD] <BT> [SOS] <2it>")
+            assert len(typed) > len(ids) + 5 and not {4, 5, 6, PAD_ID, SOS_ID, EOS_ID} & set(typed)
             assert decode_ids(tokenizer, [SOS_ID, 5, *ids, EOS_ID]) == sentence
             assert decode_ids(tokenizer, [SOS_ID, 4, *ids]) == sentence
 

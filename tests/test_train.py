@@ -322,9 +322,11 @@ def stopped_mid_epoch(tmp_path: Path) -> list[str]:
     """The options of a tiny run stopped by --max_steps 5, in the middle of its first epoch."""
     data = write_hub_dataset(tmp_path / "data", {"train": synthetic_pairs(300, 1), "validation": synthetic_pairs(8, 2),
                                                  "test": synthetic_pairs(8, 3)})
+    # --clean false: the schedules below are counted on the synthetic pairs as written (cleaning would
+    # remove their near-duplicates)
     args = ["--datasource", str(data), "--preset", "tiny", "--batch_tokens", "256", "--num_epochs", "100",
             "--val_max_sentences", "4", "--model_folder", str(tmp_path / "w"), "--runs_folder", str(tmp_path / "r"),
-            "--store_folder", str(tmp_path / "s")]
+            "--store_folder", str(tmp_path / "s"), "--clean", "false"]
     assert train.main(args + ["--max_steps", "5"]) == 0
     return args
 
@@ -397,6 +399,34 @@ def test_other_batch_tokens_mid_epoch_resume_at_the_next_epoch(stopped_mid_epoch
                        "rest of epoch 0 is skipped and training resumes at the start of epoch 1"]
     state = newest(stopped_mid_epoch)
     assert (state["epoch"], state["batches_done"], state["global_step"]) == (1, 2, 7)
+
+
+def test_other_cleaning_settings_mid_epoch_resume_at_the_next_epoch(stopped_mid_epoch: list[str],
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    """A cleaning setting is a filter: the checkpoint records what the data store was cleaned with."""
+    capsys.readouterr()
+    cleaning = ["--clean", "true", "--clean_max_length_ratio", "2.5"]
+    assert train.main(stopped_mid_epoch + cleaning + ["--max_steps", "7"]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: cleaning")]
+    assert warning == ["warning: cleaning: rules off -> on since the checkpoint changes this epoch's batches; the "
+                       "rest of epoch 0 is skipped and training resumes at the start of epoch 1"]
+    state = newest(stopped_mid_epoch)
+    assert state["epoch"] == 1 and state["config"]["clean_max_length_ratio"] == 2.5
+    cleaned = state["batch_settings"]["cleaning"]
+    assert cleaned["rules"]["max_length_ratio"] == 2.5 and cleaned["scoring"] is False
+    # Resumed again with the same settings: the store is reused and its counts read back, logged and
+    # written to TensorBoard at the step the run starts from, as the run before wrote them at its own.
+    assert train.main(stopped_mid_epoch + cleaning + ["--max_steps", "8"]) == 0
+    err = capsys.readouterr().err
+    assert "warning" not in err and "building the data store" not in err
+    report = text_store(parse_config(stopped_mid_epoch + cleaning)).cleaning()["rules"]
+    assert report["removed"]["near_duplicate"] > 0
+    assert f"data: cleaning en-it: kept {report['kept']} of {report['seen']} pairs" in err
+    events = EventAccumulator(str(runs_dir(parse_config(stopped_mid_epoch))), size_guidance={"scalars": 0})
+    events.Reload()
+    for name, count in (("seen", report["seen"]), ("kept", report["kept"]),
+                        ("near_duplicate", report["removed"]["near_duplicate"]), ("score", 0)):
+        assert [(e.step, e.value) for e in events.Scalars(f"data/cleaning/{name}")] == [(5, count), (7, count)]
 
 
 # ---------------------------------------------------------------------------- stopping rules
@@ -497,7 +527,7 @@ def test_init_from_fine_tunes_a_model_in_a_folder_of_its_own(trained_run, tmp_pa
                                                     "validation": synthetic_pairs(8, 12), "test": synthetic_pairs(8, 13)})
     common = ["--datasource", str(second), "--batch_tokens", "256", "--lr", "1e-3", "--num_epochs", "100",
               "--log_every", "1", "--val_max_sentences", "4", "--model_folder", str(tmp_path / "w"),
-              "--runs_folder", str(tmp_path / "r"), "--store_folder", str(tmp_path / "s")]
+              "--runs_folder", str(tmp_path / "r"), "--store_folder", str(tmp_path / "s"), "--clean", "false"]
     assert train.main(common + ["--preset", "tiny", "--experiment_name", "scratch", "--max_steps", "3"]) == 0
     tuned = common + ["--init_from", str(base_path), "--experiment_name", "tuned"]
     capsys.readouterr()

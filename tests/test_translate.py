@@ -315,6 +315,15 @@ def test_a_closed_pipe_ends_quietly_with_141(trained_run, expected: dict[str, st
     assert len(lines) == 1 and lines[0].startswith("translate.py: using "), lines
 
 
+def test_a_closed_stdout_ends_quietly_with_141(trained_run) -> None:
+    """`translate.py "x" >&-`: Python starts with no sys.stdout; the run ends at once as for a closed
+    pipe, before the model loads, with nothing on stderr."""
+    process = subprocess.run([sys.executable, "translate.py", *experiment(trained_run), FIRST], cwd=ROOT,
+                             stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=lambda: os.close(1),
+                             timeout=120)
+    assert (process.returncode, process.stderr) == (141, b"")
+
+
 def test_a_model_of_several_targets_needs_target_lang(several_targets, capsys: pytest.CaptureFixture) -> None:
     sentences = ["the cat sees the dog .", "a red house ."]
     code, out, err = run_main(capsys, several_targets.args + sentences)

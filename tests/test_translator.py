@@ -22,7 +22,7 @@ from tokenizers import Tokenizer, trainers
 from checkpoint import save_checkpoint
 from config import PRESETS, get_config, validate_config, weights_dir
 from model import Transformer, build_model
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, SPECIAL_TOKENS, train_tokenizer
+from tokenizer import EOS_ID, PAD_ID, SOS_ID, SPECIAL_TOKENS, encode_ids, train_tokenizer
 import translator as translator_module
 from translator import CTranslate2Translator, DecodingOptions, TorchTranslator, TranslatorError
 
@@ -110,6 +110,12 @@ class CountingTokenizer:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.tokenizer, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:  # a setting (encode_special_tokens) is the tokenizer's
+        if name in ("tokenizer", "sentences"):
+            super().__setattr__(name, value)
+        else:
+            setattr(self.tokenizer, name, value)
 
 
 @pytest.fixture(scope="module")
@@ -278,6 +284,34 @@ def test_tags_never_reach_an_output(several_targets) -> None:
         with torch.no_grad():
             bias.copy_(saved)
     assert [[h.text for h in hypotheses] for hypotheses in outputs] == [["", ""]] * len(SENTENCES)
+
+
+def test_special_tokens_typed_in_a_sentence_are_text_on_both_engines(several_targets, tmp_path: Path) -> None:
+    """A typed <2it> does not override target_lang fr, and a typed [EOS], [PAD], [SOS] or <BT> is no
+    control token: the encoder gets [SOS] <2fr>, the sentence's ordinary pieces and [EOS] (then
+    padding), in the translation and in the attention's rerun; CTranslate2 gets the same pieces and
+    translates alike."""
+    import export
+    typed = ["<2it> the cat [EOS]", "[PAD] a dog <BT>", "[SOS] ."]  # each within the model's 13 tokens
+    pieces = [encode_ids(several_targets.tok_src, sentence) for sentence in typed]
+    assert all(len(ids) > 4 and not {PAD_ID, SOS_ID, EOS_ID, 4, 5} & set(ids) for ids in pieces)
+    translator = several_targets.translator()
+    recorder = EncoderInputs(several_targets.model)
+    options = DecodingOptions(target_lang="fr", beam_size=1)
+    try:
+        expected = translator.translate_best(typed, options)
+        attention = translator.cross_attention(typed[0], "fr")
+    finally:
+        recorder.handle.remove()
+    rows = {tuple(row[:len(row) - next(i for i, token in enumerate(reversed(row)) if token != PAD_ID)])
+            for row in recorder.rows()}
+    assert rows == {(SOS_ID, 4, *ids, EOS_ID) for ids in pieces}
+    assert attention.source_tokens[:2] == ["[SOS]", "<2fr>"] and attention.source_tokens.count("[EOS]") == 1
+    export.export_model(several_targets.model, several_targets.config, several_targets.tok_src,
+                        several_targets.tok_tgt, tmp_path / "ct2", "float32")
+    ct2 = CTranslate2Translator(tmp_path / "ct2")
+    assert ct2.encode(typed[:1], ct2.source_tag("fr"))[0].tokens == attention.source_tokens[1:-1]
+    assert ct2.translate_best(typed, options) == expected
 
 
 def test_each_source_is_tokenized_once(several_targets, tmp_path: Path) -> None:

@@ -1,0 +1,232 @@
+"""Glossary constraints taken from the references: how many are met, BLEU with and without them,
+and what they cost against free beam search.
+
+    python -m benchmarks.bench_glossary --model_folder DIR --experiment_name NAME [--checkpoint PATH]
+        [--datasource data/tatoeba] [--split test] [--beam 5] [--max_constraints 3] [--max_sentences N]
+        [--device cpu] [--json]
+
+1. A bilingual word list from the train split: for each pair of a source word and a target word
+   (lower-cased \\w+ words) seen together in at least MIN_PAIRS sentence pairs, their Dice
+   coefficient 2 c(s, t) / (c(s) + c(t)) over sentence pairs; a pair is in the list at DICE or more.
+2. Free beam search over the split (the model chosen by --checkpoint_choice, `--beam`, the
+   config's length and brevity penalties), through decoding.beam_search in length-sorted batches
+   of --eval_batch_size, as translator.py batches (and in its autocast dtype on a GPU).
+3. Constraints: for each sentence, up to --max_constraints reference words the free output lacks
+   (as lower-cased words) whose best source word by the list is in the source, best Dice first, each
+   source word used once. They become the sentence's glossary (source word -> the target word as
+   the reference writes it) and go through glossary.py: matched in the source, turned into token
+   ids with their glued spellings.
+4. Constrained beam search over the same batches (constrained and free sentences mixed).
+
+Reported: the constraints met (the term's tokens in the output), hypotheses cut off before meeting
+theirs, terms written after the end of a one-sentence translation (appended rather than placed),
+corpus BLEU and chrF with and without constraints on the whole split and on the constrained
+sentences (one reference per line, sacreBLEU signatures), and sentences/s of both passes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the project
+    sys.exit("bench_glossary.py: run it from the repository root as: python -m benchmarks.bench_glossary")
+
+from checkpoint import CheckpointError  # noqa: E402  (after the check above)
+from config import EVALUATE, ConfigError, build_parser, parse_args, weights_dir  # noqa: E402
+from decoding import Hypothesis, beam_search, max_output_tokens  # noqa: E402
+from device import pick_device  # noqa: E402
+from glossary import Glossary, GlossaryError, term_alternatives  # noqa: E402
+from scoring import corpus_scores  # noqa: E402
+from sources import DataError, Pair, open_source, read_all_pairs  # noqa: E402
+from tokenizer import decode_ids  # noqa: E402
+from translator import TorchTranslator, TranslatorError  # noqa: E402
+
+WORD = re.compile(r"\w+")
+MIN_PAIRS = 3
+DICE = 0.3
+
+
+def words(text: str) -> list[str]:
+    return WORD.findall(text)
+
+
+def word_list(pairs: Sequence[Pair]) -> dict[str, dict[str, float]]:
+    """target word -> {source word: Dice} for the pairs at DICE or more (module docstring)."""
+    source_counts, target_counts, together = Counter(), Counter(), Counter()
+    for source, target in pairs:
+        source_words, target_words = set(map(str.lower, words(source))), set(map(str.lower, words(target)))
+        source_counts.update(source_words)
+        target_counts.update(target_words)
+        together.update((s, t) for s in source_words for t in target_words)
+    associated: dict[str, dict[str, float]] = {}
+    for (s, t), count in together.items():
+        dice = 2 * count / (source_counts[s] + target_counts[t])
+        if count >= MIN_PAIRS and dice >= DICE:
+            associated.setdefault(t, {})[s] = dice
+    return associated
+
+
+def sentence_glossary(source: str, reference: str, output: str, associated: dict[str, dict[str, float]],
+                      most: int) -> list[tuple[str, str]]:
+    """Up to `most` (source word, reference word) pairs for reference words the output lacks."""
+    have, source_words = {w.lower() for w in words(output)}, {w.lower() for w in words(source)}
+    found = []
+    for target in dict.fromkeys(words(reference)):  # each word once, in order
+        if target.lower() in have:
+            continue
+        candidates = {s: d for s, d in associated.get(target.lower(), {}).items() if s in source_words}
+        if candidates:
+            best = max(candidates, key=candidates.get)
+            found.append((candidates[best], best, target))
+    pairs, used = [], set()
+    for _, source_word, target in sorted(found, key=lambda item: -item[0]):
+        if source_word not in used and len(pairs) < most:
+            pairs.append((source_word, target))
+            used.add(source_word)
+    return pairs
+
+
+def search(translator: TorchTranslator, sentences: Sequence[str], beam: int, config: dict[str, Any],
+           constraints: Sequence[list | None] | None = None) -> tuple[list[Hypothesis], float]:
+    """The best hypothesis of each sentence and the seconds taken, in length-sorted batches."""
+    sources = translator.encode(sentences, "")
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i].ids), reverse=True)
+    found: list[Hypothesis | None] = [None] * len(sources)
+    started = time.perf_counter()
+    with translator.evaluating():
+        for start in range(0, len(order), config["eval_batch_size"]):
+            chunk = order[start:start + config["eval_batch_size"]]
+            src, src_mask = translator.source_batch([sources[i] for i in chunk])
+            results = beam_search(translator.model, src, src_mask,
+                                  max_output_tokens(len(sources[chunk[0]].ids), translator.seq_len), beam,
+                                  config["length_penalty"], 1, config["no_repeat_ngram_size"],
+                                  config["brevity_penalty"], translator.length_ratio,
+                                  None if constraints is None else [constraints[i] for i in chunk])
+            for index, hypotheses in zip(chunk, results):
+                found[index] = hypotheses[0]
+    if src.is_cuda:
+        torch.cuda.synchronize()
+    return found, time.perf_counter() - started
+
+
+def holds(tokens: list[int], alternatives: list[list[int]]) -> bool:
+    return any(tokens[i:i + len(ids)] == ids for ids in alternatives for i in range(len(tokens)))
+
+
+def appended(text: str, free: str, term: str) -> bool:
+    """The term's first place in `text` is after a sentence end, where `free` is one sentence."""
+    if len(re.findall(r"[.!?]+(?=\s|$)", free)) > 1:
+        return False
+    place = re.search(rf"(?<!\w){re.escape(term)}(?!\w)", text)
+    end = re.search(r"[.!?]+(?=\s)", text)
+    return bool(place and end and end.start() < place.start())
+
+
+def scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
+    measured = corpus_scores(hypotheses, references)
+    return {key: measured[key] for key in ("bleu", "chrf", "bleu_signature", "chrf_signature")}
+
+
+def measure(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any]:
+    device = pick_device(config["device"])
+    translator = TorchTranslator.load(args.checkpoint, weights_dir(config), device, choice=config["checkpoint_choice"])
+    languages = (translator.model_config["lang_src"], translator.model_config["lang_tgt"])
+    source = open_source(config["datasource"], *languages)
+    associated = word_list(read_all_pairs(source, "train", *languages))
+    pairs = read_all_pairs(source, args.split, *languages)[:args.max_sentences or None]
+    sentences, references = [s for s, _ in pairs], [t for _, t in pairs]
+    search(translator, sentences[:64], args.beam, config)  # warm-up
+    free, free_seconds = search(translator, sentences, args.beam, config)
+    free_texts = [decode_ids(translator.tok_tgt, h[0]) for h in free]
+    constraints, terms, unspellable = [], [], 0
+    for sentence, reference, output in zip(sentences, references, free_texts):
+        spellable = []
+        for pair in sentence_glossary(sentence, reference, output, associated, args.max_constraints):
+            try:
+                term_alternatives(translator.tok_tgt, pair[1])
+                spellable.append(pair)
+            except GlossaryError:
+                unspellable += 1
+        glossary = Glossary.build(spellable, translator.tok_tgt)
+        terms.append([(target, glossary.target_ids[target]) for _, target in glossary.terms_in(sentence)])
+        constraints.append([ids for _, ids in terms[-1]] or None)
+    bound, bound_seconds = search(translator, sentences, args.beam, config, constraints)
+    bound_texts = [decode_ids(translator.tok_tgt, h[0]) for h in bound]
+    rows = [i for i, c in enumerate(constraints) if c]
+    met = sum(holds(bound[i][0], ids) for i in rows for _, ids in terms[i])
+    placed_after = sum(appended(bound_texts[i], free_texts[i], term) for i in rows for term, _ in terms[i])
+    count = sum(len(terms[i]) for i in rows)
+    return {
+        "command": " ".join(["python", "-m", "benchmarks.bench_glossary", *sys.argv[1:]]),
+        "model": translator.source, "device": str(device), "threads": torch.get_num_threads(),
+        "split": f"{config['datasource']} {args.split}", "sentences": len(sentences), "beam": args.beam,
+        "length_penalty": config["length_penalty"], "brevity_penalty": config["brevity_penalty"],
+        "word_list_entries": sum(map(len, associated.values())), "constrained_sentences": len(rows),
+        "constraints": count, "unspellable_terms": unspellable, "constraints_met": met,
+        "cut_off_before_meeting": sum(not bound[i].complete for i in rows), "placed_after_the_end": placed_after,
+        "free": {**scores(free_texts, references), "sentences_per_s": len(sentences) / free_seconds},
+        "constrained": {**scores(bound_texts, references), "sentences_per_s": len(sentences) / bound_seconds},
+        "subset_free": scores([free_texts[i] for i in rows], [references[i] for i in rows]),
+        "subset_constrained": scores([bound_texts[i] for i in rows], [references[i] for i in rows]),
+        "examples": [{"source": sentences[i], "free": free_texts[i], "terms": [t for t, _ in terms[i]],
+                      "constrained": bound_texts[i], "reference": references[i]} for i in rows[:8]],
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    free, bound = result["free"], result["constrained"]
+    lines = [f"{result['command']}", f"model {result['model']} on {result['device']} ({result['threads']} threads), "
+             f"{result['split']}: {result['sentences']} sentences, beam {result['beam']}",
+             f"constraints: {result['constraints']} in {result['constrained_sentences']} sentences "
+             f"({result['unspellable_terms']} terms unspellable, skipped); met {result['constraints_met']} "
+             f"({100 * result['constraints_met'] / max(1, result['constraints']):.1f}%), cut off before meeting: "
+             f"{result['cut_off_before_meeting']}, placed after the end: {result['placed_after_the_end']}",
+             f"{'':24} {'BLEU':>7} {'chrF':>7} {'subset BLEU':>12} {'sentences/s':>12}",
+             f"{'free beam':24} {free['bleu']:7.2f} {free['chrf']:7.2f} {result['subset_free']['bleu']:12.2f} "
+             f"{free['sentences_per_s']:12.1f}",
+             f"{'constrained beam':24} {bound['bleu']:7.2f} {bound['chrf']:7.2f} "
+             f"{result['subset_constrained']['bleu']:12.2f} {bound['sentences_per_s']:12.1f}",
+             f"speed: constrained / free = {bound['sentences_per_s'] / free['sentences_per_s']:.2f}",
+             f"BLEU {free['bleu_signature']}", f"chrF {free['chrf_signature']}"]
+    return "\n".join(lines)
+
+
+def search_parser(description: str) -> argparse.ArgumentParser:
+    """The config's options and what this benchmark and bench_confidence.py add: the model, the beam,
+    how many sentences, JSON output."""
+    parser = build_parser(EVALUATE, description)
+    parser.add_argument("--checkpoint", type=Path, default=None, help="default: the experiment's, --checkpoint_choice")
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--max_sentences", type=int, default=0, help="each split's first sentences only (0: all)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the lines")
+    return parser
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    parser = search_parser(__doc__.splitlines()[0])
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--max_constraints", type=int, default=3, help="constraints per sentence, at most")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, resolved = parse_args(EVALUATE, argv, parser=argument_parser())
+    try:
+        result = measure(args, resolved.config)
+    except (CheckpointError, ConfigError, DataError, TranslatorError) as error:
+        print(f"bench_glossary.py: error: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=1) if args.json else table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""glossary.py: a TSV glossary is read or refused in one line per bad row; source terms are found as
+whole words in any case, the longest first; target terms become the ids the model writes for them in
+running text, with the project's BPE and WordLevel tokenizers; a term the vocabulary cannot spell is
+refused by name."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from glossary import Glossary, GlossaryError, check_pairs, read_glossary, term_alternatives, term_ids
+from tokenizer import EOS_ID, UNK_ID, encode_ids, train_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def italian() -> list[str]:
+    with open(ROOT / "data" / "tatoeba" / "en-it" / "train.jsonl", encoding="utf-8") as rows:
+        return [json.loads(row)["translation"]["it"] for _, row in zip(range(3000), rows)]
+
+
+@pytest.fixture(scope="module", params=["bpe", "wordlevel"])
+def tok_tgt(request, italian: list[str]):
+    return train_tokenizer(italian, request.param, 2000, 2)
+
+
+def write(tmp_path: Path, text: str | bytes) -> Path:
+    path = tmp_path / "glossary.tsv"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+    return path
+
+
+def test_reads_a_tsv_glossary(tmp_path: Path) -> None:
+    path = write(tmp_path, "cat\tgatto\n\nblack cat \t gatto nero\ncat\tgatto\nNew York\tNuova York\n")
+    # outer whitespace trimmed, blank lines skipped, the same pair twice kept once
+    assert read_glossary(path, 10) == [("cat", "gatto"), ("black cat", "gatto nero"), ("New York", "Nuova York")]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("cat\tgatto\ndog\n", r"glossary.tsv:2: expected 2 tab-separated columns .* found 1"),
+    ("cat\tgatto\tmicio\n", r"glossary.tsv:1: expected 2 .* found 3"),
+    ("cat\t \n", r"glossary.tsv:1: empty target term"),
+    ("\tgatto\n", r"glossary.tsv:1: empty source term"),
+    ("cat\tgatto\nCAT\tmicio\n", r"glossary.tsv:2: source term 'CAT' already has the target 'gatto' \(.*:1\)"),
+    ("a\tb\nc\td\ne\tf\n", r"3 terms, more than the 2 allowed"),
+    (b"cat\tgatt\xff\n", r"not UTF-8 text \(byte 8\)"),
+    ("x" * 201 + "\ty\n", r"glossary.tsv:1: source term longer than 200 characters"),
+])
+def test_a_bad_glossary_is_one_line_naming_the_row(tmp_path: Path, text: str | bytes, message: str) -> None:
+    with pytest.raises(GlossaryError, match=message) as error:
+        read_glossary(write(tmp_path, text), 2)
+    assert "\n" not in str(error.value)
+
+
+def test_an_unreadable_glossary_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(GlossaryError, match=r"cannot read glossary .*missing.tsv: No such file"):
+        read_glossary(tmp_path / "missing.tsv", 10)
+
+
+def test_pairs_from_a_request_are_checked_alike() -> None:
+    assert check_pairs([["cat", "gatto"]], 5) == [("cat", "gatto")]
+    for pairs, message in (([["cat"]], "glossary entry 1: expected a pair"), ([["cat", 3]], "entry 1: expected"),
+                           (["cat\tgatto"], "entry 1: expected"), ([["a", "b"], ["", "c"]], "entry 2: empty source")):
+        with pytest.raises(GlossaryError, match=message):
+            check_pairs(pairs, 5)
+
+
+def test_source_terms_are_whole_words_in_any_case_longest_first(tok_tgt) -> None:
+    pairs = [("cat", "gatto"), ("black cat", "gatto nero"), ("new", "nuovo"), ("new york", "nuova"), ("C++", "nero")]
+    glossary = Glossary.build(pairs, tok_tgt)
+    found = glossary.terms_in("The BLACK  cat saw a Cat in New\tYork, not a bobcat or cats; C++ too.")
+    assert found == [("BLACK  cat", "gatto nero"), ("Cat", "gatto"), ("New\tYork", "nuova"), ("C++", "nero")]
+    assert glossary.terms_in("A cat, a cat and a cat.") == [("cat", "gatto")]  # each target once
+    assert glossary.terms_in("A bobcat, then a black cat.") == [("black cat", "gatto nero")]
+    assert glossary.terms_in("Cat!") == [("Cat", "gatto")]
+    assert glossary.terms_in("category") == [] and Glossary.build([], tok_tgt).constraints("a cat") == []
+
+
+def test_target_terms_are_the_ids_the_model_writes_in_running_text(tok_tgt) -> None:
+    """After a space, an elision, an opening bracket or quote: one of the term's spellings is there."""
+    glossary = Glossary.build([("black cat", "gatto nero"), ("house", "casa")], tok_tgt)
+    assert glossary.constraints("The house and the black cat.") == [term_alternatives(tok_tgt, "casa"),
+                                                                     term_alternatives(tok_tgt, "gatto nero")]
+    for term in ("gatto nero", "casa", "Tom"):
+        alternatives = term_alternatives(tok_tgt, term)
+        assert alternatives[0] == term_ids(tok_tgt, term) and tok_tgt.decode(alternatives[0]) == term
+        for text in (f"{term} è qui.", f"Ecco {term}, di nuovo.", f"dell'{term}", f"la ({term})", f'"{term}"'):
+            encoded = encode_ids(tok_tgt, text)
+            if UNK_ID in encoded:  # WordLevel knows no "casa" without its "▁"
+                continue
+            assert any(encoded[i:i + len(ids)] == ids for ids in alternatives for i in range(len(encoded))), text
+    # A glued spelling starts with its bracket or quote: the end of a longer word does not count.
+    assert all(len(ids) > 1 for ids in term_alternatives(tok_tgt, "casa")[1:])
+
+
+def test_a_term_the_vocabulary_cannot_spell_is_refused_by_name(tok_tgt) -> None:
+    unknown = "Zxqwvy" if tok_tgt.get_vocab().get("▁Zxqwvy") is None else pytest.fail("premise")
+    if tok_tgt.encode(unknown, add_special_tokens=False).ids.count(0):  # WordLevel: an unknown word is [UNK]
+        with pytest.raises(GlossaryError, match=r"the target term 'Zxqwvy' cannot be spelled .* 'Zxqwvy' is unknown"):
+            Glossary.build([("odd", unknown)], tok_tgt)
+    else:  # BPE spells any word from its letters
+        assert Glossary.build([("odd", unknown)], tok_tgt).constraints("odd") != [[0]]
+    try:  # a typed special token is text, never the token that ends a sentence
+        assert EOS_ID not in term_ids(tok_tgt, "casa [EOS]")
+    except GlossaryError as error:  # WordLevel: its pieces are words it does not know
+        assert "cannot be spelled by the model's vocabulary" in str(error)
+    with pytest.raises(GlossaryError, match=r"is \d+ tokens long, more than the 3 allowed"):
+        term_ids(tok_tgt, "il gatto nero è qui", max_term_tokens=3)
