@@ -178,7 +178,7 @@ def targets(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def main(argv: list[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
     parser = build_parser(EVALUATE, __doc__.splitlines()[0])
     parser.add_argument("--split", default="test")
     parser.add_argument("--checkpoint", type=Path, default=None)
@@ -186,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max_paragraphs", type=int, default=0, help="use the first N paragraphs only (0: all)")
     parser.add_argument("--no_api", action="store_true", help="skip the measurement through serve.py")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    args, resolved = parse_args(EVALUATE, argv, parser=parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, resolved = parse_args(EVALUATE, argv, parser=argument_parser())
     config = resolved.config
     from export import export_model
     try:
