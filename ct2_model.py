@@ -193,7 +193,7 @@ def timed_choice(model_dir: Path, compute_types: Sequence[str], threads: int, in
     shown = ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items())
     try:
         atomic_write_bytes(model_dir / TIMINGS, json.dumps({"machines": machines}, indent=1).encode("utf-8"))
-        kept = f"cached in {model_dir / TIMINGS}"
+        kept = f"cached beside the model ({TIMINGS})"
     except OSError as error:
         kept = f"not cached ({model_dir / TIMINGS}: {first_line(error)}), so timed again at the next load"
     log(f"ct2_model: {info.family} CPU: beam {TIMED_BEAM} ran at {shown} sentences/s: {chosen}, {kept}")

@@ -1,4 +1,4 @@
-"""Export a checkpoint to a CTranslate2 model directory: `python export.py --quantization int8 --output DIR`.
+"""Export a checkpoint to a CTranslate2 model directory: `python export.py --output DIR [--quantization int8]`.
 
 The checkpoint is found like translate.py finds it (the newest good one of the experiment that
 --datasource and the language pair name, or --checkpoint PATH; --average N averages the N newest
