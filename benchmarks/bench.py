@@ -881,9 +881,7 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None, command_line: bool = False) -> int:
-    """bench.py's entry point; as a program (`command_line`) on CPU it sets glibc to keep freed memory,
-    as train.py's command line does, so the figures are those of a training run."""
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasource", default=None, help="local dataset folder in Hub layout (default: "
                                                            "synthetic opus_books-like lengths)")
@@ -891,6 +889,13 @@ def main(argv: list[str] | None = None, command_line: bool = False) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the benchmark itself")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda", "mps"), default="auto")
     parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: list[str] | None = None, command_line: bool = False) -> int:
+    """bench.py's entry point; as a program (`command_line`) on CPU it sets glibc to keep freed memory,
+    as train.py's command line does, so the figures are those of a training run."""
+    parser = argument_parser()
     args = parser.parse_args(argv)
     try:
         device = pick_device(args.device)

@@ -12,6 +12,7 @@ of the mean token log-probability alone.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from typing import Any, Sequence
@@ -61,10 +62,14 @@ def measure(args: Any, config: dict[str, Any]) -> dict[str, Any]:
             "calibrator": calibrator.to_dict(), **report, "spearman_mean_log_prob_alone": baseline["spearman"]}
 
 
-def main(argv: list[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
     parser = search_parser(__doc__.splitlines()[0])
     parser.add_argument("--threshold", type=float, default=50.0, help="a translation is good at this sentence chrF")
-    args, resolved = parse_args(EVALUATE, argv, parser=parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, resolved = parse_args(EVALUATE, argv, parser=argument_parser())
     try:
         result = measure(args, resolved.config)
     except (CalibrationError, CheckpointError, ConfigError, DataError, TranslatorError) as error:

@@ -210,11 +210,15 @@ def search_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
     parser = search_parser(__doc__.splitlines()[0])
     parser.add_argument("--split", default="test")
     parser.add_argument("--max_constraints", type=int, default=3, help="constraints per sentence, at most")
-    args, resolved = parse_args(EVALUATE, argv, parser=parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, resolved = parse_args(EVALUATE, argv, parser=argument_parser())
     try:
         result = measure(args, resolved.config)
     except (CheckpointError, ConfigError, DataError, TranslatorError) as error:

@@ -60,10 +60,15 @@ def measure(load: Callable[[], Callable[[str], str]], sentences: list[tuple[str,
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=ROOT / "data" / "tatoeba")
     parser.add_argument("--lingua", type=Path, default=None, help="folder lingua-language-detector is installed in")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser()
     args = parser.parse_args(argv)
     path = args.source / "en-it" / "train.jsonl"
     if not path.is_file():

@@ -162,7 +162,7 @@ def english_sentences(data: str) -> list[str]:
     return [source for source, _ in read_all_pairs(open_source(folder, "en", "it"), split, "en", "it")]
 
 
-def main(argv: list[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", action="append", metavar="FOLDER:SPLIT",
                         help="a Hub-layout en-it folder and its split (repeatable; default: FLORES-200 devtest, "
@@ -171,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--libraries", default="sentencex,pysbd", help="comma-separated: sentencex, pysbd")
     parser.add_argument("--errors", type=int, default=0, metavar="N", help="print N wrong paragraphs per set")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser()
     args = parser.parse_args(argv)
     unknown = set(args.libraries.split(",")) - set(SEGMENTERS)
     if unknown:

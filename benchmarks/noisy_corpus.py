@@ -177,7 +177,7 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"precision {result['precision']:.4f}, recall {result['recall']:.4f}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, required=True, help="folder to write the noisy corpus to")
     parser.add_argument("--source", type=Path, default=ROOT / "data" / "tatoeba",
@@ -189,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
                         "the noisy corpus: with --score_backward, also score the pairs the rules keep")
     parser.add_argument("--score_backward", type=Path, default=None, help="checkpoint of an it->en model, likewise")
     parser.add_argument("--score_keep", type=float, default=0.9, help="fraction of those pairs scoring keeps")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser()
     args = parser.parse_args(argv)
     if not all((args.source / "en-it" / f"{split}.jsonl").is_file() for split in ("train", "validation", "test")):
         parser.error(f"--source {args.source} has no en-it/train.jsonl, validation.jsonl and test.jsonl")
