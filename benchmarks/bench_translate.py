@@ -136,7 +136,7 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
     parser = build_parser(EVALUATE, __doc__.splitlines()[0])
     parser.add_argument("--split", default="test")
     parser.add_argument("--checkpoint", type=Path, default=None)
@@ -146,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model_dir", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--beam", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--sources", type=Path, default=None, help=argparse.SUPPRESS)
-    args, resolved = parse_args(EVALUATE, argv, parser=parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, resolved = parse_args(EVALUATE, argv, parser=argument_parser())
     config = resolved.config
     if args.child:
         return child(args, resolved)
