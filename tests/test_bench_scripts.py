@@ -167,3 +167,18 @@ def test_bench_translate_times_every_set_up_auto_chooses_among(monkeypatch: pyte
     assert rows[("ctranslate2 int8 on oneDNN", 5)] == (Path("int8"), ["--compute_type", "int8"], {"CT2_USE_MKL": "0"})
     assert rows[("ctranslate2 float32 on oneDNN", 5)][2] == {"CT2_USE_MKL": "0"}
     assert (("ctranslate2 float32 on MKL", 5) in rows) == mkl and len(rows) == 6 + 2 * mkl
+
+
+def test_bench_translate_reruns_ctranslate2s_beam_5_rows_keeping_their_fastest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = {"pytorch": iter([30.0]), "greedy": iter([500.0]), "beam 5": iter([200.0, 300.0, 250.0])}
+
+    def run_child(argv: list[str], environment: dict[str, str]) -> dict:
+        return {"sentences_per_s": next(runs[argv[0]]), "translations": ["il gatto vede il cane nero"]}
+
+    monkeypatch.setattr(bench_translate, "run_child", run_child)
+    children = [("pytorch", 5, ["pytorch"], {}), (bench_translate.DEFAULT, 1, ["greedy"], {}),
+                (bench_translate.DEFAULT, 5, ["beam 5"], {})]
+    rows, signatures = bench_translate.measure_rows(children, ["il gatto vede il cane nero"], rounds=3)
+    assert [row["sentences_per_s"] for row in rows] == [30.0, 500.0, 300.0] and rows[2]["chrf"] == 100.0
+    assert all(next(run, None) is None for run in runs.values()) and signatures[0].startswith("nrefs:1")
