@@ -3,30 +3,48 @@
 - Its files: CTranslate2's own (model.bin, config.json, the vocabularies) and this project's beside
   them: both tokenizers and `project.json` (the checkpoint it came from, its quantization and the
   model's training config), written and read here (`write_project_files`, `read_project_files`);
-  and export.py's marker `export.json`, which lists the files of the export.
+  export.py's marker `export.json`, which lists the files of the export; and `compute_type.json`
+  (`TIMINGS`), the compute type a timing chose on each machine, which export.py or a load may write.
 - `QUANTIZATIONS`: the weight types an export takes, CTranslate2's names.
-- `ct2_setup`: the compute type and CPU backend a model runs with on this machine.
+- `ct2_setup`: the compute type and CPU backend a model runs with on this machine, by what its CPU can
+  do (`cpu_info`, `auto_rule`); where that rule cannot tell, the faster of a short timing of the
+  model's own beam search (`time_compute_types`), cached per machine beside the model (`TIMINGS`).
+  `export_quantization`: the weight type export.py writes by default, by the same rule.
 - `pinned_folder`: the directory read as one export while export.py may replace it.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import random
 import re
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from tokenizers import Tokenizer
 
 from atomic_files import atomic_write_bytes
 from config import get_config, validate_config
+from diagnostics import first_line, log
 from tokenizer import load_tokenizer
 
 QUANTIZATIONS = ("int8", "int16", "float32", "bfloat16", "float16", "int8_float16")  # the last two for GPUs
 SOURCE_TOKENIZER, TARGET_TOKENIZER, PROJECT_CONFIG = "tokenizer_source.json", "tokenizer_target.json", "project.json"
 MARKER = "export.json"  # in every export: what export.py --overwrite may replace, and which files are its own
 READ_ATTEMPTS = 3  # reads of an export that another replaced meanwhile, before giving up
+TIMINGS = "compute_type.json"  # beside the model: the compute type a timing chose, per machine (ct2_setup)
+CUDA_TYPES = {"bfloat16": "bfloat16", "int8": "int8_float16", "int8_float16": "int8_float16"}  # else float16
+INT8_WEIGHTS = ("int8", "int8_float16")  # the exports `auto` may run as int8 on a CPU
+ONEDNN = {"CT2_USE_MKL": "0"}  # CTranslate2's CPU backend on x86 under `auto`: oneDNN, never MKL
+# The timing: beam 5 (the speed target's), a seeded batch of sources of the model's own tokens, each
+# decoded to exactly TIMED_LENGTH tokens so that every compute type does the same work.
+TIMED_BEAM, TIMED_LENGTH, TIMED_ROUNDS = 5, 16, 3
+TIMED_SOURCE_LENGTHS = (6, 9, 12, 15, 18, 24) * 6
 
 
 def write_project_files(folder: Path, tok_src: Tokenizer, tok_tgt: Tokenizer, project: dict[str, Any]) -> None:
@@ -70,35 +88,167 @@ def replaced(pinned: Path, folder: Path) -> bool:
         return True
 
 
-def cpu_family() -> tuple[str, bool]:
-    """This machine's CPU vendor ('GenuineIntel', 'AuthenticAMD', ...; '' where /proc/cpuinfo is
-    not) and whether it has AVX-512."""
+@dataclass(frozen=True)
+class CpuInfo:
+    """What /proc/cpuinfo says of this machine's CPU: its vendor, model name and flags."""
+    vendor: str
+    model: str
+    flags: frozenset[str]
+
+    @property
+    def family(self) -> str:
+        """What the CPU can do, as the rule of `auto_rule` reads it; "other" for what it has no
+        measurement to reason from (no AVX2: an older x86, or not x86)."""
+        if self.flags & {"amx_int8", "amx_bf16", "amx_tile"}:
+            return "AMX"
+        if self.flags & {"avx512_vnni", "avx512_bf16"}:
+            return "AVX-512 VNNI/BF16"
+        if "avx512f" in self.flags:
+            return "AVX-512"
+        return "AVX2" if "avx2" in self.flags else "other"
+
+
+def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> CpuInfo:
+    """This machine's CpuInfo, from its first processor's entry (empty where `cpuinfo` is not)."""
     try:
-        info = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return "", False
-    vendor = re.search(r"^vendor_id\s*:\s*(\S+)", info, re.MULTILINE)
-    flags = re.search(r"^flags\s*:(.*)$", info, re.MULTILINE)
-    return (vendor[1] if vendor else ""), bool(flags and " avx512f" in f"{flags[1]} ")
+        text = ""
+
+    def field(name: str) -> str:
+        found = re.search(rf"^{name}\s*:[ \t]*(.*)$", text, re.MULTILINE)
+        return found[1].strip() if found else ""
+
+    return CpuInfo(field("vendor_id"), field("model name"), frozenset(field("flags").split()))
 
 
-def ct2_setup(compute_type: str, device: str, quantization: str,
-              family: tuple[str, bool] | None = None) -> tuple[str, dict[str, str]]:
-    """The compute type and the CPU-backend environment CTranslate2 runs a model exported as
-    `quantization` with. `compute_type` other than `auto` is taken as given. `auto` is a fixed rule
-    per device, CPU family and instruction set (never a timing, so outputs never depend on one),
-    from the measurements in docs/serving.md, and never changes what the weights are:
+@dataclass(frozen=True)
+class Rule:
+    """`auto`'s set-up: one compute type, or several of which a timing picks the fastest, and the
+    CPU-backend environment CTranslate2 reads when it first runs on the CPU."""
+    compute_types: tuple[str, ...]
+    backend: dict[str, str]
+
+
+def auto_rule(device: str, quantization: str, info: CpuInfo) -> Rule:
+    """`--compute_type auto` for a model exported as `quantization`, by what the device can do
+    (docs/serving.md has the measurements). It never lowers the export's weights: int8 weights may
+    run as float32 (the same values), float weights never as int8.
     - CUDA: 16-bit (float16, or the export's own bfloat16 or int8_float16; int8 as int8_float16);
-    - an Intel CPU with AVX-512: float32 on oneDNN (CT2_USE_MKL=0), from any export: there beam 5 ran
-      at 302 sentences/s against 173 for int8 and 146 for float32 on CTranslate2's default MKL;
-    - any other CPU (AMD: int8 on oneDNN, CTranslate2's default there, was 3.4x this project's
-      PyTorch engine): the export's own type (`default`)."""
-    if compute_type != "auto":
-        return compute_type, {}
+    - x86 CPUs with AVX2: oneDNN (CT2_USE_MKL=0), which ran faster than MKL in every type on each
+      CPU measured (AMD Zen 3 and Zen 4, an Intel Xeon with AVX-512 and AMX); float weights as
+      float32; int8 weights:
+      - AVX2 without AVX-512: int8 (on the Zen 3 int8 beat float32, greedy and at beam 5);
+      - AVX-512, with or without VNNI, BF16 or AMX: float32 or int8, whichever a timing finds faster:
+        the measurements disagree (a Zen 4 ran int8 faster on one day and model, float32 on another;
+        the Xeon ran float32 on oneDNN fastest), and CTranslate2 has no bfloat16 on CPUs, so BF16 and
+        AMX add no type to time;
+    - other CPUs, and int16 weights (MKL's type): the export's own type (`default`) on CTranslate2's
+      default backend."""
     if device == "cuda":
-        return {"bfloat16": "bfloat16", "int8": "int8_float16", "int8_float16": "int8_float16"}.get(
-            quantization, "float16"), {}
-    vendor, avx512 = family if family is not None else cpu_family()
-    if vendor == "GenuineIntel" and avx512:
-        return "float32", {"CT2_USE_MKL": "0"}
-    return "default", {}
+        return Rule((CUDA_TYPES.get(quantization, "float16"),), {})
+    family = info.family
+    if family == "other" or quantization == "int16":
+        return Rule(("default",), {})
+    if quantization not in INT8_WEIGHTS:
+        return Rule(("float32",), ONEDNN)
+    return Rule(("int8",) if family == "AVX2" else ("float32", "int8"), ONEDNN)
+
+
+def export_quantization(info: CpuInfo | None = None) -> str | None:
+    """export.py's default weight type on this machine, by `auto_rule` for int8 weights: int8 where
+    the rule fixes one type (`default` included); None where a timing decides between int8 and float32."""
+    compute_types = auto_rule("cpu", "int8", info or cpu_info()).compute_types
+    return None if len(compute_types) > 1 else compute_types[0].replace("default", "int8")
+
+
+def cpu_backend() -> str:
+    """The CPU backend CTranslate2 runs (or will run) in this process, as CT2_USE_MKL sets it."""
+    return {"0": "oneDNN", "1": "MKL"}.get(os.environ.get("CT2_USE_MKL", ""), "CTranslate2's default")
+
+
+def ct2_setup(compute_type: str, device: str, quantization: str, model_dir: Path, threads: int,
+              info: CpuInfo | None = None) -> str:
+    """The compute type CTranslate2 runs the model at `model_dir` (exported as `quantization`) with on
+    `threads` threads of this machine. `compute_type` other than `auto` is taken as given. `auto`
+    follows `auto_rule`, first setting its CPU backend in os.environ unless the user set
+    CT2_USE_MKL (call this before CTranslate2 first runs on the CPU in this process); where the rule
+    names several types it takes the choice cached for this machine in `model_dir`/TIMINGS, or
+    times them (`time_compute_types`) and caches the fastest. The timing picks among the rule's
+    types only, and a cached choice stays, so outputs depend on it only as they depend on the
+    compute type, which `describe` reports."""
+    if compute_type != "auto":
+        return compute_type
+    info = info or cpu_info()
+    rule = auto_rule(device, quantization, info)
+    for name, value in rule.backend.items():
+        os.environ.setdefault(name, value)
+    if len(rule.compute_types) == 1:
+        return rule.compute_types[0]
+    return timed_choice(Path(model_dir), rule.compute_types, threads, info)
+
+
+def machine_key(info: CpuInfo, threads: int) -> str:
+    """What a timing holds for: the CPU (model and flags), threads, backend and CTranslate2's version."""
+    import ctranslate2
+    flags = hashlib.sha256(" ".join(sorted(info.flags)).encode()).hexdigest()[:12]
+    return (f"{info.model or info.vendor or 'unknown CPU'} (flags {flags}), {threads} threads, {cpu_backend()}, "
+            f"ctranslate2 {ctranslate2.__version__}")
+
+
+def read_timings(model_dir: Path) -> dict[str, Any]:
+    """The cached choices of `model_dir`, per machine key ({} where there is no readable cache)."""
+    try:
+        machines = json.loads((model_dir / TIMINGS).read_text(encoding="utf-8"))["machines"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return machines if isinstance(machines, dict) else {}
+
+
+def timed_choice(model_dir: Path, compute_types: Sequence[str], threads: int, info: CpuInfo) -> str:
+    """This machine's cached choice among `compute_types` for the model at `model_dir`; without
+    one, the fastest by `time_compute_types`, cached (atomically; a folder that cannot be written
+    gets a warning and the timing is done again at the next load)."""
+    key, machines = machine_key(info, threads), read_timings(model_dir)
+    cached = machines.get(key)
+    if isinstance(cached, dict) and cached.get("compute_type") in compute_types:
+        return cached["compute_type"]
+    rates = time_compute_types(model_dir, compute_types, threads)
+    chosen = max(compute_types, key=lambda name: rates[name])  # a tie keeps the rule's first
+    machines[key] = {"compute_type": chosen, "family": info.family, "sentences_per_s": rates,
+                     "timed": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    shown = ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items())
+    try:
+        atomic_write_bytes(model_dir / TIMINGS, json.dumps({"machines": machines}, indent=1).encode("utf-8"))
+        kept = f"cached beside the model ({TIMINGS})"
+    except OSError as error:
+        kept = f"not cached ({model_dir / TIMINGS}: {first_line(error)}), so timed again at the next load"
+    log(f"ct2_model: {info.family} CPU: beam {TIMED_BEAM} ran at {shown} sentences/s: {chosen}, {kept}")
+    return chosen
+
+
+def time_compute_types(model_dir: Path, compute_types: Sequence[str], threads: int) -> dict[str, float]:
+    """Sentences per second of CTranslate2's beam search over the model at `model_dir` on the CPU in
+    each of `compute_types`: the same seeded batch of sources of the model's own tokens, each decoded
+    to exactly TIMED_LENGTH tokens (both within the model's seq_len); after a warm-up round,
+    TIMED_ROUNDS rounds taking the types in turn, each type's best round kept (the one least slowed
+    by other work on the machine)."""
+    import ctranslate2
+    _, model_config, tokenizer, _ = read_project_files(model_dir)
+    seq_len = model_config["seq_len"]  # the model's positions: [SOS] source [EOS], and the output
+    special = set(tokenizer.get_added_tokens_decoder())
+    tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size()) if i not in special]
+    draw = random.Random(0)
+    sources = [[draw.choice(tokens) for _ in range(min(length, seq_len - 2))] for length in TIMED_SOURCE_LENGTHS]
+    length = min(TIMED_LENGTH, seq_len - 1)
+    translators = {name: ctranslate2.Translator(str(model_dir), device="cpu", compute_type=name,
+                                                intra_threads=threads) for name in compute_types}
+    rates = dict.fromkeys(compute_types, 0.0)
+    for timed_round in range(TIMED_ROUNDS + 1):
+        for name, translator in translators.items():
+            started = time.perf_counter()
+            translator.translate_batch(sources, beam_size=TIMED_BEAM, min_decoding_length=length,
+                                       max_decoding_length=length)
+            if timed_round:
+                rates[name] = max(rates[name], len(sources) / (time.perf_counter() - started))
+    return {name: round(rate, 1) for name, rate in rates.items()}

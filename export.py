@@ -1,4 +1,4 @@
-"""Export a checkpoint to a CTranslate2 model directory: `python export.py --quantization int8 --output DIR`.
+"""Export a checkpoint to a CTranslate2 model directory: `python export.py --output DIR [--quantization int8]`.
 
 The checkpoint is found like translate.py finds it (the newest good one of the experiment that
 --datasource and the language pair name, or --checkpoint PATH; --average N averages the N newest
@@ -22,7 +22,13 @@ written beside CTranslate2's files (ct2_model.py says which; translator.py reads
 puts before every source are tokens of the exported source vocabulary, which a model of several
 target languages must hold (refused otherwise). `--quantization` takes CTranslate2's names: int8,
 int16, float32, bfloat16, and for GPUs float16 and int8_float16 (on a CPU, CTranslate2 runs those in
-float32 and int8). ct2_model.ct2_setup chooses the compute type a model runs with on each machine.
+float32 and int8), or `auto` (the default): the type this machine runs fastest, by the rule of
+ct2_model.ct2_setup, which chooses the compute type a model runs with on each machine and never runs
+float weights as int8. Where that rule times int8 weights as int8 and as float32, export.py times
+its int8 export, writes float32 instead when float32 ran faster, and leaves the timing in the export
+(ct2_model.TIMINGS), so this machine loads an int8 export without timing it. Served elsewhere, an
+int8 export follows that machine's rule (as float32 where float32 is the faster there: int8's
+translations at float32's speed), and a float32 export runs as float32 everywhere.
 
 `--output DIR` is never a folder export.py did not write. Each export holds a marker, `export.json`,
 listing the files it wrote; DIR may be new, an empty folder, or, with `--overwrite`
@@ -56,8 +62,9 @@ import torch
 from atomic_files import atomic_write_bytes, lock_folder
 from checkpoint import CheckpointError, load_for_inference
 from config import EXPORT, ConfigError, OneLineParser, build_parser, choose_run, parse_args, weights_dir
-from ct2_model import MARKER, QUANTIZATIONS, write_project_files
-from diagnostics import log
+from ct2_model import MARKER, QUANTIZATIONS, TIMINGS, ct2_setup, export_quantization, read_project_files, \
+    write_project_files
+from diagnostics import first_line, log
 from model import Transformer
 from tokenizer import EOS, SOS, UNK, missing_target_tag
 
@@ -220,7 +227,7 @@ def check_replaceable(output: Path, marker: dict[str, Any]) -> None:
                           f"cannot tell them from yours; nothing was changed: move what you want to keep out of it "
                           f"and remove it, or name another --output")
     try:
-        extras = sorted(entries(output) - set(own) - {MARKER})
+        extras = sorted(entries(output) - set(own) - {MARKER, TIMINGS})  # a timing cached since is its own
     except OSError as error:
         raise ExportError(f"cannot read {output}: {error.strerror or error}") from None
     if extras:
@@ -232,16 +239,11 @@ def check_replaceable(output: Path, marker: dict[str, Any]) -> None:
 def export_model(model: Transformer, config: dict[str, Any], tok_src: Any, tok_tgt: Any, output: Path,
                  quantization: str, checkpoint: str = "", overwrite: bool = False) -> Path:
     """Write `model` as a CTranslate2 model directory at `output` (new, empty, or an earlier export
-    with `overwrite`: check_output), with the tokenizers and training config beside it."""
-    if quantization not in QUANTIZATIONS:
-        raise ExportError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
-    from ctranslate2.converters import Converter
+    with `overwrite`: check_output), with the tokenizers and training config beside it;
+    `quantization` auto: this machine's choice (the module's docstring)."""
+    if quantization not in ("auto", *QUANTIZATIONS):
+        raise ExportError(f"--quantization must be auto or one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     spec = TransformerConverter(model, config, tok_src, tok_tgt).spec()
-
-    class SpecConverter(Converter):
-        def _load(self) -> Any:
-            return spec
-
     output = Path(output)
     remove_leftovers(output)
     check_output(output, overwrite)
@@ -252,34 +254,41 @@ def export_model(model: Transformer, config: dict[str, Any], tok_src: Any, tok_t
     except OSError as error:
         raise ExportError(f"cannot write {output}: {error.strerror or error}") from None
     try:
-        write_and_swap_in(SpecConverter(), own, output, quantization, overwrite,
-                          lambda staging: write_project_files(staging, tok_src, tok_tgt, {
-                              "checkpoint": checkpoint, "quantization": quantization, "config": config}))
+        def write(own: Path) -> Path:
+            fixed = export_quantization() if quantization == "auto" else quantization
+            project = {"checkpoint": checkpoint, "config": config}
+            # folders made by the converter, with the user's umask (mkdtemp's folder is 0700)
+            staging = write_model(spec, own / "model", fixed or "int8", tok_src, tok_tgt, project)
+            if fixed is None:  # a timing decides: int8 and float32 timed on the int8 weights
+                chosen = ct2_setup("auto", "cpu", "int8", staging, torch.get_num_threads())
+                if chosen != "int8":
+                    timed = TransformerConverter(model, config, tok_src, tok_tgt).spec()
+                    staging = write_model(timed, own / chosen, chosen, tok_src, tok_tgt, project, staging / TIMINGS)
+            return staging
+
+        write_and_swap_in(write, own, output, overwrite)
         shutil.rmtree(own, ignore_errors=True)  # export.py's own folder, holding the export it replaced
     finally:
         os.close(held)
     return output
 
 
-def write_and_swap_in(converter: Any, own: Path, output: Path, quantization: str, overwrite: bool,
-                      write_project: Callable[[Path], None]) -> None:
-    """Convert into `own`/model, add this project's files and the marker, and rename it to `output`
-    (an earlier export moved to `own`/previous when `overwrite`). On failure, `own` is removed, unless
+def write_and_swap_in(write: Callable[[Path], Path], own: Path, output: Path, overwrite: bool) -> None:
+    """Write the export into a folder inside `own` (`write` returns it), add the marker, and rename
+    it to `output` (an earlier export moved to `own`/previous when `overwrite`). On failure, `own` is removed, unless
     it holds the earlier export, which could not be put back (the error says where it is)."""
     aside = own / "previous"
     try:
-        staging = own / "model"  # made by the converter, with the user's umask (mkdtemp's folder is 0700)
-        converter.convert(str(staging), quantization=quantization)
-        write_project(staging)
+        staging = write(own)
         marker = {"written_by": "export.py", "note": MARKER_NOTE, "files": sorted(entries(staging))}
         atomic_write_bytes(staging / MARKER, json.dumps(marker, indent=1).encode("utf-8"))
         swap_in(staging, output, aside if overwrite else None)
     except BaseException as error:
-        reason = f"cannot write {output}: {getattr(error, 'strerror', None) or error}"
+        reason = f"cannot write {output}: {getattr(error, 'strerror', None) or first_line(error)}"
         if os.path.lexists(aside):  # the earlier export could not be put back: it is kept where it is
             raise ExportError(f"{reason}; the earlier export is at {aside}") from None
         shutil.rmtree(own, ignore_errors=True)
-        if isinstance(error, OSError):
+        if isinstance(error, (OSError, RuntimeError, ValueError)):  # CTranslate2's own, in one line
             raise ExportError(reason) from None
         raise
 
@@ -317,6 +326,23 @@ def remove_leftovers(output: Path) -> None:
             os.close(held)
 
 
+def write_model(spec: Any, folder: Path, quantization: str, tok_src: Any, tok_tgt: Any, project: dict[str, Any],
+                timings: Path | None = None) -> Path:
+    """Convert `spec` into the new `folder` as `quantization`, with this project's files beside it
+    (`project` plus the quantization) and the timings cached at `timings`, when there are any."""
+    from ctranslate2.converters import Converter
+
+    class SpecConverter(Converter):
+        def _load(self) -> Any:
+            return spec
+
+    SpecConverter().convert(str(folder), quantization=quantization)
+    write_project_files(folder, tok_src, tok_tgt, {**project, "quantization": quantization})
+    if timings is not None and timings.exists():
+        os.replace(timings, folder / TIMINGS)
+    return folder
+
+
 def swap_in(staging: Path, output: Path, aside: Path | None) -> None:
     """Rename `staging` to `output`, which is new, an empty folder (rename() replaces it, and fails if
     it is no longer empty) or, given `aside`, an earlier export: checked again (a file put in it
@@ -340,8 +366,9 @@ def argument_parser() -> OneLineParser:
                         help="checkpoint file (default: the newest good one of the experiment)")
     parser.add_argument("--average", type=int, default=1,
                         help="average the weights of this many newest checkpoints, ending at --checkpoint")
-    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="int8",
-                        help="weight type in the exported model (default: int8)")
+    parser.add_argument("--quantization", choices=("auto", *QUANTIZATIONS), default="auto",
+                        help="weight type in the exported model (default auto: the type this machine runs fastest, "
+                             "timed where its CPU's rule cannot tell; docs/serving.md)")
     parser.add_argument("--output", type=Path, required=True,
                         help="the model directory to write: a new or empty folder, or an earlier export with "
                              "--overwrite")
@@ -375,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"export.py: interrupted; nothing was written to {args.output}", file=sys.stderr)
         return 130
-    print(f"export.py: wrote {output} ({args.quantization}) from {source}", file=sys.stderr)
+    quantization = read_project_files(output)[0]["quantization"]
+    print(f"export.py: wrote {output} ({quantization}) from {source}", file=sys.stderr)
     return 0
 
 

@@ -36,6 +36,7 @@ import argparse
 import math
 import os
 import re
+import sys
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ from tokenizers import Tokenizer
 
 from checkpoint import load_for_inference
 from config import Resolved, choose_run, get_config, target_languages, target_tag, weights_dir
-from ct2_model import READ_ATTEMPTS, ct2_setup, pinned_folder, read_project_files, replaced
+from ct2_model import READ_ATTEMPTS, cpu_backend, ct2_setup, pinned_folder, read_project_files, replaced
 from decoding import beam_search, brevity_term, expected_length, greedy_decode, max_output_tokens, sample
 from device import pick_device
 from diagnostics import first_line
@@ -454,7 +455,8 @@ def last_layer_cross_attention(model: Transformer, src: torch.Tensor, src_mask: 
 
 class CTranslate2Translator(Translator):
     """A model directory written by export.py, run by CTranslate2 with the compute type and CPU
-    backend of `ct2_setup`. A CT2_USE_MKL the user set is never overridden."""
+    backend of `ct2_setup` (which may time the model once per machine). A CT2_USE_MKL the user set is
+    never overridden."""
 
     engine = "ctranslate2"
 
@@ -490,16 +492,16 @@ class CTranslate2Translator(Translator):
                                   f"{first_line(error)}") from None
         super().__init__(tok_src, tok_tgt, model_config, model_dir, str(model_dir))
         self.project = project
-        self.compute_type, backend = ct2_setup(compute_type, device, project.get("quantization", ""))
-        for name, value in backend.items():
-            os.environ.setdefault(name, value)  # read by CTranslate2 when it first runs on the CPU
-        self.cpu_backend = {"0": "oneDNN", "1": "MKL"}.get(os.environ.get("CT2_USE_MKL", ""), "CTranslate2's default")
+        threads = threads or torch.get_num_threads()
         import ctranslate2  # only the programs that run this engine pay for the import
-        # Its sampling RNG is per thread and seeded when a translator is made: seed first.
-        ctranslate2.set_random_seed(seed)
         try:
+            # the timing's cache is read and written through `folder`: the export being loaded
+            self.compute_type = ct2_setup(compute_type, device, project.get("quantization", ""), folder, threads)
+            self.cpu_backend = cpu_backend()
+            # Its sampling RNG is per thread and seeded when a translator is made: seed first.
+            ctranslate2.set_random_seed(seed)
             self.ct2 = ctranslate2.Translator(str(folder), device=device, compute_type=self.compute_type,
-                                              intra_threads=threads or torch.get_num_threads())
+                                              intra_threads=threads)
         except (RuntimeError, ValueError, OSError) as error:
             raise TranslatorError(f"cannot load the CTranslate2 model in {model_dir}: {first_line(error)}") from None
 

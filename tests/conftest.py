@@ -71,6 +71,13 @@ def save_as_if_from_cuda() -> Callable[[Any, Path], None]:
     return lambda obj, path: save_as_if_from("cuda:0", obj, path)
 
 
+@pytest.fixture
+def backend_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CT2_USE_MKL unset for a test and restored after it, whatever ct2_model.ct2_setup sets."""
+    monkeypatch.setenv("CT2_USE_MKL", "")
+    monkeypatch.delenv("CT2_USE_MKL")
+
+
 # ---------------------------------------------------------------------------- toy translator
 
 TOY_SOURCE = ("one", "two", "three", "four", "five", "six", "seven", "eight")

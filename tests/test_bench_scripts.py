@@ -1,9 +1,11 @@
 """benchmarks/bench_data.py, bench_translate.py, bench_segmentation.py, bench_glossary.py and
 bench_paragraphs.py, on small data: the corpus bench_data writes is what it says (opus_books-shaped,
 train only, distinct pairs), a bench_translate child measures and reports what the engine
-translated, bench_segmentation counts boundaries as its docstring defines them, bench_glossary
-finds word pairs, takes constraints from the references and decodes as the translator does, and
-bench_paragraphs scores the three ways it translates paragraphs against the joined references."""
+translated, bench_translate times every set-up `auto` chooses among and misses its target when
+auto's is 10% below the fastest, bench_segmentation counts boundaries as its docstring defines
+them, bench_glossary finds word pairs, takes constraints from the references and decodes as the
+translator does, and bench_paragraphs scores the three ways it translates paragraphs against the
+joined references."""
 from __future__ import annotations
 
 import argparse
@@ -15,9 +17,11 @@ import torch
 
 from benchmarks import bench_data, bench_glossary, bench_paragraphs, bench_segmentation, bench_translate
 from config import Resolved, get_config
+from ct2_model import CpuInfo
 from scoring import corpus_scores
 from sources import open_source, read_pairs
 from synthetic_data import synthetic_pairs, write_hub_dataset
+from test_ct2_model import GRAVITON, ZEN3, ZEN4
 from translator import DecodingOptions, TorchTranslator
 
 
@@ -154,3 +158,48 @@ def test_bench_paragraphs_scores_lines_and_paragraphs_against_joined_references(
     assert rows["paragraphs, whole"]["bleu"] == corpus_scores(whole, references)["bleu"]
     assert measured["sentence_level"]["bleu"] == corpus_scores(sentences, [t for g in groups for _, t in g])["bleu"]
     assert 0 <= measured["segmentation"]["planning_s"] and measured["split_for_length"] == 0
+
+
+def test_bench_translate_misses_its_target_when_autos_set_up_is_not_the_fastest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def row(engine: str, rate: float, bleu: float = 30.0) -> dict:
+        return {"engine": engine, "beam": 5, "sentences_per_s": rate, "bleu": bleu, "setup": f"{engine}'s"}
+
+    rows = [row("pytorch", 100.0), row(bench_translate.DEFAULT, 340.0, 29.6), row("ctranslate2 int8 on oneDNN", 340.0),
+            row("ctranslate2 float32 on oneDNN", 370.0, 30.1), {**row("pytorch", 400.0), "beam": 1}]
+    met = {name.split(" (")[0].split(",")[0]: target["met"] for name, target in bench_translate.targets(rows).items()}
+    assert met == {"default set-up beam 5 / pytorch beam 5": True, "float32 - default set-up BLEU": True,
+                   "auto's set-up": True}  # 340 / 370 = 0.92: within 10% of the fastest
+    rows[3].update(sentences_per_s=380.0, bleu=30.2)
+    [(name, target)] = [item for item in bench_translate.targets(rows).items() if item[0].startswith("auto")]
+    assert not target["met"] and target["value"] == pytest.approx(340 / 380)
+    assert "the fastest found (ctranslate2 float32 on oneDNN: ctranslate2 float32 on oneDNN's)" in name
+    assert not [t for t in bench_translate.targets(rows).values() if t["target"] == "<= 0.5"][0]["met"]  # 0.6 BLEU
+
+
+@pytest.mark.parametrize("info, mkl", [(ZEN4, True), (ZEN3, True), (GRAVITON, False)])
+def test_bench_translate_times_every_set_up_auto_chooses_among(monkeypatch: pytest.MonkeyPatch, info: CpuInfo,
+                                                               mkl: bool) -> None:
+    monkeypatch.setattr(bench_translate, "cpu_info", lambda: info)
+    folders = {name: Path(name) for name in ("auto", "float32", "int8")}
+    rows = {(engine, beam): (folder, extra, env)
+            for engine, beam, folder, extra, env in bench_translate.configurations(folders)}
+    assert rows[("pytorch", 5)] == (None, [], {}) and rows[(bench_translate.DEFAULT, 5)] == (Path("auto"), [], {})
+    assert rows[("ctranslate2 int8 on oneDNN", 5)] == (Path("int8"), ["--compute_type", "int8"], {"CT2_USE_MKL": "0"})
+    assert rows[("ctranslate2 float32 on oneDNN", 5)][2] == {"CT2_USE_MKL": "0"}
+    assert (("ctranslate2 float32 on MKL", 5) in rows) == mkl and len(rows) == 6 + 2 * mkl
+
+
+def test_bench_translate_reruns_ctranslate2s_beam_5_rows_keeping_their_fastest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = {"pytorch": iter([30.0]), "greedy": iter([500.0]), "beam 5": iter([200.0, 300.0, 250.0])}
+
+    def run_child(argv: list[str], environment: dict[str, str]) -> dict:
+        return {"sentences_per_s": next(runs[argv[0]]), "translations": ["il gatto vede il cane nero"]}
+
+    monkeypatch.setattr(bench_translate, "run_child", run_child)
+    children = [("pytorch", 5, ["pytorch"], {}), (bench_translate.DEFAULT, 1, ["greedy"], {}),
+                (bench_translate.DEFAULT, 5, ["beam 5"], {})]
+    rows, signatures = bench_translate.measure_rows(children, ["il gatto vede il cane nero"], rounds=3)
+    assert [row["sentences_per_s"] for row in rows] == [30.0, 500.0, 300.0] and rows[2]["chrf"] == 100.0
+    assert all(next(run, None) is None for run in runs.values()) and signatures[0].startswith("nrefs:1")

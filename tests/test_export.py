@@ -33,10 +33,19 @@ from model import build_transformer
 from synthetic_data import synthetic_pairs
 from test_translator import several_targets  # noqa: F401  (a fixture: an untrained model of en -> fr+it)
 from tokenizer import EOS_ID, train_tokenizer
-from ct2_model import ct2_setup
+import ct2_model
+from ct2_model import TIMINGS, CpuInfo
+from test_ct2_model import GRAVITON, SAPPHIRE_RAPIDS, ZEN3, ZEN4, simulate_timings
 from translator import CTranslate2Translator, DecodingOptions, TorchTranslator, TranslatorError
 
 SENTENCES = 80
+
+
+@pytest.fixture(autouse=True)
+def avx2_machine(monkeypatch: pytest.MonkeyPatch, backend_env: None) -> None:
+    """A simulated CPU of a fixed rule (export.py's auto writes int8, `auto` never times) for every
+    test here, unless it simulates another: the tests do not depend on the machine that runs them."""
+    monkeypatch.setattr(ct2_model, "cpu_info", lambda: ZEN3)
 
 
 @pytest.fixture(scope="module")
@@ -460,11 +469,54 @@ def test_gpu_quantizations_export_and_run_on_the_cpu_too(toy_translator, toy_sou
     assert sum(a == b for a, b in zip(ours, theirs)) >= 0.5 * len(toy_sources)
 
 
-def test_compute_type_auto_runs_this_machines_rule(toy_translator, tmp_path: Path) -> None:
+@pytest.mark.parametrize("info, rates, written", [
+    (ZEN3, None, "int8"), (GRAVITON, None, "int8"),  # fixed rules: no timing
+    (ZEN4, {"float32": 300.0, "int8": 400.0}, "int8"),
+    (SAPPHIRE_RAPIDS, {"float32": 500.0, "int8": 400.0}, "float32"),
+])
+def test_export_auto_writes_the_type_each_cpu_family_runs_fastest(toy_translator, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch, info: CpuInfo,
+                                                                  rates: dict | None, written: str) -> None:
+    monkeypatch.setattr(ct2_model, "cpu_info", lambda: info)
+    calls = simulate_timings(monkeypatch, rates or {})
+    folder = tmp_path / "model"
+    assert export_toy(toy_translator, folder, "auto").describe()["quantization"] == written
+    assert calls == ([("float32", "int8")] if rates else [])
+    assert ((folder / TIMINGS).exists(), TIMINGS in export.export_marker(folder)["files"]) == (bool(rates),) * 2
+    loaded = CTranslate2Translator(folder, compute_type="auto")
+    assert len(calls) == len(bool(rates) * [1]), "this machine loads its export without timing it again"
+    assert loaded.describe()["compute_type"] == ("float32" if written == "float32" else "int8_float32")
+
+
+def test_a_real_timing_chooses_once_and_outputs_follow_the_chosen_type(toy_translator, toy_sources, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setattr(ct2_model, "cpu_info", lambda: ZEN4)
     folder = tmp_path / "int8"
+    export_toy(toy_translator, folder, "int8")  # an explicit type: not timed by export.py
+    capsys.readouterr()
+    timed = CTranslate2Translator(folder, compute_type="auto")
+    assert "AVX-512 VNNI/BF16 CPU: beam 5 ran at float32 " in capsys.readouterr().err
+    [entry] = json.loads((folder / TIMINGS).read_text(encoding="utf-8"))["machines"].values()
+    assert timed.compute_type == entry["compute_type"] and min(entry["sentences_per_s"].values()) > 0
+    cached = CTranslate2Translator(folder, compute_type="auto")
+    explicit = CTranslate2Translator(folder, compute_type=entry["compute_type"])
+    assert capsys.readouterr().err == "", "the choice is cached: no second timing"
+    options = DecodingOptions(beam_size=3)
+    assert timed.translate(toy_sources, options) == cached.translate(toy_sources, options) == \
+        explicit.translate(toy_sources, options)
+
+
+def test_overwrite_replaces_an_export_holding_a_timing_cached_since(toy_translator, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "model"
     export_toy(toy_translator, folder, "int8")
-    expected, _ = ct2_setup("auto", "cpu", "int8")
-    translator = CTranslate2Translator(folder, compute_type="auto")
-    assert translator.compute_type == expected
-    # CTranslate2 names int8 on a CPU int8_float32 (int8 products, float32 elsewhere)
-    assert translator.describe()["compute_type"] == ("float32" if expected == "float32" else "int8_float32")
+    monkeypatch.setattr(ct2_model, "cpu_info", lambda: SAPPHIRE_RAPIDS)  # served on another machine
+    simulate_timings(monkeypatch, {"float32": 500.0, "int8": 400.0})
+    assert CTranslate2Translator(folder, compute_type="auto").compute_type == "float32"
+    assert TIMINGS not in export.export_marker(folder)["files"] and (folder / TIMINGS).exists()
+    config = dict(get_config(), d_model=32, num_layers=1, num_heads=2, d_ff=64, seq_len=toy_translator.seq_len)
+    export.export_model(toy_translator.model, config, toy_translator.tok_src, toy_translator.tok_tgt, folder,
+                        "float32", overwrite=True)
+    assert json.loads((folder / "project.json").read_text(encoding="utf-8"))["quantization"] == "float32"
+    assert not (folder / TIMINGS).exists()
