@@ -449,7 +449,8 @@ class OneLineParser(argparse.ArgumentParser):
     def suggestion(self, name: str) -> str:
         if name in OPTIONS:
             users = [f"{program}.py" for program in PROGRAMS if program in OPTIONS[name].programs]
-            return f": {self.prog} has no use for --{name} ({', '.join(users)} takes it)"
+            takers = f"{', '.join(users[:-1])} and {users[-1]} take it" if len(users) > 1 else f"{users[0]} takes it"
+            return f": {self.prog} has no use for --{name} ({takers})"
         known = [action.option_strings[-1][2:] for action in self._actions if action.option_strings]
         found = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
         return f"; did you mean --{found[0]}?" if found else ""

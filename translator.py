@@ -573,6 +573,7 @@ def load_translator(args: argparse.Namespace, resolved: Resolved, fall_back: boo
     the pair the command line names (`check_pair`) and against `target_lang` when one is given.
     Raises TranslatorError, CheckpointError or ConfigError (no such run, a missing device) with one line."""
     config = resolved.config
+    pick_device(config["device"])  # a device the machine lacks is said before a run is looked for
     if args.engine == "pytorch" and args.checkpoint is None:
         choose_run(resolved, fall_back)
     translator = with_length_ratio(open_translator(args, config), config)

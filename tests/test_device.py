@@ -37,9 +37,9 @@ def test_auto_is_the_cpu_here_and_named_devices_must_exist() -> None:
 def test_every_program_refuses_a_missing_device_in_one_line(program, argv: list[str], device: str,
                                                             capsys: pytest.CaptureFixture, tmp_path) -> None:
     try:
-        code = program([*argv, "--device", device, *([] if program is bench.main else
-                                                     ["--model_folder", str(tmp_path), "--store_folder",
-                                                      str(tmp_path)])])
+        folders = {bench.main: [], translate.main: ["--model_folder", str(tmp_path)]}.get(
+            program, ["--model_folder", str(tmp_path), "--store_folder", str(tmp_path)])
+        code = program([*argv, "--device", device, *folders])
     except SystemExit as stop:
         code = stop.code
     lines = capsys.readouterr().err.strip().splitlines()
@@ -83,7 +83,9 @@ def test_auto_names_an_nvidia_gpu_that_torch_cannot_use(nvidia_driver, cuda_vers
 
 
 def test_every_program_names_the_unused_gpu(nvidia_driver, tmp_path, capsys: pytest.CaptureFixture) -> None:
-    assert translate.main(["Hello.", "--model_folder", str(tmp_path / "none")]) != 0
+    with pytest.raises(SystemExit) as stop:  # no run to translate with: the second line
+        translate.main(["Hello.", "--model_folder", str(tmp_path / "none")])
+    assert stop.value.code == 2
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("warning: this machine has an NVIDIA GPU") and len(lines) == 2, lines
 
