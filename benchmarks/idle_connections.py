@@ -34,7 +34,9 @@ if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the p
 
 from benchmarks.loadtest import (REFUSED, ServerProcess, classify, latency_stats, pinned, plan_pinning,  # noqa: E402
                                  resident_mb)
+from config import SERVE, build_parser  # noqa: E402
 from connection_guard import raise_file_limit  # noqa: E402
+from translator import add_translator_arguments  # noqa: E402
 
 PROBES = [("GET", "/health/live", None), ("GET", "/health/ready", None),
           ("POST", "/translate", {"text": ["Where is the station?"], "beam_size": 1})]
@@ -134,14 +136,39 @@ def problems(report: dict) -> list[str]:
     return found
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+OWN_VALUED, OWN_SWITCHES = ("--connections", "--seconds"), ("--tls", "--reconnect")
+
+
+def serve_arguments(argv: list[str]) -> list[str]:
+    """The words of `argv` that are serve.py's: all but this benchmark's own options and their values."""
+    kept, words = [], iter(argv)
+    for word in words:
+        name = word.split("=")[0]
+        if name in OWN_VALUED and "=" not in word:
+            next(words, None)
+        elif name not in OWN_VALUED and word not in OWN_SWITCHES:
+            kept.append(word)
+    return kept
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """This benchmark's own options; the rest of the command line is serve.py's (its options are
+    added here too, so that the docs' commands are checked against both)."""
+    parser = build_parser(SERVE, __doc__.splitlines()[0])
+    add_translator_arguments(parser)
     parser.add_argument("--connections", type=int, default=5000, help="idle connections held (default: 5000)")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long (default: 20)")
     parser.add_argument("--tls", action="store_true", help="serve HTTPS with a self-signed certificate")
     parser.add_argument("--reconnect", action="store_true",
                         help="open a new idle connection whenever the server closes one (a flood; default: each once)")
-    args, server_args = parser.parse_known_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser()
+    argv = list(argv if argv is not None else sys.argv[1:])
+    args = parser.parse_args(argv)  # serve.py's flags checked here too: a bad one is one line before any start
+    server_args = serve_arguments(argv)
     if args.connections < 1 or not args.seconds > 2:
         parser.error("--connections must be at least 1 and --seconds above 2")
     raise_file_limit()  # the client holds as many files as it has connections

@@ -708,7 +708,8 @@ def server_arguments(args: argparse.Namespace, engine: str) -> list[str]:
     return forwarded + (["--checkpoint", str(args.checkpoint)] if args.checkpoint is not None else [])
 
 
-def parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, Any]]:
+def argument_parser() -> argparse.ArgumentParser:
+    """The load test's options, beside serve.py's and evaluate.py's config keys."""
     parser = build_parser((SERVE, EVALUATE), __doc__.splitlines()[0])
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=["pytorch"],
                         help="engines to serve and load in turn (default: pytorch)")
@@ -760,6 +761,11 @@ def parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, dict[st
     parser.add_argument("--no_pin", action="store_true",
                         help="open loop: do not pin the generator and the server to different CPUs")
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    return parser
+
+
+def parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, Any]]:
+    parser = argument_parser()
     args, resolved = parse_args((SERVE, EVALUATE), argv, parser=parser)
     config = resolved.config
     if min(args.clients, args.requests, args.sentences_per_request, args.max_in_flight) < 1:

@@ -203,3 +203,10 @@ def test_bench_translate_reruns_ctranslate2s_beam_5_rows_keeping_their_fastest(
     rows, signatures = bench_translate.measure_rows(children, ["il gatto vede il cane nero"], rounds=3)
     assert [row["sentences_per_s"] for row in rows] == [30.0, 500.0, 300.0] and rows[2]["chrf"] == 100.0
     assert all(next(run, None) is None for run in runs.values()) and signatures[0].startswith("nrefs:1")
+
+
+def test_idle_connections_passes_serve_py_only_its_options() -> None:
+    from benchmarks import idle_connections
+    argv = ["--connections", "5", "--checkpoint", "x.pt", "--seconds=3", "--tls", "--serve_header_timeout_s", "2"]
+    idle_connections.argument_parser().parse_args(argv)  # serve.py's flags are known to the check
+    assert idle_connections.serve_arguments(argv) == ["--checkpoint", "x.pt", "--serve_header_timeout_s", "2"]
