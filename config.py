@@ -287,7 +287,7 @@ OPTIONS: dict[str, Option] = {
                                          "int16", "float16", "bfloat16", "float32")),
     # ---- serving
     "serve_max_sentences": O(32, "sentences in one request", "serving", frozenset({SERVE}), range=AT_LEAST_ONE),
-    "serve_max_chars": O(1000, "characters in one sentence", "serving", frozenset({SERVE}), range=AT_LEAST_ONE),
+    "serve_max_chars": O(1000, "characters of a request's text (the string form) or of each sentence (the list form)", "serving", frozenset({SERVE}), range=AT_LEAST_ONE),
     "serve_max_body_bytes": O(65536, "a larger request body gets 413", "serving", frozenset({SERVE}),
                               range=AT_LEAST_ONE),
     "serve_max_beam_size": O(8, "the largest beam_size a request may ask for", "serving", frozenset({SERVE}),
@@ -609,7 +609,8 @@ def options_table() -> str:
             if option.group != group:
                 continue
             allowed = ", ".join(map(str, option.choices)) or (str(option.range) if option.range else "")
-            programs = ", ".join(program for program in PROGRAMS if program in option.programs)
+            users = [program for program in PROGRAMS if program in option.programs]
+            programs = "all" if len(users) == len(PROGRAMS) else ", ".join(users)
             default = json.dumps(option.default)
             lines.append(f"| `--{key}` | `{default}` | {allowed} | {programs} | {option.help.replace('|', '/')} |")
     return "\n".join(lines) + "\n"

@@ -7,11 +7,12 @@ every line against its own reference (`nrefs:1`), comparable with other toolkits
 it scores each distinct source once against all its references (`scoring.grouped_scores`): a
 split that repeats a source with several references (tatoeba's) counts it once there.
 
-The model is found like translate.py finds it: the newest good checkpoint of the experiment that
---datasource and the language pair name (weights/<data>_<src>-<tgt>/). To score a model on another
+The model is found as translate.py finds it: the checkpoint --checkpoint_choice picks (default
+best: the best on validation) of the run --experiment_name names, else of the one --datasource and
+the language pair name (weights/<data>_<src>-<tgt>/), else of the only run under weights/. To score a model on another
 data set, for example the out-of-domain ../shared/data/flores200_devtest, name the model's
 experiment with --experiment_name tatoeba_en-it, or pass --checkpoint PATH. --average N averages the
-weights of the N newest checkpoints (ending at --checkpoint when given) first. With
+weights of N checkpoints (ending at --checkpoint or the chosen one) first. With
 `--engine ctranslate2 --model_dir DIR` the model is one exported by export.py. A model of several
 target languages (`--lang_tgt fr+it`) is scored on one of them, `--target_lang fr` (required then):
 the split is read in the pair lang_src-fr and every source gets the tag <2fr>.
@@ -60,8 +61,8 @@ def default_output(config: dict[str, Any], model: Path, average: int, split: str
 
 def argument_parser() -> OneLineParser:
     parser = build_parser(EVALUATE, __doc__.splitlines()[0])
-    parser.epilog = ("The model is the newest good checkpoint in <model_folder>/<experiment>, the experiment being "
-                     "derived from --datasource and the language pair (tatoeba_en-it for ../shared/data/tatoeba). "
+    parser.epilog = ("The model is the --checkpoint_choice checkpoint in <model_folder>/<experiment>, the experiment "
+                     "being derived from --datasource and the language pair (tatoeba_en-it for data/tatoeba). "
                      "To score it on another data set, name its experiment or its file: python evaluate.py "
                      "--datasource ../shared/data/flores200_devtest --split test --experiment_name tatoeba_en-it "
                      "--beam_size 5 (or --checkpoint weights/tatoeba_en-it/ckpt_00001234.pt).")

@@ -1,8 +1,8 @@
 """Export a checkpoint to a CTranslate2 model directory: `python export.py --output DIR [--quantization int8]`.
 
-The checkpoint is found like translate.py finds it (the newest good one of the experiment that
---datasource and the language pair name, or --checkpoint PATH; --average N averages the N newest
-first). The model is described to CTranslate2 through its own spec API
+The checkpoint is found as translate.py finds it (--checkpoint_choice, default best: the run's best
+on validation, of the run --experiment_name names; or --checkpoint PATH; --average N averages N
+checkpoints ending there first). The model is described to CTranslate2 through its own spec API
 (`ctranslate2.specs.TransformerSpec`) and written by a `ctranslate2.converters.Converter`:
 - pre-norm (with the final LayerNorms of encoder and decoder) or post-norm, as trained; ReLU;
 - this model's sinusoidal table, passed row by row (CTranslate2's own table puts all sines before
@@ -363,9 +363,9 @@ def swap_in(staging: Path, output: Path, aside: Path | None) -> None:
 def argument_parser() -> OneLineParser:
     parser = build_parser(EXPORT, __doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, default=None,
-                        help="checkpoint file (default: the newest good one of the experiment)")
+                        help="checkpoint file (default: the run's, by --checkpoint_choice)")
     parser.add_argument("--average", type=int, default=1,
-                        help="average the weights of this many newest checkpoints, ending at --checkpoint")
+                        help="average the weights of this many checkpoints, ending at --checkpoint or the chosen one")
     parser.add_argument("--quantization", choices=("auto", *QUANTIZATIONS), default="auto",
                         help="weight type in the exported model (default auto: the type this machine runs fastest, "
                              "timed where its CPU's rule cannot tell; docs/serving.md)")

@@ -1,7 +1,7 @@
 """Serve translations over HTTP: `python serve.py --datasource FOLDER_OR_HUB_ID --port 8000`.
 
-The model is found like translate.py finds it (the newest good checkpoint of the experiment, or
---checkpoint PATH, or --engine ctranslate2 --model_dir DIR) and loaded once, after the socket
+The model is found as translate.py finds it (the run's checkpoint by --checkpoint_choice, default
+best, or --checkpoint PATH, or --engine ctranslate2 --model_dir DIR) and loaded once, after the socket
 opens: the server is live at once, and ready when the model has loaded and translated a warm-up
 sentence. Endpoints:
 - POST /translate {"text": "one string, with paragraphs", "beam_size": K, "target_lang": "fr"} ->

@@ -24,8 +24,9 @@ SubRip subtitles (.srt: numbers and timings kept) or Markdown (.md: structure, c
 targets kept), the format from the file's name or `--format text|srt|markdown`; the translation
 goes to `--output FILE`, written atomically (replacing a file there, never the input), or to stdout.
 
-The model: the newest good checkpoint of the experiment that --datasource and the language pair
-name, or `--checkpoint PATH`, or the average of the N newest (`--average N`); or with
+The model: the checkpoint --checkpoint_choice picks (default best: the best on validation) of the
+run --experiment_name names, else of the one --datasource and the language pair name, else of the
+only run under weights/; or `--checkpoint PATH`; `--average N` averages N checkpoints; or with
 `--engine ctranslate2 --model_dir DIR` a model exported by export.py. An explicit --lang_src or
 --lang_tgt must be the model's. A model of several target languages is named by all of them
 (`--lang_tgt fr+it`), and `--target_lang fr` says which to produce (required then; translator.py
