@@ -70,7 +70,7 @@ from scoring import corpus_scores, grouped_scores, improves
 from sources import DataError
 from store import (DATA_RECORD, TextStore, TokenStore, data_changes, data_identity, data_record, text_stores,
                    token_stores, tokenizer_sample)
-from tokenizer import (TokenizerError, load_tokenizers, save_tokenizers, tag_id, tokenizer_from_json,
+from tokenizer import (TokenizerError, encode_texts, load_tokenizers, save_tokenizers, tag_id, tokenizer_from_json,
                        train_tokenizers)
 from translator import DecodingOptions, TorchTranslator
 
@@ -839,18 +839,25 @@ class Trainer:
 
     def estimated_validation_seconds(self) -> float:
         """A validation's cost: the loss over this rank's share of the split, timed, and the decoding
-        of a sample of the sources, timed and scaled to the subset decoded."""
+        of a sample of the sources, timed and scaled to the subset decoded. The sample is decoded to
+        the length of its longest reference: a model this young rarely ends a sentence and would run
+        every row to the cap (twice the source and more), costing a planned validation several times
+        what it costs once the model writes sentences of the references' lengths."""
         if not self.val_pairs:
             return 0.0
         started = clock()
-        sample = self.val_sources[:32]
+        sample = self.val_pairs[:32]
         model = self.raw_model
         model.eval()
         validation_loss(model, self.val_ds, self.config, self.device, self.ranks.rank, self.ranks.world_size)
         loss_seconds, decode_started = clock() - started, clock()
-        TorchTranslator(model, self.tok_src, self.tok_tgt, self.config).translate_best(sample, DecodingOptions.from_config(
+        lang_tgt = corpora(self.config)[0].lang_tgt
+        translator = TorchTranslator(model, self.tok_src, self.tok_tgt, self.config)
+        sources = translator.encode([source for source, _ in sample], translator.source_tag(lang_tgt))
+        longest = max(len(e.ids) for e in encode_texts(self.tok_tgt, [target for _, target in sample], ids_only=True))
+        translator.translate_batch(sources, DecodingOptions.from_config(
             self.config, beam_size=self.config["val_beam_size"], sampling_topk=0, sampling_topp=0.0,
-            target_lang=corpora(self.config)[0].lang_tgt))
+            target_lang=lang_tgt), longest + 1)  # [EOS] after the words
         model.train()
         share = len(self.val_sources) / self.ranks.world_size
         return loss_seconds + (clock() - decode_started) * share / len(sample)

@@ -111,3 +111,20 @@ def test_an_explicit_length_means_what_it_says(planned: list[str], tmp_path: Pat
     assert "plan for" not in capsys.readouterr().err
     state = final_state([*planned, "--num_epochs", "2"], tmp_path)
     assert state["plan"] is None and state["epoch"] == 2
+
+
+def test_the_validation_estimate_decodes_to_the_references_length_not_the_cap(
+        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A young model rarely ends a sentence: decoded to the cap, a validation's estimate would be
+    several times what validations cost later, and the plan would leave much of its budget unused."""
+    from decoding import max_output_tokens
+    from translator import TorchTranslator
+    calls, decode = [], TorchTranslator.translate_batch
+
+    def recorded(self, sources, options, max_tokens):
+        calls.append((max_tokens, max_output_tokens(max(len(source.ids) for source in sources), self.seq_len)))
+        return decode(self, sources, options, max_tokens)
+
+    monkeypatch.setattr(TorchTranslator, "translate_batch", recorded)
+    assert run(planned, tmp_path, CountingClock(), monkeypatch) == 0
+    assert any(bound < cap for bound, cap in calls), calls  # the estimate's, below the cap validation decodes to
