@@ -11,23 +11,34 @@ log-probability features are fitted as softplus(u) > 0: at a given length the pr
 with the model's score, never falls, whatever the data. A calibrator is plain JSON-able data
 (`to_dict`, `from_dict`), stored in a checkpoint or beside an exported model.
 
+Where a calibrator lives: `fit_on_pairs` translates a split's distinct sources (with whatever
+translator the caller gives) and fits one on them; train.py does so at the end of training and
+`evaluate.py --fit_confidence` on a finished model, and `save_calibrator` writes it, with the
+checkpoint it was fitted on, as CONFIDENCE_FILE beside the run's checkpoints, where every
+checkpoint of the run finds it (`read_calibrator`); export.py copies it into project.json.
+
 `confidence_report` measures one on a test set: Spearman's correlation of the probabilities with
 sentence chrF, the mean chrF of the lowest-scored 10% against the rest's, and the expected
 calibration error (10 equal-width bins, weighted by their share of sentences).
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
 
 import sacrebleu
 import torch
+
+from atomic_files import atomic_write_bytes
 
 FEATURES = ("mean_log_prob", "lowest_log_prob", "log_length")
 MONOTONE = 2  # the first two features get weights > 0
 L2_PENALTY = 1e-3
 MIN_SENTENCES = 20
+CONFIDENCE_FILE = "confidence.json"  # beside a run's checkpoints
 
 
 class CalibrationError(ValueError):
@@ -124,6 +135,56 @@ def fit_calibrator(rows: Sequence[Sequence[float]], chrfs: Sequence[float], thre
     weights = _weights(raw[:-1]).detach()
     return Calibrator(mean.tolist(), scale.tolist(), weights.tolist(), float(raw[-1].detach()), float(threshold),
                       len(rows))
+
+
+class Scored(Protocol):
+    """A translation with what the calibrator reads (translator.Hypothesis)."""
+
+    text: str
+    log_prob: float
+    length: int
+    lowest: float
+
+
+def fit_on_pairs(pairs: Sequence[tuple[str, str]], translate: Callable[[list[str]], Sequence[Scored]],
+                 threshold: float, most: int) -> Calibrator:
+    """A calibrator fitted on the first `most` distinct sources of `pairs`, each translated once by
+    `translate` and scored by sentence chrF against all its references there. Sources with nothing
+    to translate (no letter) are left out. Raises CalibrationError (fit_calibrator's)."""
+    references: dict[str, list[str]] = {}
+    for source, reference in pairs:
+        if source in references or len(references) < most:
+            references.setdefault(source, []).append(reference)
+    if len(references) < MIN_SENTENCES:  # said before anything is translated
+        raise CalibrationError(f"calibration needs at least {MIN_SENTENCES} sentences, got {len(references)}")
+    sources = list(references)
+    kept = [(found, references[source]) for source, found in zip(sources, translate(sources)) if found.length > 0]
+    rows = [features(found.log_prob, found.length, found.lowest) for found, _ in kept]
+    return fit_calibrator(rows, sentence_chrfs([found.text for found, _ in kept], [refs for _, refs in kept]),
+                          threshold)
+
+
+def save_calibrator(folder: Path, calibrator: Calibrator, checkpoint: str) -> Path:
+    """Write `calibrator` as folder/CONFIDENCE_FILE (atomically), naming the checkpoint it was fitted on."""
+    path = Path(folder) / CONFIDENCE_FILE
+    atomic_write_bytes(path, json.dumps({**calibrator.to_dict(), "checkpoint": checkpoint}, indent=1).encode("utf-8"))
+    return path
+
+
+def read_calibrator(folder: Path) -> Calibrator | None:
+    """The calibrator stored in `folder` (None when there is none); CalibrationError in one line for a
+    file that cannot be read or is not one."""
+    path = Path(folder) / CONFIDENCE_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CalibrationError(f"cannot read the confidence calibrator {path}: {error}") from None
+    try:
+        return Calibrator.from_dict(data)
+    except CalibrationError as error:
+        raise CalibrationError(f"{path}: {error}") from None
 
 
 def _weights(raw: torch.Tensor) -> torch.Tensor:

@@ -235,6 +235,11 @@ OPTIONS: dict[str, Option] = {
     "val_max_sentences": O(0, "distinct validation sources decoded, a fixed subset drawn with the seed; 0: all",
                            "validation", range=NON_NEGATIVE),
     "val_beam_size": O(5, "beam size of validation's decoding", "validation", range=AT_LEAST_ONE),
+    "confidence_sentences": O(1000, "distinct validation sources the confidence calibrator is fitted on at the end of "
+                              "training and by evaluate.py --fit_confidence (docs/glossary.md); 0: no fit at the end "
+                              "of training", "validation", frozenset({TRAIN, EVALUATE}), range=NON_NEGATIVE),
+    "confidence_chrf_threshold": O(50.0, "the confidence calibrator's good translation: sentence chrF at least this",
+                                   "validation", frozenset({TRAIN, EVALUATE}), range=Range(0, 100)),
     "num_examples": O(3, "validation examples printed and logged", "validation", range=NON_NEGATIVE),
     "early_stopping_patience": O(0, "validations without a better best_metric before stopping; 0: never",
                                  "validation", range=NON_NEGATIVE),
@@ -282,6 +287,13 @@ OPTIONS: dict[str, Option] = {
                               DECODERS | {TRAIN}, range=NON_NEGATIVE),
     "eval_batch_size": O(64, "sentences per decoding batch", "decoding", DECODERS | {TRAIN}, range=AT_LEAST_ONE),
     "target_lang": O("", "a model of several target languages: the one to translate into", "decoding", DECODERS),
+    "glossary": O("", "a TSV file of terms (source term TAB target term) whose target term a translation must hold "
+                  "where the source term occurs (docs/glossary.md); serve.py takes them per request", "decoding",
+                  frozenset({TRANSLATE, EVALUATE})),
+    "glossary_max_terms": O(10000, "terms a --glossary file may hold", "decoding", frozenset({TRANSLATE, EVALUATE}),
+                            range=AT_LEAST_ONE),
+    "glossary_beam_size": O(5, "with a glossary, greedy search (beam_size 1) becomes a beam search this wide: "
+                            "constraints need a beam", "decoding", DECODERS, range=Range(2)),
     "compute_type": O("auto", "--engine ctranslate2: the weights' type at run time; auto: per machine", "decoding",
                       DECODERS, choices=("auto", "default", "int8", "int8_float32", "int8_float16", "int8_bfloat16",
                                          "int16", "float16", "bfloat16", "float32")),
@@ -292,6 +304,10 @@ OPTIONS: dict[str, Option] = {
                               range=AT_LEAST_ONE),
     "serve_max_beam_size": O(8, "the largest beam_size a request may ask for", "serving", frozenset({SERVE}),
                              range=AT_LEAST_ONE),
+    "serve_glossary_max_terms": O(100, "terms a request's glossary may hold", "serving", frozenset({SERVE}),
+                                  range=AT_LEAST_ONE),
+    "confidence_mark_below": O(0.5, "the page marks a translated sentence whose confidence is below this", "serving",
+                               frozenset({SERVE}), range=Range(0, 1)),
     "serve_batch_sentences": O(64, "sentences decoded together, gathered from concurrent requests", "serving",
                                frozenset({SERVE}), range=AT_LEAST_ONE),
     "serve_batch_wait_ms": O(10, "how long a batch waits for more requests once its first has arrived", "serving",

@@ -31,6 +31,17 @@ Each source line is translated as one sentence, as the references align with it;
 model's limit is translated in pieces (translator.py), never truncated. `--split_sentences true`
 cuts lines into sentences first, as translate.py does by default (to score text made of several
 sentences a line); the default (auto) is off here, so scores are those of line-by-line translation.
+
+`--glossary FILE` translates with a glossary's terms as constraints, as translate.py does (the
+output file's name gets `.glossary`). `--fit_confidence` first fits the confidence calibrator
+(confidence.py) on the model's validation split, its first --confidence_sentences distinct sources
+translated with the decoding options (no glossary), good meaning sentence chrF at least
+--confidence_chrf_threshold, and stores it beside the checkpoints (confidence.json), where
+translate.py --scores, serve.py and export.py find it; a checkpoint's run only, as training does
+at its end. Whenever the model has a calibrator, a `confidence:` line measures it on the split
+scored: Spearman's correlation of each line's confidence (the least of its sentences') with its
+sentence chrF against all the references of its source, the mean chrF of the lowest-scored 10%
+against the rest's, and the expected calibration error.
 """
 from __future__ import annotations
 
@@ -39,23 +50,27 @@ from pathlib import Path
 from typing import Any
 
 from checkpoint import CheckpointError
+from confidence import CalibrationError, confidence_report, fit_on_pairs, save_calibrator, sentence_chrfs
 from config import EVALUATE, ConfigError, OneLineParser, build_parser, corpus_entries, corpus_name, parse_args
 from diagnostics import log
+from glossary import GlossaryError, read_glossary
 from scoring import corpus_scores, grouped_scores
 from sources import DataError
 from store import eval_pairs, held_out_problem, read_data_record
-from translator import DecodingOptions, TranslatorError, add_translator_arguments, load_translator, split_sentences_on
+from translator import (DecodingOptions, TextTranslation, Translator, TranslatorError, add_translator_arguments,
+                        load_translator, split_sentences_on)
 
 
-def default_output(config: dict[str, Any], model: Path, average: int, split: str, engine: str, lang_tgt: str) -> Path:
-    """runs/<the model's experiment>/<data>.<split>.<checkpoint>[.avgN][.ctranslate2].beamK.<lang_tgt>,
-    `model` being the checkpoint file or the exported model directory, `lang_tgt` the language
-    translated into."""
+def default_output(config: dict[str, Any], model: Path, average: int, split: str, engine: str, lang_tgt: str,
+                   beam_size: int) -> Path:
+    """runs/<the model's experiment>/<data>.<split>.<checkpoint>[.avgN][.ctranslate2].beamK[.glossary].<lang_tgt>,
+    `model` being the checkpoint file or the exported model directory, K the beam searched with,
+    `lang_tgt` the language translated into."""
     option = {"validation": "valid_data", "test": "test_data"}.get(split)
     data = corpus_name(config[option] if option and config[option] else corpus_entries(config["datasource"])[0][0])
     engine_part = "" if engine == "pytorch" else f".{engine}"
     name = f"{data}.{split}.{model.stem}{f'.avg{average}' if average > 1 else ''}{engine_part}" \
-           f".beam{config['beam_size']}.{lang_tgt}"
+           f".beam{beam_size}{'.glossary' if config['glossary'] else ''}.{lang_tgt}"
     return Path(config["runs_folder"]) / model.parent.name / name
 
 
@@ -68,16 +83,67 @@ def argument_parser() -> OneLineParser:
                      "--beam_size 5 (or --checkpoint weights/tatoeba_en-it/ckpt_00001234.pt).")
     parser.add_argument("--split", default="test", help="split to translate and score (default: test)")
     add_translator_arguments(parser)
+    parser.add_argument("--fit_confidence", action="store_true",
+                        help="first fit the confidence calibrator on the validation split and store it beside the "
+                             "checkpoints (confidence.json)")
     parser.add_argument("--output", type=Path, default=None,
                         help="file for the translations; if not given, <runs_folder>/<the checkpoint's experiment>/"
                              "<data>.<split>.<checkpoint>[.avgN].beam<K>.<the target language>")
     return parser
 
 
+def fit_confidence(translator: Translator, config: dict[str, Any], target: str,
+                   record: dict[str, Any] | None) -> str:
+    """--fit_confidence: fit the calibrator on the model's validation split, store it with the run and
+    give it to `translator`; what was done, in one line. Raises DataError, CalibrationError."""
+    pairs = eval_pairs(config, "validation", translator.model_config, target, record)
+    problem = held_out_problem(pairs, "validation", config, translator.model_config, record)
+    if problem:
+        raise DataError(f"--fit_confidence: {problem}: a calibrator fitted there would trust the model too much")
+    options = DecodingOptions.from_config(config)  # what the model translates with, no glossary
+    calibrator = fit_on_pairs(pairs, lambda sources: [h[0] for h in translator.translate(sources, options)],
+                              config["confidence_chrf_threshold"], config["confidence_sentences"])
+    path = save_calibrator(translator.path.parent, calibrator, translator.source)
+    translator.calibrator = calibrator
+    return (f"fitted the confidence calibrator on {calibrator.sentences} validation sentences (good: sentence chrF "
+            f">= {calibrator.threshold:g}) and wrote {path}")
+
+
+def confidence_line(translator: Translator, translated: TextTranslation, sources: list[str],
+                    hypotheses: list[str], references: list[str]) -> str:
+    """The `confidence:` line (module docstring) for a model with a calibrator."""
+    calibrator = translator.calibrator
+    by_line: dict[int, float] = {}
+    for sentence, found in translated.sentences:
+        if found[0].confidence is not None:
+            by_line[sentence.flow] = min(found[0].confidence, by_line.get(sentence.flow, 1.0))
+    grouped: dict[str, list[str]] = {}
+    for source, reference in zip(sources, references):
+        grouped.setdefault(source, []).append(reference)
+    lines = sorted(by_line)
+    chrfs = sentence_chrfs([hypotheses[i] for i in lines], [grouped[sources[i]] for i in lines])
+    try:
+        report = confidence_report([by_line[i] for i in lines], chrfs, calibrator.threshold)
+    except CalibrationError as error:
+        return f"confidence: not measured: {error}"
+    return (f"confidence: Spearman with sentence chrF {report['spearman']:.3f}; mean chrF of the lowest-scored 10% "
+            f"{report['lowest_10pct_chrf']:.1f}, of the rest {report['rest_chrf']:.1f}; calibration error "
+            f"{report['calibration_error']:.3f} (good: chrF >= {calibrator.threshold:g}, "
+            f"{100 * report['good_share']:.1f}% of {len(lines)} lines)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser()
     args, resolved = parse_args(EVALUATE, argv, parser=parser)
     config = resolved.config
+    if args.fit_confidence and args.engine != "pytorch":
+        parser.error("--fit_confidence stores the calibrator with a checkpoint's run: fit it there (export.py copies "
+                     "it into the export)")
+    try:
+        glossary = read_glossary(Path(config["glossary"]), config["glossary_max_terms"]) if config["glossary"] \
+            else None
+    except GlossaryError as error:
+        parser.error(str(error))
     try:
         options = DecodingOptions.from_config(config)
         translator = load_translator(args, resolved, fall_back=True)
@@ -91,18 +157,29 @@ def main(argv: list[str] | None = None) -> int:
         if problem and not config["allow_train_overlap"]:
             raise DataError(f"{problem}: its scores would flatter the model; score a split it held out, or pass "
                             f"--allow_train_overlap true to score it anyway")
-    except ConfigError as error:
+        options, note = options.with_glossary(translator.build_glossary(glossary) if glossary else None,
+                                              config["glossary_beam_size"])
+    except (ConfigError, GlossaryError) as error:
         parser.error(str(error))
     except (CheckpointError, TranslatorError, DataError) as error:
         print(f"evaluate.py: error: {error}", file=sys.stderr)
         return 1
+    if note:
+        log(f"evaluate.py: {note}")
+    if args.fit_confidence:
+        try:
+            log(f"evaluate.py: {fit_confidence(translator, config, target, record)}")
+        except (CalibrationError, DataError, OSError) as error:
+            print(f"evaluate.py: error: --fit_confidence: {error}", file=sys.stderr)
+            return 1
     if record is None:
         log(f"evaluate.py: {translator.source} records no data it trained on (a model from before data.json): not "
             f"checked whether the split overlaps it")
     if problem:
         log(f"evaluate.py: WARNING: {problem}; scored anyway (--allow_train_overlap), so the scores flatter the model")
     log(f"evaluate.py: {translator.source}: translating {len(pairs)} sentences of {config['datasource']} "
-        f"{args.split} into {target} with beam size {config['beam_size']}")
+        f"{args.split} into {target} with beam size {options.beam_size}"
+        + (f" and the glossary {config['glossary']}" if glossary else ""))
 
     sources, references = [p[0] for p in pairs], [p[1] for p in pairs]
     translated = translator.translate_text(sources, options, split_sentences_on(config, auto=False))
@@ -113,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     # One line per sentence in the file (any line break a model might emit becomes a space; both
     # metrics ignore runs of whitespace), and the scores are of exactly what the file holds.
     hypotheses = [" ".join(t.split()) for t in translations]
-    output = args.output or default_output(config, translator.path, args.average, args.split, args.engine, target)
+    output = args.output or default_output(config, translator.path, args.average, args.split, args.engine, target,
+                                           options.beam_size)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
@@ -125,9 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     scores = corpus_scores(hypotheses, references)
     grouped = grouped_scores(sources, hypotheses, references)
     print(f"model: {translator.source} ({translator.engine})")
-    print(f"data: {config['datasource']} {args.split}, {len(pairs)} sentences, beam size {config['beam_size']}, "
+    print(f"data: {config['datasource']} {args.split}, {len(pairs)} sentences, beam size {options.beam_size}, "
           f"length penalty {config['length_penalty']}, brevity penalty {config['brevity_penalty']} "
           f"(length_ratio {translator.length_ratio})" + (f"; WARNING: {problem}" if problem else ""))
+    if glossary:
+        print(f"glossary: {config['glossary']}, {len(glossary)} terms")
+    if translator.calibrator is not None:
+        print(confidence_line(translator, translated, sources, hypotheses, references))
     print(f"chrF2 = {scores['chrf']:.2f} ({scores['chrf_signature']})")
     print(f"grouped by source: {grouped['sources']} distinct sources, {grouped['references']} references: "
           f"BLEU {grouped['bleu']:.2f}, chrF2 {grouped['chrf']:.2f} ({grouped['bleu_signature']})")

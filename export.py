@@ -20,7 +20,9 @@ not know) is refused in one line naming it. The model's tokenizers and its train
 written beside CTranslate2's files (ct2_model.py says which; translator.py reads them): the config's
 `lang_tgt` records a model's target languages (fr+it), and the tags <2fr>, <2it> that translator.py
 puts before every source are tokens of the exported source vocabulary, which a model of several
-target languages must hold (refused otherwise). `--quantization` takes CTranslate2's names: int8,
+target languages must hold (refused otherwise). The run's confidence calibrator (confidence.py,
+confidence.json beside the checkpoints), when it has one, goes into project.json as `confidence`, so
+that the CTranslate2 engine gives the same confidence. `--quantization` takes CTranslate2's names: int8,
 int16, float32, bfloat16, and for GPUs float16 and int8_float16 (on a CPU, CTranslate2 runs those in
 float32 and int8), or `auto` (the default): the type this machine runs fastest, by the rule of
 ct2_model.ct2_setup, which chooses the compute type a model runs with on each machine and never runs
@@ -61,6 +63,7 @@ import torch
 
 from atomic_files import atomic_write_bytes, lock_folder
 from checkpoint import CheckpointError, load_for_inference
+from confidence import CalibrationError, read_calibrator
 from config import EXPORT, ConfigError, OneLineParser, build_parser, choose_run, parse_args, weights_dir
 from ct2_model import MARKER, QUANTIZATIONS, TIMINGS, ct2_setup, export_quantization, read_project_files, \
     write_project_files
@@ -237,10 +240,12 @@ def check_replaceable(output: Path, marker: dict[str, Any]) -> None:
 
 
 def export_model(model: Transformer, config: dict[str, Any], tok_src: Any, tok_tgt: Any, output: Path,
-                 quantization: str, checkpoint: str = "", overwrite: bool = False) -> Path:
+                 quantization: str, checkpoint: str = "", overwrite: bool = False,
+                 confidence: dict[str, Any] | None = None) -> Path:
     """Write `model` as a CTranslate2 model directory at `output` (new, empty, or an earlier export
-    with `overwrite`: check_output), with the tokenizers and training config beside it;
-    `quantization` auto: this machine's choice (the module's docstring)."""
+    with `overwrite`: check_output), with the tokenizers, training config and `confidence` (a
+    calibrator's data, or None) beside it; `quantization` auto: this machine's choice (the module's
+    docstring)."""
     if quantization not in ("auto", *QUANTIZATIONS):
         raise ExportError(f"--quantization must be auto or one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     spec = TransformerConverter(model, config, tok_src, tok_tgt).spec()
@@ -256,7 +261,7 @@ def export_model(model: Transformer, config: dict[str, Any], tok_src: Any, tok_t
     try:
         def write(own: Path) -> Path:
             fixed = export_quantization() if quantization == "auto" else quantization
-            project = {"checkpoint": checkpoint, "config": config}
+            project = {"checkpoint": checkpoint, "config": config, "confidence": confidence}
             # folders made by the converter, with the user's umask (mkdtemp's folder is 0700)
             staging = write_model(spec, own / "model", fixed or "int8", tok_src, tok_tgt, project)
             if fixed is None:  # a timing decides: int8 and float32 timed on the int8 weights
@@ -394,9 +399,10 @@ def main(argv: list[str] | None = None) -> int:
             args.checkpoint, weights_dir(config), torch.device("cpu"), args.average, config["checkpoint_choice"],
             config["average_min_gap_steps"])
         source = str(path) + (f" (average of {args.average} ending here)" if args.average > 1 else "")
+        calibrator = read_calibrator(path.parent)
         output = export_model(model, model_config, tok_src, tok_tgt, args.output, args.quantization, source,
-                              args.overwrite)
-    except (CheckpointError, ExportError) as error:
+                              args.overwrite, calibrator.to_dict() if calibrator else None)
+    except (CalibrationError, CheckpointError, ExportError) as error:
         print(f"export.py: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -14,6 +14,14 @@ sentence. Endpoints:
   (translator.py decides how, for every program). beam_size is optional (default: the config's),
   and so is target_lang (default: --target_lang), which a model of several target languages needs
   from one or the other.
+  `"glossary": [["source term", "target term"], ...]` (optional, at most serve_glossary_max_terms
+  pairs, checked as glossary.py checks a file): where a sentence holds a source term, its
+  translation holds the target term (constrained beam search; beam_size 1 becomes
+  glossary_beam_size, at most serve_max_beam_size). A malformed glossary, one over the bound, a target term the model's
+  vocabulary cannot spell, or any glossary with the ctranslate2 engine gets 400 with one line.
+  Each sentence of the string form also carries "confidence": the calibrated probability that its
+  translation is good (confidence.py), null when the model has no calibrator (GET /health says
+  whether it has, "confidence": true/false) or the sentence had nothing to translate.
 - POST /attention {"text": "...", "target_lang": "fr"} -> {"source_tokens", "output_tokens",
   "weights"}: the cross-attention of the sentence's greedy translation, weights[i][j] from output
   token i to source token j.
@@ -23,7 +31,8 @@ sentence. Endpoints:
 - GET /health/live and GET /health/ready, for orchestrators: 200 while the process serves, and 200
   only while it is ready (503 while the model loads, while the server drains, and while a decoding
   call has run longer than serve_request_timeout_s). They need no key and name no model.
-- GET /: a web page (static/) to translate a sentence and see its attention heatmap.
+- GET /: a web page (static/) to translate a sentence and see its attention heatmap; it marks each
+  sentence whose confidence is below confidence_mark_below, the value in its tooltip.
 
 Requests that arrive together are translated together (serve_batch_sentences, serve_batch_wait_ms);
 each request is limited by serve_max_sentences (sentences after segmentation), serve_max_chars (of
@@ -83,9 +92,10 @@ from checkpoint import CheckpointError
 from config import SERVE, ConfigError, OneLineParser, build_parser, choose_run, parse_args
 from connection_guard import ConnectionGuard, connection_limit, raise_file_limit, tls_context
 from cpu_kernels import release_freed_memory
+from glossary import GlossaryError, check_pairs
 from sentences import TextPlan
-from translator import (DecodingOptions, Translator, TranslatorError, add_translator_arguments, load_translator,
-                        split_sentences_on)
+from translator import (DecodingOptions, Hypothesis, Translator, TranslatorError, add_translator_arguments,
+                        load_translator, split_sentences_on)
 
 STATIC = Path(__file__).resolve().parent / "static"
 API_KEY_VARIABLE = "TRANSLATE_API_KEY"
@@ -180,7 +190,7 @@ class Batcher:
     ever). A job that was withdrawn (its client left) or whose deadline has passed is dropped before
     it reaches the model."""
 
-    def __init__(self, decode: Callable[[list[str], DecodingOptions], list[str]], executor: Executor,
+    def __init__(self, decode: Callable[[list[str], DecodingOptions], list[Hypothesis]], executor: Executor,
                  max_sentences: int, wait_s: float, max_work: int, registry: CollectorRegistry) -> None:
         self.decode, self.executor = decode, executor
         self.max_sentences, self.wait_s, self.max_work = max_sentences, wait_s, max_work
@@ -393,7 +403,7 @@ class Service:
         self.defaults = DecodingOptions.from_config(config, batch_size=config["serve_batch_sentences"])
         self.registry = CollectorRegistry()  # this app's own: tests run several apps in one process
         self.model_thread = ModelThread()
-        self.batcher = Batcher(lambda sentences, options: self.translator.translate_best(sentences, options),
+        self.batcher = Batcher(lambda sentences, options: [h[0] for h in self.translator.translate(sentences, options)],
                                self.model_thread, config["serve_batch_sentences"], config["serve_batch_wait_ms"] / 1000,
                                config["serve_max_queued_work"], self.registry)
         self.requests = Counter("serve_requests", "API requests answered, by endpoint and status code (499: the "
@@ -530,8 +540,8 @@ class Service:
             self.batcher.withdraw(job)
 
     async def translate(self, request: Request, arrived: float, sentences: list[str],
-                        options: DecodingOptions) -> list[str]:
-        """The translations of `sentences`; none to make (a text without a letter), no model call."""
+                        options: DecodingOptions) -> list[Hypothesis]:
+        """The best translation of each of `sentences`; none to make (a text without a letter), no model call."""
         return await self.run(request, arrived, sentences, options) if sentences else []
 
     async def attention(self, request: Request, arrived: float, sentence: str, target_lang: str) -> Any:
@@ -575,6 +585,7 @@ class Service:
         translator = self.translator
         return {"status": self.state(), "checkpoint": str(translator.path), **translator.describe(),
                 "source": translator.source, "beam_size": self.defaults.beam_size,
+                "confidence_mark_below": self.config["confidence_mark_below"],
                 "target_lang": self.defaults.target_lang,
                 "limits": {key: value for key, value in self.config.items() if key.startswith("serve_")},
                 "queue": {"work": self.batcher.queued_work, "requests": len(self.batcher.waiting)}}
@@ -661,24 +672,31 @@ def add_api_routes(app: FastAPI, service: Service, keyed: list) -> None:
     @app.post("/translate", dependencies=keyed)
     async def translate(request: Request) -> dict[str, Any]:
         arrived = now()
-        payload = check_fields(await service.read_json(request), "text", ["beam_size", "target_lang"])
+        payload = check_fields(await service.read_json(request), "text", ["beam_size", "target_lang", "glossary"])
         text = check_request_text(payload["text"], service.config)
         options = service.defaults
         if "beam_size" in payload:
             options = with_beam_size(options, payload["beam_size"], service.config["serve_max_beam_size"])
         options = options.replace(target_lang=service.target_lang(payload))
+        if "glossary" in payload:
+            options = with_glossary(options, payload["glossary"], service.translator, service.config)
         split_sentences = split_sentences_on(service.config, auto=True)
+        translator = service.translator
         if isinstance(text, str):
-            document, _ = service.translator.segment_document(text, "text", options.target_lang, split_sentences)
+            document, _ = translator.segment_document(text, "text", options.target_lang, split_sentences)
             check_sentence_count(document.text, service.config)
             found = await service.translate(request, arrived, document.sources, options)
-            return {"translation": document.assemble(found), "split_for_length": document.text.split_for_length,
-                    "sentences": [{"start": s.span.start, "end": s.span.end, "translation": s.translation}
-                                  for s in document.sentences(found)]}
-        plan, _ = service.translator.segment_lines(text, options.target_lang, split_sentences)
+            texts = [h.text for h in found]
+            # the same sentences in the same order: their spans in the text, and their confidence
+            judged = translator.sentence_results(document.text, [[h] for h in found])
+            return {"translation": document.assemble(texts), "split_for_length": document.text.split_for_length,
+                    "sentences": [{"start": s.span.start, "end": s.span.end, "translation": s.translation,
+                                   "confidence": hypotheses[0].confidence}
+                                  for s, (_, hypotheses) in zip(document.sentences(texts), judged)]}
+        plan, _ = translator.segment_lines(text, options.target_lang, split_sentences)
         check_sentence_count(plan, service.config)
         found = await service.translate(request, arrived, plan.sources, options)
-        return {"translations": [fragments[0] for fragments in plan.assemble(found)]}
+        return {"translations": [fragments[0] for fragments in plan.assemble([h.text for h in found])]}
 
     @app.post("/attention", dependencies=keyed)
     async def attention(request: Request) -> dict[str, Any]:
@@ -724,6 +742,24 @@ def with_beam_size(options: DecodingOptions, beam_size: Any, limit: int) -> Deco
         return options.replace(beam_size=beam_size)
     except TranslatorError as error:
         raise ApiError(400, f"'beam_size' {beam_size}: {error}") from None
+
+
+def with_glossary(options: DecodingOptions, pairs: Any, translator: Translator,
+                  config: dict[str, Any]) -> DecodingOptions:
+    """`options` with a request's glossary (a list of [source term, target term] pairs, at most
+    serve_glossary_max_terms), greedy search widened to glossary_beam_size; or a 400 saying what is
+    wrong with it, or that the engine or the options take none."""
+    if not isinstance(pairs, list):
+        raise ApiError(400, f"'glossary' must be a list of [source term, target term] pairs, got {json_type(pairs)}")
+    try:
+        glossary = translator.build_glossary(check_pairs(pairs, config["serve_glossary_max_terms"]))
+        # greedy search widened, but never past what a request may ask for
+        return options.with_glossary(glossary, min(config["glossary_beam_size"], config["serve_max_beam_size"]))[0]
+    except GlossaryError as error:
+        raise ApiError(400, f"'glossary': {error}" + (" (serve_glossary_max_terms)" if len(pairs) >
+                                                      config["serve_glossary_max_terms"] else "")) from None
+    except TranslatorError as error:
+        raise ApiError(400, f"'glossary': {error}") from None
 
 
 def add_status_routes(app: FastAPI, service: Service, keyed: list) -> None:

@@ -53,6 +53,7 @@ from checkpoint import (CheckpointError, adopt_unlisted, check_unlisted_above, c
                         load_latest, load_weights, named, read_manifest, reconcile_manifest, save_average,
                         save_checkpoint)
 from cleaning import NOT_CLEANED, cleaning_changes, cleaning_scalars
+from confidence import CalibrationError, fit_on_pairs, save_calibrator
 from config import (IDENTITY_KEYS, MODEL_KEYS, TRAIN, ConfigError, OneLineParser, build_parser, corpora, corpus_entries,
                     corpus_name, get_config, parse_args, runs_dir, validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
@@ -72,7 +73,7 @@ from store import (DATA_RECORD, TextStore, TokenStore, data_changes, data_identi
                    token_stores, tokenizer_sample)
 from tokenizer import (TokenizerError, encode_texts, load_tokenizers, save_tokenizers, tag_id, tokenizer_from_json,
                        train_tokenizers)
-from translator import DecodingOptions, TorchTranslator
+from translator import DecodingOptions, TorchTranslator, TranslatorError
 
 
 # ---------------------------------------------------------------------------- the parts of a run
@@ -957,6 +958,8 @@ class Trainer:
                 log(f"saved {path}, the average of {', '.join(sources)}, which translate.py and evaluate.py will use")
             except CheckpointError as error:
                 log(f"warning: no average: {error}")
+        if self.ranks.is_main and config["confidence_sentences"] and stop not in ("signal", "nonfinite"):
+            self.fit_confidence()
         if self.ranks.is_main:
             command = " ".join(["python", "train.py", *sys.argv[1:]])
             messages = {
@@ -976,6 +979,28 @@ class Trainer:
             }
             log(messages[stop])
         return 1 if stop == "nonfinite" else 0
+
+
+    def fit_confidence(self) -> None:
+        """After the last checkpoint: the confidence calibrator (confidence.py) of the checkpoint that
+        translators will use (checkpoint_choice), fitted on the validation split with the decoding
+        options and stored beside the checkpoints. One that cannot be fitted (too few sentences, all
+        good or all bad) is a warning line: the model is trained, and evaluate.py --fit_confidence
+        can fit one later."""
+        config = self.config
+        try:
+            translator = TorchTranslator.load(None, self.folder, self.device, choice=config["checkpoint_choice"],
+                                              min_gap=config["average_min_gap_steps"])
+            options = DecodingOptions.from_config(config)
+            calibrator = fit_on_pairs(self.text.pairs("validation"),
+                                      lambda sources: [h[0] for h in translator.translate(sources, options)],
+                                      config["confidence_chrf_threshold"], config["confidence_sentences"])
+            path = save_calibrator(self.folder, calibrator, translator.source)
+        except (CalibrationError, CheckpointError, TranslatorError, OSError) as error:
+            log(f"warning: no confidence calibrator: {error}")
+            return
+        log(f"saved {path}: the confidence calibrator of {translator.source}, fitted on {calibrator.sentences} "
+            f"validation sentences")
 
 
 def train(config: dict[str, Any], started: float | None = None, explicit: set[str] = frozenset(),

@@ -43,6 +43,18 @@ only decoding options matter here:
   with `--split_sentences false` it is the line's number alone. SCORE has four decimals (a sentence
   cut for length: the mean of its pieces' scores, its k-th hypothesis joining theirs; one with no
   letter to translate: itself, 0.0000). Blank lines and lines that cannot be read get none.
+`--glossary FILE`: terms the translations must use (docs/glossary.md; a TSV file of source term
+TAB target term): wherever a sentence holds a source term, its translation holds the target term,
+placed by the search (constrained beam search, decoding.py), in every mode: lines, standard input
+and --input documents; sentences without a term are translated exactly as without the glossary.
+Greedy search (--beam_size 1) becomes a beam of --glossary_beam_size, said once on stderr; sampling
+and the ctranslate2 engine refuse a glossary in one line (exit 2), and so does a malformed file or a
+target term the model's vocabulary cannot spell.
+`--scores`: each sentence's confidence, the calibrated probability that its translation is good
+(confidence.py; fitted at the end of training or by evaluate.py --fit_confidence), one row per
+sentence as `LINE<TAB>CONFIDENCE<TAB>TRANSLATION` (LINE as with --n_best, CONFIDENCE with three
+decimals, `-` for a sentence with nothing to translate); with --n_best, the rows are
+`LINE<TAB>SCORE<TAB>CONFIDENCE<TAB>TRANSLATION`. A model without a calibrator is one line (exit 2).
 `--plot_attention FILE.png` also saves the first sentence's cross-attention heatmap (either engine).
 """
 from __future__ import annotations
@@ -59,6 +71,7 @@ from atomic_files import atomic_write_bytes
 from checkpoint import CheckpointError
 from config import TRANSLATE, ConfigError, OneLineParser, build_parser, parse_args
 from documents import FORMATS, DocumentError, document_format
+from glossary import GlossaryError, read_glossary
 from translator import (DecodingOptions, TextTranslation, Translator, TranslatorError, add_translator_arguments,
                         load_translator, split_sentences_on)
 
@@ -142,20 +155,24 @@ def translate_chunk(translator: Translator, chunk: list[Piece], numbers: list[in
     return translator.translate_text(texts, options, split_sentences), sum(text is None for text, _ in chunk)
 
 
-def chunk_output(result: TextTranslation, chunk: list[Piece], numbers: list[int], n_best: bool,
+def chunk_output(result: TextTranslation, chunk: list[Piece], numbers: list[int], n_best: bool, scores: bool,
                  split_sentences: bool, last: tuple[int, int]) -> tuple[str, tuple[int, int]]:
     """What a chunk writes: each line's translation in its shape (a piece that does not end its line
-    goes on without a line break), or with `n_best` LINE<TAB>SCORE<TAB>TRANSLATION for every
-    hypothesis of every sentence, LINE being LINE.SENTENCE with segmentation on, sentences counted
-    from 1 in each line, across chunks (`last`: the line and sentence before); and the new `last`."""
-    if not n_best:
+    goes on without a line break), or rows per sentence: with `n_best` LINE<TAB>SCORE<TAB>TRANSLATION
+    for every hypothesis, with `scores` the CONFIDENCE before the TRANSLATION (the module
+    docstring), LINE being LINE.SENTENCE with segmentation on, sentences counted from 1 in each line,
+    across chunks (`last`: the line and sentence before); and the new `last`."""
+    if not n_best and not scores:
         return "".join(line + ("\n" if ends else "") for line, (_, ends) in zip(result.lines, chunk)), last
     rows, (line, count) = [], last
     for sentence, hypotheses in result.sentences:
         number = numbers[sentence.flow]
         count, line = count + 1 if number == line else 1, number
         label = f"{number}.{count}" if split_sentences else f"{number}"
-        rows += [f"{label}\t{h.score:.4f}\t{h.text}\n" for h in hypotheses]
+        for h in hypotheses:
+            columns = [label, *([f"{h.score:.4f}"] if n_best else []),
+                       *([f"{h.confidence:.3f}" if h.confidence is not None else "-"] if scores else []), h.text]
+            rows.append("\t".join(columns) + "\n")
     return "".join(rows), (line, count)
 
 
@@ -207,6 +224,9 @@ def argument_parser() -> OneLineParser:
     parser.add_argument("--n_best", type=int, default=0, metavar="N",
                         help="print the N best hypotheses (or N samples) per sentence as "
                              "LINE<TAB>SCORE<TAB>TRANSLATION (LINE.SENTENCE with segmentation on)")
+    parser.add_argument("--scores", action="store_true",
+                        help="print each sentence's confidence (the probability that its translation is good) as "
+                             "LINE<TAB>CONFIDENCE<TAB>TRANSLATION; needs a model with a calibrator")
     parser.add_argument("--chunk_size", type=int, default=500, metavar="LINES",
                         help="standard input lines translated, written and flushed together (default: 500)")
     parser.add_argument("--input", type=Path, default=None, metavar="FILE",
@@ -242,8 +262,9 @@ def read_document(parser: OneLineParser, args: argparse.Namespace) -> str | None
         if args.output is not None or args.format:
             parser.error("--output and --format go with --input FILE")
         return None
-    if args.sentences or args.n_best or args.plot_attention:
-        parser.error("--input translates a document: not with sentence arguments, --n_best or --plot_attention")
+    if args.sentences or args.n_best or args.scores or args.plot_attention:
+        parser.error("--input translates a document: not with sentence arguments, --n_best, --scores or "
+                     "--plot_attention")
     try:
         args.format = document_format(args.input, args.format)
         if args.output is not None and args.output.exists() and args.output.samefile(args.input):
@@ -267,6 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     if sys.stdout is None and args.output is None:  # started with stdout closed (`>&-`): as into a closed pipe
         return EXIT_CLOSED_PIPE
     try:
+        # the file is read before the model loads: a malformed one is refused at once
+        glossary = read_glossary(Path(config["glossary"]), config["glossary_max_terms"]) if config["glossary"] \
+            else None
+    except GlossaryError as error:
+        parser.error(str(error))
+    try:
         options = DecodingOptions.from_config(config, n_best=max(1, args.n_best))
         translator = load_translator(args, resolved)
         target = translator.target_language(options.target_lang)
@@ -277,6 +304,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     into = f", translating into {target}" if len(translator.target_languages) > 1 else ""
     print(f"translate.py: using {translator.source}{into}", file=sys.stderr)
+    if args.scores and translator.calibrator is None:
+        parser.error(f"--scores: {translator.source} has no confidence calibrator; fit one with evaluate.py "
+                     f"--fit_confidence (training fits one at its end)")
+    try:
+        options, note = options.with_glossary(translator.build_glossary(glossary) if glossary else None,
+                                              config["glossary_beam_size"])
+    except (GlossaryError, TranslatorError) as error:
+        parser.error(f"--glossary {config['glossary']}: {error}")
+    if note:
+        print(f"translate.py: {note}", file=sys.stderr)
     split_sentences = split_sentences_on(config, auto=True)
     if document is not None:
         try:
@@ -291,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         for chunk in inputs:
             numbers = list(accumulate((ends for _, ends in chunk[:-1]), initial=number))
             result, chunk_bad = translate_chunk(translator, chunk, numbers, options, split_sentences)
-            text, last = chunk_output(result, chunk, numbers, args.n_best > 0, split_sentences, last)
+            text, last = chunk_output(result, chunk, numbers, args.n_best > 0, args.scores, split_sentences, last)
             # One write per chunk, flushed: what a killed run leaves behind is whole lines (but for a
             # line longer than max_line_bytes, whose pieces the next chunk may go on with).
             sys.stdout.write(text)

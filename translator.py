@@ -29,6 +29,22 @@ option `target_lang` names it, and is required then; a one-target model takes it
 its `lang_tgt`, and gets no tag. The tag counts as a source token (the model's limit, the brevity
 penalty's expected length), as it did in the training data; it is a special token, so no output
 shows it.
+
+Glossaries (glossary.py): `build_glossary` makes one for the model's target vocabulary (a term it
+cannot spell is one GlossaryError naming it), and DecodingOptions carries it (`with_glossary`);
+every piece to translate is matched against it and the target terms it needs are the constraints
+of its beam search (decoding.py), so a piece without a term is decoded exactly as with no glossary.
+Greedy search takes no constraints: `with_glossary` raises beam_size 1 to the config's
+glossary_beam_size and says so; sampling with a glossary is refused. CTranslate2 has no
+constrained search: its engine refuses a glossary in one line (translate with the checkpoint).
+
+Confidence (confidence.py): a translator holds the calibrator stored with its model, if any
+(beside a checkpoint, or in an export's project.json), and gives every translated sentence its
+probability of being good (`Hypothesis.confidence`; None without a calibrator or for a sentence
+with nothing to translate). A sentence cut into pieces is judged on its pieces together: their
+log-probabilities and lengths summed, the least likely token of all. CTranslate2's search does
+not report what the calibrator reads, so that engine scores its hypotheses once more
+(`score_batch`) when it has a calibrator.
 """
 from __future__ import annotations
 
@@ -47,18 +63,25 @@ import torch
 from tokenizers import Tokenizer
 
 from checkpoint import load_for_inference
+from confidence import CalibrationError, Calibrator, features, read_calibrator
 from config import Resolved, choose_run, get_config, target_languages, target_tag, weights_dir
 from ct2_model import READ_ATTEMPTS, cpu_backend, ct2_setup, pinned_folder, read_project_files, replaced
+from decoding import Hypothesis as DecodedHypothesis
 from decoding import beam_search, brevity_term, expected_length, greedy_decode, max_output_tokens, sample
 from device import pick_device
 from diagnostics import first_line
 from documents import DocumentPlan, plan_document
+from glossary import Glossary
 from model import Transformer, causal_mask
 from precision import autocast_context, inference_dtype
 from sentences import URL_OR_EMAIL, Sentence, TextPlan, plan_lines
 from tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK, TokenizerError, decode_ids, encode_texts, missing_target_tag
 
 ENGINES = ("pytorch", "ctranslate2")
+
+
+NO_CONSTRAINTS = ("the ctranslate2 engine has no constrained search, so it cannot use a glossary: translate with "
+                  "the checkpoint (--engine pytorch)")
 
 
 class TranslatorError(RuntimeError):
@@ -83,6 +106,7 @@ class DecodingOptions:
     no_repeat_ngram_size: int = _DEFAULTS["no_repeat_ngram_size"]
     batch_size: int = _DEFAULTS["eval_batch_size"]
     target_lang: str = _DEFAULTS["target_lang"]  # for a model of several target languages: which one
+    glossary: Glossary | None = None  # terms the translations must use (Translator.build_glossary)
 
     def __post_init__(self) -> None:
         if self.beam_size is None:
@@ -114,6 +138,23 @@ class DecodingOptions:
                                   f"got {self.beam_size}")
         if not self.sampling and self.n_best > self.beam_size:
             raise TranslatorError(f"n_best {self.n_best} needs a beam at least as wide (beam_size {self.beam_size})")
+        if self.glossary is not None and self.sampling:
+            raise TranslatorError("a glossary constrains beam search: sampling takes none (drop --sampling_topk, "
+                                  "--sampling_topp or the glossary)")
+        if self.glossary is not None and self.beam_size == 1:
+            raise TranslatorError("a glossary constrains beam search: greedy search (beam_size 1) takes none")
+
+    def with_glossary(self, glossary: Glossary | None, glossary_beam_size: int) -> tuple["DecodingOptions", str]:
+        """These options with `glossary` (None: as they are), and a note for the user, "" when there
+        is nothing to say: greedy search takes no constraints, so beam_size 1 becomes
+        `glossary_beam_size` (the config's), which the note says. Raises TranslatorError for sampling."""
+        if glossary is None:
+            return self, ""
+        if self.beam_size == 1 and not self.sampling:
+            return (self.replace(glossary=glossary, beam_size=glossary_beam_size),
+                    f"greedy search takes no glossary: searching with beam size {glossary_beam_size} "
+                    f"(glossary_beam_size)")
+        return self.replace(glossary=glossary), ""
 
 
 class Source(NamedTuple):
@@ -125,9 +166,37 @@ class Source(NamedTuple):
     tokens: list[str]
 
 
-class Hypothesis(NamedTuple):
-    text: str
-    score: float
+class Hypothesis(tuple):
+    """A translation: it unpacks and compares as (text, score), the score decoding.py's, and carries
+    what the confidence calibrator reads of it (decoding.Hypothesis's `log_prob`, `length` and
+    `lowest`; length 0: nothing was translated) and `confidence`, the probability that it is good
+    (None: no calibrator, or nothing translated)."""
+
+    log_prob: float
+    length: int
+    lowest: float
+    confidence: float | None
+
+    def __new__(cls, text: str, score: float, log_prob: float = 0.0, length: int = 0, lowest: float = 0.0,
+                confidence: float | None = None) -> "Hypothesis":
+        hypothesis = super().__new__(cls, (text, score))
+        hypothesis.log_prob, hypothesis.length, hypothesis.lowest, hypothesis.confidence = \
+            log_prob, length, lowest, confidence
+        return hypothesis
+
+    def __getnewargs__(self) -> tuple:  # pickling calls __new__ with these
+        return (*self, self.log_prob, self.length, self.lowest, self.confidence)
+
+    @property
+    def text(self) -> str:
+        return self[0]
+
+    @property
+    def score(self) -> float:
+        return self[1]
+
+    def with_confidence(self, confidence: float) -> "Hypothesis":
+        return Hypothesis(*self, self.log_prob, self.length, self.lowest, confidence)
 
 
 @dataclass
@@ -166,8 +235,9 @@ def sentence_hypotheses(plan: TextPlan,
                         found: Sequence[Sequence[Hypothesis]]) -> list[tuple[Sentence, list[Hypothesis]]]:
     """Each sentence of `plan` with its hypotheses, given its pieces' (`found`, one list per piece):
     the k-th joins the k-th hypothesis of each of its pieces (the last one of a piece that has fewer)
-    with what lies between them, scored by the mean of their scores; a sentence with no piece to
-    translate is its own text, scored 0."""
+    with what lies between them, scored by the mean of their scores, its log-probabilities and
+    lengths summed and its least likely token the least of theirs (its confidence is left to
+    Translator.calibrated); a sentence with no piece to translate is its own text, scored 0."""
     ranges, offset = [], 0
     for flow in plan.flows:
         ranges += [(offset + first, offset + end) for _, first, end in flow.sentences]
@@ -180,8 +250,11 @@ def sentence_hypotheses(plan: TextPlan,
         pieces = found[first:end]
         hypotheses = []
         for k in range(max((len(h) for h in pieces), default=1)):
-            scores = [h[min(k, len(h) - 1)].score for h in pieces]
-            hypotheses.append(Hypothesis(ranked[k][index].translation, sum(scores) / len(scores) if scores else 0.0))
+            kth = [h[min(k, len(h) - 1)] for h in pieces]
+            hypotheses.append(Hypothesis(ranked[k][index].translation,
+                                         sum(h.score for h in kth) / len(kth) if kth else 0.0,
+                                         sum(h.log_prob for h in kth), sum(h.length for h in kth),
+                                         min((h.lowest for h in kth), default=0.0)))
         result.append((ranked[0][index], hypotheses))
     return result
 
@@ -223,6 +296,7 @@ class Translator(ABC):
         # What the brevity penalty expects: output tokens per source token (train.py measured it).
         self.length_ratio = model_config["length_ratio"]
         self.target_languages = target_languages(model_config)
+        self.calibrator: Calibrator | None = None  # the confidence calibrator stored with the model
         missing = missing_target_tag(tok_src, model_config)
         if missing:
             raise TranslatorError(f"{source}: a model of several target languages ({model_config['lang_tgt']}) "
@@ -230,8 +304,31 @@ class Translator(ABC):
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.engine, "model": self.source, "seq_len": self.seq_len,
+                "confidence": self.calibrator is not None,
                 "target_languages": self.target_languages,
                 "source_vocabulary": self.tok_src.get_vocab_size(), "target_vocabulary": self.tok_tgt.get_vocab_size()}
+
+    def build_glossary(self, pairs: Sequence[tuple[str, str]]) -> Glossary:
+        """A glossary of checked `pairs` (glossary.check_pairs) for this model's target vocabulary;
+        GlossaryError names a term it cannot spell."""
+        return Glossary.build(pairs, self.tok_tgt)
+
+    def calibrated(self, hypotheses: Sequence[Hypothesis]) -> list[Hypothesis]:
+        """`hypotheses` with their confidence: the calibrator's probability for each one that
+        translated something, None for the others or without a calibrator."""
+        scored = [i for i, h in enumerate(hypotheses) if h.length > 0]
+        if self.calibrator is None or not scored:
+            return list(hypotheses)
+        rows = [features(hypotheses[i].log_prob, hypotheses[i].length, hypotheses[i].lowest) for i in scored]
+        found = list(hypotheses)
+        for i, probability in zip(scored, self.calibrator.probabilities(rows)):
+            found[i] = found[i].with_confidence(probability)
+        return found
+
+    def sentence_results(self, plan: TextPlan,
+                         found: Sequence[Sequence[Hypothesis]]) -> list[tuple[Sentence, list[Hypothesis]]]:
+        """Each sentence of `plan` with its hypotheses (sentence_hypotheses) and their confidence."""
+        return [(sentence, self.calibrated(hypotheses)) for sentence, hypotheses in sentence_hypotheses(plan, found)]
 
     def target_language(self, target_lang: str) -> str:
         """The language `target_lang` asks this model for ("": a one-target model's only one). Raises
@@ -283,16 +380,17 @@ class Translator(ABC):
         """Lines translated in their shape (segment_lines), every piece in one call of the engine."""
         options.check()
         plan, sources = self.segment_lines(lines, options.target_lang, split_sentences)
-        found = self.decode_sources(sources, options)
+        found = self.decode_sources(sources, options, self.constraints(plan.sources, options))
         return TextTranslation([fragments[0] for fragments in plan.assemble([h[0].text for h in found])],
-                               sentence_hypotheses(plan, found), plan.split_for_length)
+                               self.sentence_results(plan, found), plan.split_for_length)
 
     def translate_document(self, text: str, fmt: str, options: DecodingOptions,
                            split_sentences: bool) -> tuple[str, int]:
         """A document translated in its own shape, and how many sentences were cut for length."""
         options.check()
         plan, sources = self.segment_document(text, fmt, options.target_lang, split_sentences)
-        return plan.assemble([h[0].text for h in self.decode_sources(sources, options)]), plan.text.split_for_length
+        found = self.decode_sources(sources, options, self.constraints(plan.sources, options))
+        return plan.assemble([h[0].text for h in found]), plan.text.split_for_length
 
     def translate(self, sentences: Sequence[str], options: DecodingOptions) -> list[list[Hypothesis]]:
         """Each input translated as one sentence (a piece over the model's limit is cut, and the
@@ -303,8 +401,18 @@ class Translator(ABC):
             found[sentence.flow] = hypotheses
         return found
 
-    def decode_sources(self, sources: list[Source], options: DecodingOptions) -> list[list[Hypothesis]]:
-        """Translate in batches of similar length; results in the input order."""
+    @staticmethod
+    def constraints(texts: Sequence[str], options: DecodingOptions) -> list[list[list[list[int]]]] | None:
+        """The glossary's constraints of each piece of text to translate (glossary.Glossary.constraints;
+        [] for a piece without a term); None without a glossary."""
+        if options.glossary is None:
+            return None
+        return [options.glossary.constraints(text) for text in texts]
+
+    def decode_sources(self, sources: list[Source], options: DecodingOptions,
+                       constraints: Sequence[list] | None = None) -> list[list[Hypothesis]]:
+        """Translate in batches of similar length, each source with its `constraints` (None: none);
+        results in the input order."""
         limit = self.max_source_tokens
         if any(len(source.ids) > limit for source in sources):
             raise TranslatorError(f"a source over the model's limit of {limit} tokens: segment it first")
@@ -313,9 +421,11 @@ class Translator(ABC):
         for start in range(0, len(order), options.batch_size):
             chunk = order[start:start + options.batch_size]
             batch = [sources[i] for i in chunk]
-            found = self.translate_batch(batch, options, max_output_tokens(len(batch[0].ids), self.seq_len))
+            found = self.translate_batch(batch, options, max_output_tokens(len(batch[0].ids), self.seq_len),
+                                         None if constraints is None else [constraints[i] for i in chunk])
             for index, hypotheses in zip(chunk, found):
-                results[index] = [Hypothesis(decode_ids(self.tok_tgt, ids), score) for ids, score in hypotheses]
+                results[index] = [Hypothesis(decode_ids(self.tok_tgt, h[0]), h[1], h.log_prob, h.length, h.lowest)
+                                  for h in hypotheses]
         return results
 
     def translate_best(self, sentences: Sequence[str], options: DecodingOptions) -> list[str]:
@@ -329,9 +439,10 @@ class Translator(ABC):
         return sources[0] if sources else self.encode([sentence.strip()], self.source_tag(target_lang))[0]
 
     @abstractmethod
-    def translate_batch(self, sources: list[Source], options: DecodingOptions,
-                        max_tokens: int) -> list[list[tuple[list[int], float]]]:
-        """Token ids (no special tokens) and scores of each source's hypotheses, best first."""
+    def translate_batch(self, sources: list[Source], options: DecodingOptions, max_tokens: int,
+                        constraints: Sequence[list] | None = None) -> list[list[DecodedHypothesis]]:
+        """Each source's hypotheses, best first (decoding.Hypothesis: token ids without special
+        tokens, score, and what the calibrator reads), under its `constraints` (None: none)."""
 
     @abstractmethod
     def cross_attention(self, sentence: str, target_lang: str = "") -> CrossAttention:
@@ -358,13 +469,19 @@ class TorchTranslator(Translator):
         model, tok_src, tok_tgt, config, path = load_for_inference(checkpoint, folder, device, average, choice,
                                                                    min_gap)
         source = str(path) + (f" (average of {average} ending here)" if average > 1 else "")
-        return cls(model, tok_src, tok_tgt, config, path, source, seed)
+        translator = cls(model, tok_src, tok_tgt, config, path, source, seed)
+        try:
+            # the run's calibrator, whichever of its checkpoints it was fitted on
+            translator.calibrator = read_calibrator(path.parent)
+        except CalibrationError as error:
+            raise TranslatorError(str(error)) from None
+        return translator
 
-    def translate_batch(self, sources: list[Source], options: DecodingOptions,
-                        max_tokens: int) -> list[list[tuple[list[int], float]]]:
+    def translate_batch(self, sources: list[Source], options: DecodingOptions, max_tokens: int,
+                        constraints: Sequence[list] | None = None) -> list[list[DecodedHypothesis]]:
         src, src_mask = self.source_batch(sources)
         with self.evaluating():
-            return self.decode(src, src_mask, options, max_tokens)
+            return self.decode(src, src_mask, options, max_tokens, constraints)
 
     def source_batch(self, sources: list[Source]) -> tuple[torch.Tensor, torch.Tensor]:
         """`sources` as the model takes them: [SOS] ids [EOS], padded on the right into one batch (B, S)
@@ -389,9 +506,10 @@ class TorchTranslator(Translator):
         finally:
             self.model.train(was_training)
 
-    def decode(self, src: torch.Tensor, src_mask: torch.Tensor, options: DecodingOptions,
-               max_tokens: int) -> list[list[tuple[list[int], float]]]:
-        """decoding.py's search that `options` names, over the model."""
+    def decode(self, src: torch.Tensor, src_mask: torch.Tensor, options: DecodingOptions, max_tokens: int,
+               constraints: Sequence[list] | None = None) -> list[list[DecodedHypothesis]]:
+        """decoding.py's search that `options` names, over the model; `constraints` go to beam search
+        (DecodingOptions.check keeps them from greedy search and sampling)."""
         model = self.model
         if options.sampling:
             if self.generator is None:
@@ -405,7 +523,8 @@ class TorchTranslator(Translator):
                 no_repeat_ngram_size=options.no_repeat_ngram_size, brevity_penalty=options.brevity_penalty,
                 length_ratio=self.length_ratio)]
         return beam_search(model, src, src_mask, max_tokens, options.beam_size, options.length_penalty,
-                           options.n_best, options.no_repeat_ngram_size, options.brevity_penalty, self.length_ratio)
+                           options.n_best, options.no_repeat_ngram_size, options.brevity_penalty, self.length_ratio,
+                           constraints)
 
     def cross_attention(self, sentence: str, target_lang: str = "") -> CrossAttention:
         """The source tokens with [SOS] and [EOS], as the model sees them (the tag too; the first piece
@@ -492,6 +611,10 @@ class CTranslate2Translator(Translator):
                                   f"{first_line(error)}") from None
         super().__init__(tok_src, tok_tgt, model_config, model_dir, str(model_dir))
         self.project = project
+        try:
+            self.calibrator = Calibrator.from_dict(project["confidence"]) if project.get("confidence") else None
+        except CalibrationError as error:
+            raise TranslatorError(f"{model_dir}: project.json: {error}") from None
         threads = threads or torch.get_num_threads()
         import ctranslate2  # only the programs that run this engine pay for the import
         try:
@@ -520,8 +643,13 @@ class CTranslate2Translator(Translator):
                 "quantization": self.project.get("quantization"), "compute_type": self.ct2.compute_type,
                 "cpu_backend": self.cpu_backend if self.ct2.device == "cpu" else None}
 
-    def translate_batch(self, sources: list[Source], options: DecodingOptions,
-                        max_tokens: int) -> list[list[tuple[list[int], float]]]:
+    def build_glossary(self, pairs: Sequence[tuple[str, str]]) -> Glossary:
+        raise TranslatorError(NO_CONSTRAINTS)
+
+    def translate_batch(self, sources: list[Source], options: DecodingOptions, max_tokens: int,
+                        constraints: Sequence[list] | None = None) -> list[list[DecodedHypothesis]]:
+        if constraints is not None and any(constraints):  # never dropped: refused, as build_glossary does
+            raise TranslatorError(NO_CONSTRAINTS)
         tokens = [source.tokens for source in sources]
         sampling = {}
         if options.sampling:
@@ -535,15 +663,28 @@ class CTranslate2Translator(Translator):
             length_penalty=options.length_penalty, no_repeat_ngram_size=options.no_repeat_ngram_size,
             max_decoding_length=max_tokens, min_decoding_length=0,
             max_input_length=self.seq_len, return_scores=True, **sampling)
+        evidence = self.token_log_probs(tokens, results)
         found = []
-        for source, result in zip(tokens, results):
+        for source, result, scored in zip(tokens, results, evidence):
             # Lengths count [EOS], as in decoding.py.
             expected = expected_length(len(source), self.length_ratio)
-            hypotheses = [([self.tok_tgt.token_to_id(t) for t in hypothesis],
-                           score + brevity_term(len(hypothesis) + 1, expected, brevity))
-                          for hypothesis, score in zip(result.hypotheses, result.scores)]
+            hypotheses = [DecodedHypothesis([self.tok_tgt.token_to_id(t) for t in hypothesis],
+                                            score + brevity_term(len(hypothesis) + 1, expected, brevity),
+                                            sum(log_probs), len(log_probs), min(log_probs, default=0.0))
+                          for hypothesis, score, log_probs in zip(result.hypotheses, result.scores, scored)]
             found.append(sorted(hypotheses, key=lambda item: item[1], reverse=True)[:options.n_best])
         return found
+
+    def token_log_probs(self, tokens: list[list[str]], results: list[Any]) -> list[list[list[float]]]:
+        """The log-probability of each token of each hypothesis of `results` ([EOS] included), which
+        CTranslate2's search does not report, scored once more by the model: only with a
+        calibrator to read them ([] for each hypothesis without)."""
+        if self.calibrator is None:
+            return [[[] for _ in result.hypotheses] for result in results]
+        sources = [source for source, result in zip(tokens, results) for _ in result.hypotheses]
+        targets = [hypothesis for result in results for hypothesis in result.hypotheses]
+        scored = iter(self.ct2.score_batch(sources, targets, max_input_length=self.seq_len))
+        return [[list(next(scored).log_probs) for _ in result.hypotheses] for result in results]
 
     def cross_attention(self, sentence: str, target_lang: str = "") -> CrossAttention:
         tokens = self.attention_source(sentence, target_lang).tokens

@@ -3,6 +3,9 @@
 
 const $ = (id) => document.getElementById(id);
 
+// Sentences whose confidence is below this are marked (the server's confidence_mark_below).
+let markBelow = 0.5;
+
 // Viridis, as attention_plot.py draws the same heatmap, from 0 to 1.
 const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 
@@ -40,6 +43,7 @@ async function loadModel() {
     const checkpoint = health.checkpoint || health.model;
     $("model").textContent = `${checkpoint.split("/").pop()} · ${health.engine}`;
     $("model").title = health.source;
+    markBelow = health.confidence_mark_below;
     const beam = $("beam");
     beam.replaceChildren(...Array.from({length: health.limits.serve_max_beam_size}, (_, i) => new Option(i + 1)));
     beam.value = health.beam_size;
@@ -56,8 +60,35 @@ async function loadModel() {
   }
 }
 
-function showTranslation({translation, split_for_length: cut}) {
-  $("translation").textContent = translation;
+// The translation as the source's text between its sentences and each sentence's translation, those
+// with a confidence below markBelow marked, the value in their tooltip; where that does not give
+// back the server's translation exactly, the translation as it is, and a note counts the marked.
+function showTranslation({translation, split_for_length: cut, sentences}, text) {
+  const source = Array.from(text);
+  const parts = [];
+  let position = 0;
+  for (const sentence of sentences) {
+    parts.push(document.createTextNode(source.slice(position, sentence.start).join("")));
+    const span = document.createElement("span");
+    span.textContent = sentence.translation;
+    if (sentence.confidence !== null && sentence.confidence !== undefined) {
+      span.title = `confidence ${sentence.confidence.toFixed(2)}`;
+      if (sentence.confidence < markBelow) span.className = "unsure";
+    }
+    parts.push(span);
+    position = sentence.end;
+  }
+  parts.push(document.createTextNode(source.slice(position).join("")));
+  const rebuilt = parts.map((part) => part.textContent).join("");
+  const unsure = sentences.filter((s) => s.confidence !== null && s.confidence < markBelow).length;
+  if (rebuilt === translation) {
+    $("translation").replaceChildren(...parts);
+  } else {
+    $("translation").textContent = translation;
+  }
+  $("unsure").textContent = `${unsure} sentence${unsure === 1 ? " is" : "s are"} below confidence ${markBelow}` +
+    (rebuilt === translation ? ": marked." : ".");
+  $("unsure").hidden = unsure === 0;
   $("pieces").textContent = `${cut} sentence${cut === 1 ? " was" : "s were"} too long for the model: translated in pieces.`;
   $("pieces").hidden = cut === 0;
   $("result").hidden = false;
@@ -110,7 +141,7 @@ async function translate(event) {
     const target = $("target-box").hidden ? {} : {target_lang: $("target").value};
     // The whole text in one request: the server finds its sentences and keeps its paragraphs.
     const answer = await api("/translate", {text, beam_size: Number($("beam").value), ...target});
-    showTranslation(answer);
+    showTranslation(answer, text);
     $("attention").hidden = true;
     if (answer.sentences.length) {
       showHeatmap(await api("/attention", {text: sentenceText(text, answer.sentences[0]), ...target}));

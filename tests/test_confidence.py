@@ -3,6 +3,8 @@
 the report's rank correlation, lowest-decile chrF and calibration error are what they should be."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import random
@@ -10,6 +12,8 @@ import random
 import pytest
 import torch
 from torch.testing import assert_close
+
+import translate
 
 from confidence import (CalibrationError, Calibrator, confidence_report, features, fit_calibrator,
                         sentence_chrfs)
@@ -87,3 +91,62 @@ def test_features_and_sentence_chrf() -> None:
     assert sentence_chrfs(["il gatto nero"], [["il gatto nero"]]) == [100.0]
     best, = sentence_chrfs(["il gatto nero"], [["un cane", "il gatto nero"]])
     assert best == 100.0
+
+
+# ---------------------------------------------------------------------------- stored with a run, used
+
+def test_fitted_at_the_end_of_training_and_used_by_translate_the_api_and_an_export(tmp_path) -> None:
+    """A run whose validation split holds known sentences and ones with nonsense references: the
+    calibrator fitted at its end is stored beside its checkpoints; translate.py --scores prints each
+    sentence's confidence, the API returns it per sentence, and an export carries it to the
+    CTranslate2 engine, which gives the same values."""
+    import export
+    from benchmarks.loadtest import ServerProcess
+    from conftest import train_in_process
+    from confidence import CONFIDENCE_FILE, read_calibrator
+    from synthetic_data import synthetic_pairs, write_hub_dataset
+    from test_serve import call
+
+    known = synthetic_pairs(200, 1)
+    nonsense = [(source, "Zq xw vv kk.") for source, _ in synthetic_pairs(15, 5)]
+    data = write_hub_dataset(tmp_path / "data", {"train": known, "validation": known[:15] + nonsense,
+                                                 "test": synthetic_pairs(16, 3)})
+    args = ["--datasource", str(data), "--preset", "tiny", "--batch_tokens", "256", "--lr", "1e-2", "--num_epochs",
+            "100", "--max_steps", "40", "--model_folder", str(tmp_path / "weights"), "--runs_folder",
+            str(tmp_path / "runs"), "--store_folder", str(tmp_path / "stores"), "--clean", "false",
+            "--confidence_chrf_threshold", "30"]
+    run = train_in_process(args)
+    assert run.code == 0 and "confidence calibrator of" in run.stderr, run.stderr
+    folder = tmp_path / "weights" / "data_en-it"
+    calibrator = read_calibrator(folder)
+    assert (folder / CONFIDENCE_FILE).exists() and calibrator.sentences == 30
+    # monotone in the model's score: at one length, a likelier translation is never less trusted
+    assert calibrator.probabilities([[-x / 10, -x / 5, 1.5] for x in range(20, 0, -1)]) == \
+        sorted(calibrator.probabilities([[-x / 10, -x / 5, 1.5] for x in range(20, 0, -1)]))
+
+    model = ["--datasource", str(data), "--model_folder", str(tmp_path / "weights")]
+    text = "The cat sees the dog. The red house."
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert translate.main(model + ["--scores", text]) == 0
+    rows = [line.split("\t") for line in out.getvalue().splitlines()]
+    assert [row[0] for row in rows] == ["1.1", "1.2"] and all(0 <= float(row[1]) <= 1 for row in rows)
+
+    with ServerProcess(model) as server:
+        status, answer = call(server.port, "POST", "/translate", {"text": text}, headers=None)
+    assert status == 200 and [s["translation"] for s in answer["sentences"]] == [row[2] for row in rows]
+    assert [round(s["confidence"], 3) for s in answer["sentences"]] == [float(row[1]) for row in rows]
+
+    exported = tmp_path / "ct2"
+    assert export.main(model + ["--quantization", "float32", "--output", str(exported)]) == 0
+    assert json.loads((exported / "project.json").read_text())["confidence"] == calibrator.to_dict()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert translate.main(model + ["--engine", "ctranslate2", "--model_dir", str(exported), "--scores",
+                                       "--beam_size", "1", text]) == 0
+    greedy = io.StringIO()
+    with contextlib.redirect_stdout(greedy), contextlib.redirect_stderr(io.StringIO()):
+        assert translate.main(model + ["--scores", "--beam_size", "1", text]) == 0
+    ct2_rows, torch_rows = [[line.split("\t") for line in o.getvalue().splitlines()] for o in (out, greedy)]
+    assert [row[2] for row in ct2_rows] == [row[2] for row in torch_rows]
+    assert [float(row[1]) for row in ct2_rows] == pytest.approx([float(row[1]) for row in torch_rows], abs=0.002)

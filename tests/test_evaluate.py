@@ -177,5 +177,6 @@ def test_a_model_of_several_targets_needs_target_lang(several_targets, capsys) -
     code, out, err = run_evaluate(capsys, *several_targets.args)
     assert (code, out) == (1, [])
     assert err == "evaluate.py: error: this model translates into fr, it: choose one with target_lang\n"
-    output = evaluate.default_output(several_targets.config, several_targets.checkpoint, 1, "test", "pytorch", "fr")
+    output = evaluate.default_output(several_targets.config, several_targets.checkpoint, 1, "test", "pytorch", "fr",
+                                     several_targets.config["beam_size"])
     assert output.name.endswith(".test.ckpt_00000001.beam5.fr")

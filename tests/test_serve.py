@@ -39,7 +39,7 @@ SENTENCES = ["The cat sees the dog.", "The old man reads a book.", "The small fi
              "The red house.", "A black dog loves the white cat.", "The big dog eats the fish.",
              "The man sees the house.", "The cat reads."]
 LIMITS = ["--serve_max_sentences", "4", "--serve_max_chars", "80", "--serve_max_body_bytes", "2048",
-          "--serve_max_beam_size", "3"]
+          "--serve_max_beam_size", "3", "--serve_glossary_max_terms", "2"]
 KEY = "test-key-0123456789"
 TYPED_SPECIALS = "<2fr> the cat [EOS] sees [PAD] the <BT> dog [SOS] ."  # control tokens' strings, typed
 AUTHORIZED = {"Authorization": f"Bearer {KEY}"}
@@ -140,6 +140,31 @@ def test_text_as_one_string(server: ServerProcess, translator: TorchTranslator) 
     assert call(server.port, "POST", "/translate", {"text": ["The cat sees the dog. The red house."]}) == \
         (200, {"translations": [" ".join(translator.translate_best([SENTENCES[0], SENTENCES[3]],
                                                                    DecodingOptions()))]})
+
+
+def test_a_request_glossary(server: ServerProcess, translator: TorchTranslator) -> None:
+    """A request's terms are in the sentences that hold their source terms; a sentence without one
+    comes out as without the glossary; greedy search widens (to glossary_beam_size, at most
+    serve_max_beam_size); a glossary over serve_glossary_max_terms, malformed, or with a term the
+    vocabulary cannot spell gets 400 with one line. The model has no calibrator: confidence null."""
+    text = "The cat sees the dog. The red house."
+    for beam_size in (1, 3):
+        status, answer = call(server.port, "POST", "/translate",
+                              {"text": text, "beam_size": beam_size, "glossary": [["dog", "pesce"]]})
+        assert status == 200, answer
+        first, second = answer["sentences"]
+        assert "pesce" in first["translation"].rstrip(".").split()
+        assert second["translation"] == translator.translate_best(["The red house."], DecodingOptions(beam_size=3))[0]
+        assert first["confidence"] is None and second["confidence"] is None
+    for glossary, message in [
+        ([["a", "b"]] * 3, "'glossary': the glossary has 3 terms, more than the 2 allowed (serve_glossary_max_terms)"),
+        ("dog=pesce", "'glossary' must be a list of [source term, target term] pairs, got a string"),
+        ([["dog"]], "'glossary': glossary entry 1: expected a pair of strings [source term, target term]"),
+        ([["dog", "猫"]], "'glossary': the target term '猫' cannot be spelled by the model's vocabulary: '猫' is "
+                         "unknown to it"),
+    ]:
+        assert call(server.port, "POST", "/translate", {"text": text, "glossary": glossary}) == \
+            (400, {"error": message})
 
 
 def test_health_names_the_model(server: ServerProcess, checkpoint: Path) -> None:
@@ -363,6 +388,9 @@ def test_ctranslate2_engine_and_sigterm(checkpoint: Path, translator: TorchTrans
                                                                              str(checkpoint))
         status, answer = call(server.port, "POST", "/translate", {"text": SENTENCES})
         assert (status, answer) == (200, {"translations": translator.translate_best(SENTENCES, DecodingOptions())})
+        assert call(server.port, "POST", "/translate", {"text": SENTENCES[:1], "glossary": [["dog", "pesce"]]}) == \
+            (400, {"error": "'glossary': the ctranslate2 engine has no constrained search, so it cannot use a "
+                            "glossary: translate with the checkpoint (--engine pytorch)"})
         status, answer = call(server.port, "POST", "/attention", {"text": SENTENCES[0]})
         assert status == 200 and len(answer["weights"]) == len(answer["output_tokens"]) > 0
         assert all(len(row) == len(answer["source_tokens"]) for row in answer["weights"])

@@ -39,7 +39,7 @@ from config import get_config
 from serve import WARM_UP, ApiError, Service
 from test_serve import AUTHORIZED, KEY, SENTENCES, exchange, metrics
 from test_serve import checkpoint, translator  # noqa: F401  (fixtures, shared with test_serve.py)
-from translator import DecodingOptions, TorchTranslator
+from translator import DecodingOptions, Hypothesis, TorchTranslator
 
 GATE_HOOK = '''"""sitecustomize of the servers of tests/test_serve_load.py: the model load waits until the file
 $SERVE_GATES/load exists; every translation after the first (the warm-up) says on stderr which
@@ -64,7 +64,7 @@ def wait_for(gate):
 def gated_load(args, resolved):
     wait_for("load")
     loaded = load_translator(args, resolved)
-    translate, calls = loaded.translate_best, []
+    translate, calls = loaded.translate, []
 
     def gated_translate(sentences, options):
         if calls:
@@ -73,7 +73,7 @@ def gated_load(args, resolved):
         calls.append(sentences)
         return translate(sentences, options)
 
-    loaded.translate_best = gated_translate
+    loaded.translate = gated_translate
     return loaded
 
 
@@ -392,15 +392,15 @@ def held_decode(translator: TorchTranslator,
     until the Event is set."""
     calls: list[list[str]] = []
     release = threading.Event()
-    translate = translator.translate_best
+    translate = translator.translate
 
-    def held(sentences: list[str], options: DecodingOptions) -> list[str]:
+    def held(sentences: list[str], options: DecodingOptions) -> list[list[Hypothesis]]:
         calls.append(list(sentences))
         if len(calls) > 1:
             release.wait(60)
         return translate(sentences, options)
 
-    monkeypatch.setattr(translator, "translate_best", held)
+    monkeypatch.setattr(translator, "translate", held)
     yield calls, release
     release.set()
 

@@ -338,3 +338,52 @@ def test_a_model_of_several_targets_needs_target_lang(several_targets, capsys: p
     assert (code, out) == (1, [])
     assert err == ["translate.py: error: --lang_tgt fr does not match the model's fr+it: it translates into several "
                    "languages, named by all of them: --lang_tgt fr+it --target_lang fr"]
+
+
+def test_glossary_terms_are_in_their_sentences_and_free_lines_as_without(trained_run, expected: dict[str, str],
+                                                                         capsys: pytest.CaptureFixture,
+                                                                         tmp_path: Path) -> None:
+    """Every term of every sentence (segmented: two in one line) is in that sentence, before its end;
+    a line without a term comes out as without the glossary."""
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("dog\tpesce\nBread\tlibro\n", encoding="utf-8")
+    code, out, err = run_main(capsys, experiment(trained_run) + ["--glossary", str(glossary),
+                                                                 f"{SECOND} The red dog.", FIRST.replace("dog", "cat")])
+    assert code == 0 and len(err) == 1, err
+    first_sentence, second_sentence = out[0].split(". ", 1)
+    assert {"pesce", "libro"} <= set(first_sentence.split()) and "pesce" in second_sentence.rstrip(".").split()
+    plain = TorchTranslator.load(None, trained_run.folder, torch.device("cpu"))
+    assert out[1] == plain.translate_best([FIRST.replace("dog", "cat")], DecodingOptions())[0]
+
+
+def test_a_glossary_with_greedy_search_widens_it_and_says_so_once(trained_run, capsys: pytest.CaptureFixture,
+                                                                  tmp_path: Path) -> None:
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("dog\tpesce\n", encoding="utf-8")
+    code, out, err = run_main(capsys, experiment(trained_run) + ["--glossary", str(glossary), "--beam_size", "1",
+                                                                 FIRST, SECOND])
+    assert code == 0 and all("pesce" in line for line in out)
+    assert err[1:] == ["translate.py: greedy search takes no glossary: searching with beam size 5 (glossary_beam_size)"]
+
+
+@pytest.mark.parametrize("terms, options, message", [
+    ("dog\t猫\n", [], "the target term '猫' cannot be spelled by the model's vocabulary: '猫' is unknown to it"),
+    ("dog\tpesce\n", ["--sampling_topk", "3"], "sampling takes none"),
+    ("dog\n", [], "terms.tsv:1: expected 2 tab-separated columns"),
+])
+def test_a_glossary_it_cannot_use_is_one_line(trained_run, capsys: pytest.CaptureFixture, tmp_path: Path,
+                                              terms: str, options: list[str], message: str) -> None:
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text(terms, encoding="utf-8")
+    code, out, err = run_main(capsys, experiment(trained_run) + ["--glossary", str(glossary), *options, FIRST])
+    assert code == 2 and out == [] and message in err[-1] and not any("Traceback" in line for line in err)
+
+
+def test_scores_without_a_calibrator_is_one_line(trained_run, capsys: pytest.CaptureFixture) -> None:
+    """The trained run's validation split (16 sentences) is too small to fit one: training said so
+    in one warning line, and --scores says there is none."""
+    assert [line for line in trained_run.second.stderr.splitlines() if "confidence" in line] == \
+        ["warning: no confidence calibrator: calibration needs at least 20 sentences, got 16"]
+    code, out, err = run_main(capsys, experiment(trained_run) + ["--scores", FIRST])
+    assert code == 2 and out == [] and "has no confidence calibrator; fit one with evaluate.py --fit_confidence" \
+        in err[-1]

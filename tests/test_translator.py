@@ -20,6 +20,9 @@ import torch
 from tokenizers import Tokenizer, trainers
 
 from checkpoint import save_checkpoint
+from confidence import Calibrator
+from conftest import TOY_SOURCE
+from glossary import check_pairs
 from config import PRESETS, get_config, validate_config, weights_dir
 from model import Transformer, build_model
 from tokenizer import EOS_ID, PAD_ID, SOS_ID, SPECIAL_TOKENS, encode_ids, train_tokenizer
@@ -328,3 +331,66 @@ def test_each_source_is_tokenized_once(several_targets, tmp_path: Path) -> None:
     ct2.tok_src = ct2_counter = CountingTokenizer(ct2.tok_src)
     assert [h[0].text for h in ct2.translate(SENTENCES * 2, options)] == [h[0].text for h in expected]
     assert ct2_counter.sentences == len(SENTENCES) * 2
+
+
+# ---------------------------------------------------------------------------- glossaries and confidence
+
+def test_a_glossary_reaches_the_search_and_leaves_free_sentences_alone(toy_translator) -> None:
+    """"two" -> "otto", which the toy model writes only for "eight": through the translator (text,
+    segmentation, batches) every sentence holding "two" gets the term (where the search places it:
+    tests/test_decoding.py shows it in place on a model that knows the term); sentences without a
+    term, in the same batches, come out exactly as without the glossary, scores and all."""
+    translator = toy_translator.translator()
+    lines = ["one two three.", "four five six.", "seven one.", "six two five four."]
+    free = DecodingOptions(beam_size=4)
+    glossary = translator.build_glossary(check_pairs([["two", "otto"]], 10))
+    options, note = free.with_glossary(glossary, 5)
+    assert note == "" and options.beam_size == 4
+    without, constrained = translator.translate(lines, free), translator.translate(lines, options)
+    for line, plain, bound in zip(lines, without, constrained):
+        if "two" in line.split():
+            assert "otto" in bound[0].text.replace(".", " ").split() and "otto" not in plain[0].text
+        else:
+            assert bound == plain and bound[0].log_prob == plain[0].log_prob
+
+
+def test_greedy_search_with_a_glossary_becomes_a_beam_and_says_so(toy_translator) -> None:
+    translator = toy_translator.translator()
+    glossary = translator.build_glossary([("two", "otto")])
+    options, note = DecodingOptions(beam_size=1).with_glossary(glossary, 3)
+    assert options.beam_size == 3 and note == "greedy search takes no glossary: searching with beam size 3 " \
+                                              "(glossary_beam_size)"
+    assert "otto" in translator.translate_best(["one two."], options)[0].replace(".", " ").split()
+    with pytest.raises(TranslatorError, match="greedy search .* takes none"):
+        DecodingOptions(beam_size=3).with_glossary(glossary, 3)[0].replace(beam_size=1)
+    with pytest.raises(TranslatorError, match="sampling takes none"):
+        DecodingOptions(sampling_topk=3).with_glossary(glossary, 3)
+
+
+def test_the_ctranslate2_engine_refuses_a_glossary_in_one_line() -> None:
+    ct2 = CTranslate2Translator.__new__(CTranslate2Translator)  # the refusal needs no model
+    for refuse in (lambda: ct2.build_glossary([("two", "otto")]),
+                   lambda: ct2.translate_batch([], DecodingOptions(), 10, [[[[5]]]])):
+        with pytest.raises(TranslatorError, match=r"^the ctranslate2 engine has no constrained search, .*"
+                                                  r"--engine pytorch\)$"):
+            refuse()
+
+
+def test_confidence_is_the_calibrators_probability_of_the_joined_pieces(toy_translator) -> None:
+    """With a calibrator every translated sentence gets a probability in [0, 1], which rises with
+    the model's score at a given length; a sentence cut into pieces is judged on them together."""
+    translator = toy_translator.translator()
+    options = DecodingOptions(beam_size=3, n_best=3)
+    assert all(h.confidence is None for hs in translator.translate(["one two."], options) for h in hs)
+    translator.calibrator = Calibrator([-0.5, -2.0, 2.0], [0.3, 1.0, 0.5], [1.5, 0.5, 0.0], 0.2, 50.0, 100)
+    found = translator.translate(["one two three.", "four.", "!"], options)
+    scored = [h for hypotheses in found[:2] for h in hypotheses]
+    assert all(0 <= h.confidence <= 1 for h in scored) and found[2][0].confidence is None
+    same_length = sorted((h for h in scored if h.length == scored[0].length), key=lambda h: h.log_prob)
+    assert [h.confidence for h in same_length] == sorted(h.confidence for h in same_length)
+    words = " ".join(TOY_SOURCE[i % 8] for i in range(30)) + "."  # over the toy's limit: pieces
+    [[joined]] = [hs[:1] for hs in translator.translate([words], options)]
+    pieces = translator.translate(translator.segment_lines([words], "", False)[0].sources, options)
+    assert joined.length == sum(p[0].length for p in pieces) and joined.lowest == min(p[0].lowest for p in pieces)
+    assert joined.confidence == translator.calibrator.probability(sum(p[0].log_prob for p in pieces),
+                                                                  joined.length, joined.lowest)
