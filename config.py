@@ -292,8 +292,9 @@ OPTIONS: dict[str, Option] = {
                   frozenset({TRANSLATE, EVALUATE})),
     "glossary_max_terms": O(10000, "terms a --glossary file may hold", "decoding", frozenset({TRANSLATE, EVALUATE}),
                             range=AT_LEAST_ONE),
-    "glossary_beam_size": O(5, "with a glossary, greedy search (beam_size 1) becomes a beam search this wide: "
-                            "constraints need a beam", "decoding", DECODERS, range=Range(2)),
+    "glossary_beam_size": O(10, "a sentence holding a glossary term is searched with a beam at least this wide "
+                            "(its constraints share the beam out); the others with beam_size", "decoding", DECODERS,
+                            range=Range(2)),
     "compute_type": O("auto", "--engine ctranslate2: the weights' type at run time; auto: per machine", "decoding",
                       DECODERS, choices=("auto", "default", "int8", "int8_float32", "int8_float16", "int8_bfloat16",
                                          "int16", "float16", "bfloat16", "float32")),

@@ -16,7 +16,7 @@ sentence. Endpoints:
   from one or the other.
   `"glossary": [["source term", "target term"], ...]` (optional, at most serve_glossary_max_terms
   pairs, checked as glossary.py checks a file): where a sentence holds a source term, its
-  translation holds the target term (constrained beam search; beam_size 1 becomes
+  translation holds the target term (constrained beam search; such a sentence's beam is at least
   glossary_beam_size, at most serve_max_beam_size). A malformed glossary, one over the bound, a target term the model's
   vocabulary cannot spell, or any glossary with the ctranslate2 engine gets 400 with one line.
   Each sentence of the string form also carries "confidence": the calibrated probability that its
@@ -170,9 +170,10 @@ class Job:
 
     @property
     def work(self) -> int:
-        """What the job costs the model: a beam search carries beam_size hypotheses per sentence,
-        sampling n_best samples."""
-        return len(self.sentences) * max(self.options.beam_size, self.options.n_best)
+        """What the job costs the model: a beam search carries beam_size hypotheses per sentence (with
+        a glossary, counted at the wider beam of the sentences holding a term), sampling n_best samples."""
+        options = self.options
+        return len(self.sentences) * max(options.beam_size, options.n_best, options.constrained_beam_size)
 
 
 class Batcher:
@@ -747,13 +748,13 @@ def with_beam_size(options: DecodingOptions, beam_size: Any, limit: int) -> Deco
 def with_glossary(options: DecodingOptions, pairs: Any, translator: Translator,
                   config: dict[str, Any]) -> DecodingOptions:
     """`options` with a request's glossary (a list of [source term, target term] pairs, at most
-    serve_glossary_max_terms), greedy search widened to glossary_beam_size; or a 400 saying what is
-    wrong with it, or that the engine or the options take none."""
+    serve_glossary_max_terms), the sentences holding a term searched with glossary_beam_size; or a
+    400 saying what is wrong with it, or that the engine or the options take none."""
     if not isinstance(pairs, list):
         raise ApiError(400, f"'glossary' must be a list of [source term, target term] pairs, got {json_type(pairs)}")
     try:
         glossary = translator.build_glossary(check_pairs(pairs, config["serve_glossary_max_terms"]))
-        # greedy search widened, but never past what a request may ask for
+        # the constrained sentences' beam widened, but never past what a request may ask for
         return options.with_glossary(glossary, min(config["glossary_beam_size"], config["serve_max_beam_size"]))[0]
     except GlossaryError as error:
         raise ApiError(400, f"'glossary': {error}" + (" (serve_glossary_max_terms)" if len(pairs) >

@@ -47,7 +47,8 @@ only decoding options matter here:
 TAB target term): wherever a sentence holds a source term, its translation holds the target term,
 placed by the search (constrained beam search, decoding.py), in every mode: lines, standard input
 and --input documents; sentences without a term are translated exactly as without the glossary.
-Greedy search (--beam_size 1) becomes a beam of --glossary_beam_size, said once on stderr; sampling
+Sentences holding a term are searched with a beam of at least --glossary_beam_size (said once on
+stderr), the others with --beam_size; sampling
 and the ctranslate2 engine refuse a glossary in one line (exit 2), and so does a malformed file or a
 target term the model's vocabulary cannot spell.
 `--scores`: each sentence's confidence, the calibrated probability that its translation is good

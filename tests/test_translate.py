@@ -349,21 +349,22 @@ def test_glossary_terms_are_in_their_sentences_and_free_lines_as_without(trained
     glossary.write_text("dog\tpesce\nBread\tlibro\n", encoding="utf-8")
     code, out, err = run_main(capsys, experiment(trained_run) + ["--glossary", str(glossary),
                                                                  f"{SECOND} The red dog.", FIRST.replace("dog", "cat")])
-    assert code == 0 and len(err) == 1, err
+    assert code == 0 and len(err) == 2 and "beam size 10 (glossary_beam_size), the others with 5" in err[1], err
     first_sentence, second_sentence = out[0].split(". ", 1)
     assert {"pesce", "libro"} <= set(first_sentence.split()) and "pesce" in second_sentence.rstrip(".").split()
     plain = TorchTranslator.load(None, trained_run.folder, torch.device("cpu"))
     assert out[1] == plain.translate_best([FIRST.replace("dog", "cat")], DecodingOptions())[0]
 
 
-def test_a_glossary_with_greedy_search_widens_it_and_says_so_once(trained_run, capsys: pytest.CaptureFixture,
+def test_a_glossary_with_greedy_search_widens_its_sentences_and_says_so_once(trained_run, capsys: pytest.CaptureFixture,
                                                                   tmp_path: Path) -> None:
     glossary = tmp_path / "terms.tsv"
     glossary.write_text("dog\tpesce\n", encoding="utf-8")
     code, out, err = run_main(capsys, experiment(trained_run) + ["--glossary", str(glossary), "--beam_size", "1",
                                                                  FIRST, SECOND])
     assert code == 0 and all("pesce" in line for line in out)
-    assert err[1:] == ["translate.py: greedy search takes no glossary: searching with beam size 5 (glossary_beam_size)"]
+    assert err[1:] == ["translate.py: sentences holding a glossary term are searched with beam size 10 "
+                       "(glossary_beam_size), the others with 1"]
 
 
 @pytest.mark.parametrize("terms, options, message", [

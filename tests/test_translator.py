@@ -345,7 +345,7 @@ def test_a_glossary_reaches_the_search_and_leaves_free_sentences_alone(toy_trans
     free = DecodingOptions(beam_size=4)
     glossary = translator.build_glossary(check_pairs([["two", "otto"]], 10))
     options, note = free.with_glossary(glossary, 5)
-    assert note == "" and options.beam_size == 4
+    assert options.beam_size == 4 and options.constrained_beam_size == 5 and "beam size 5" in note
     without, constrained = translator.translate(lines, free), translator.translate(lines, options)
     for line, plain, bound in zip(lines, without, constrained):
         if "two" in line.split():
@@ -354,15 +354,19 @@ def test_a_glossary_reaches_the_search_and_leaves_free_sentences_alone(toy_trans
             assert bound == plain and bound[0].log_prob == plain[0].log_prob
 
 
-def test_greedy_search_with_a_glossary_becomes_a_beam_and_says_so(toy_translator) -> None:
+def test_a_glossary_widens_the_beam_of_the_sentences_holding_a_term_only(toy_translator) -> None:
     translator = toy_translator.translator()
     glossary = translator.build_glossary([("two", "otto")])
     options, note = DecodingOptions(beam_size=1).with_glossary(glossary, 3)
-    assert options.beam_size == 3 and note == "greedy search takes no glossary: searching with beam size 3 " \
-                                              "(glossary_beam_size)"
-    assert "otto" in translator.translate_best(["one two."], options)[0].replace(".", " ").split()
-    with pytest.raises(TranslatorError, match="greedy search .* takes none"):
-        DecodingOptions(beam_size=3).with_glossary(glossary, 3)[0].replace(beam_size=1)
+    assert (options.beam_size, options.constrained_beam_size) == (1, 3)
+    assert note == "sentences holding a glossary term are searched with beam size 3 (glossary_beam_size), the others with 1"
+    bound, free = translator.translate_best(["one two.", "four five six."], options)
+    assert "otto" in bound.replace(".", " ").split()
+    assert free == translator.translate_best(["four five six."], DecodingOptions(beam_size=1))[0]
+    assert DecodingOptions(beam_size=5).with_glossary(glossary, 3) == (
+        DecodingOptions(beam_size=5, glossary=glossary, constrained_beam_size=5), "")  # never narrower than beam_size
+    with pytest.raises(TranslatorError, match="need a beam of at least 2"):
+        DecodingOptions(beam_size=3).with_glossary(glossary, 3)[0].replace(constrained_beam_size=1)
     with pytest.raises(TranslatorError, match="sampling takes none"):
         DecodingOptions(sampling_topk=3).with_glossary(glossary, 3)
 
