@@ -45,6 +45,7 @@ URL_OR_EMAIL = re.compile(f"{URL}|{EMAIL}")
 # CJK punctuation, which no space follows), and around a dash between spaces.
 CLAUSE_BREAK = re.compile(r"(?<=[,;:.!?…)\]}\"'”’»])\s+|(?<=[，；：。！？、])|\s+(?=[-–—]\s)")
 WHITESPACE = re.compile(r"\s+")
+DOUBLE_QUOTE = re.compile(r"[\"“”„«»]")
 LETTER = re.compile(r"[^\W\d_]")
 
 CountTokens = Callable[[str], int]
@@ -69,10 +70,15 @@ def sentence_spans(text: str, language: str, protected: re.Pattern = URL_OR_EMAI
                    shields: list[Span] | None = None) -> list[Span]:
     """The sentences of `text` for `language` (an ISO 639 code; sentencex falls back to related
     languages, then to English rules), as spans without their surrounding whitespace. A boundary
-    that would cut a match of `protected` is not one (`shields`: those matches, if already found)."""
+    that would cut a match of `protected` is not one (`shields`: those matches, if already found).
+
+    sentencex never ends a sentence inside a quotation, so a quoted passage of several sentences
+    (news' "We agreed. The vote is on Sunday," she said.) would reach the model as one long one:
+    it reads the text with its double quotes as spaces (same offsets), and `settle_quotes` gives
+    each quote mark to the sentence it opens or closes."""
     shields = [Span(*m.span()) for m in protected.finditer(text)] if shields is None else shields
     spans: list[Span] = []
-    for boundary in get_sentence_boundaries(language, text):
+    for boundary in get_sentence_boundaries(language, DOUBLE_QUOTE.sub(" ", text)):
         span = stripped(text, boundary["start_index"], boundary["end_index"])
         if span.start == span.end:
             continue
@@ -80,7 +86,34 @@ def sentence_spans(text: str, language: str, protected: re.Pattern = URL_OR_EMAI
             spans[-1] = Span(spans[-1].start, span.end)
         else:
             spans.append(span)
-    return spans
+    return settle_quotes(text, spans)
+
+
+def settle_quotes(text: str, spans: list[Span]) -> list[Span]:
+    """`spans` with each double quote mark at a boundary on its side: one right after a sentence's
+    end and before whitespace (or the text's end) closes that sentence; one after whitespace and
+    before a word opens the next. A sentence that a closing mark ends and a lower-case word follows
+    goes on (She said "Stop." and left.), as sentencex has it where it reads the quotes."""
+    settled: list[Span] = []
+    for span in spans:
+        if not settled:
+            settled.append(span)
+            continue
+        previous = settled[-1]
+        while span.start < span.end and DOUBLE_QUOTE.match(text, span.start) and \
+                (span.start + 1 == span.end or text[span.start + 1].isspace()):  # a closing mark
+            previous, span = Span(previous.start, span.start + 1), stripped(text, span.start + 1, span.end)
+        while previous.end - previous.start > 1 and DOUBLE_QUOTE.match(text, previous.end - 1) and \
+                text[previous.end - 2].isspace() and span.start == previous.end:  # an opening mark
+            previous, span = stripped(text, previous.start, previous.end - 1), Span(previous.end - 1, span.end)
+        closed = previous.end - previous.start > 1 and DOUBLE_QUOTE.match(text, previous.end - 1) is not None and \
+            not text[previous.end - 2].isspace()
+        if closed and span.start < span.end and text[span.start].islower():
+            previous, span = Span(previous.start, span.end), Span(span.end, span.end)
+        settled[-1] = previous
+        if span.start < span.end:
+            settled.append(span)
+    return settled
 
 
 def best_cut(text: str) -> Span | None:

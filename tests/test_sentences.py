@@ -26,12 +26,26 @@ def sentences_of(text: str, language: str = "en", **kwargs) -> list[str]:
     "Mr. Smith and Dr. Jones met in the U.S. capital.",
     "Bring fruit, e.g. apples, and i.e. nothing else.",
     "The value of pi is about 3.14 and costs $1.50 today.",
-    'He said "Stop. Now." and walked away.',
+    'He said "Stop." and walked away.',
+    '"Hello," he said.',
     "I was... well, tired.",
     "I was… well, tired.",
 ])
 def test_abbreviations_decimals_quotes_and_ellipses_do_not_end_a_sentence(text: str) -> None:
     assert sentences_of(text) == [text]
+
+
+@pytest.mark.parametrize("text, expected", [
+    # a quoted passage of several sentences, as news writes speech: each sentence apart
+    ('"We made progress. We agreed on it," Pelosi said. The vote is on Sunday.',
+     ['"We made progress.', 'We agreed on it," Pelosi said.', 'The vote is on Sunday.']),
+    # each quote mark with the sentence it closes or opens
+    ('It will be difficult. "And nobody knows why.', ['It will be difficult.', '"And nobody knows why.']),
+    ('It was on the table." Vodafone said no.', ['It was on the table."', 'Vodafone said no.']),
+    ('He said: “Yes. No.” She left.', ['He said: “Yes.', 'No.”', 'She left.']),
+])
+def test_quoted_sentences_are_sentences_and_quote_marks_go_with_theirs(text: str, expected: list[str]) -> None:
+    assert sentences_of(text) == expected
 
 
 def test_sentences_are_spans_of_the_text_without_the_whitespace_around_them() -> None:
