@@ -112,7 +112,8 @@ def crafted_checkpoint(folder: Path, writer: str) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def refused(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+def refused(trained: Path,
+            tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
     """`python translate.py --checkpoint` on each damaged newest checkpoint and each crafted one
     below, run at once (each pays torch's import, mostly on one core): by damage or writer, its
     result and the file it was given."""
