@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -78,10 +79,14 @@ def translate(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip"])
-def test_damaged_newest_checkpoint_falls_back(trained: Path, tmp_path: Path, damage: str,
-                                              capsys: pytest.CaptureFixture) -> None:
-    folder = copy_experiment(trained, tmp_path / "exp")
+DAMAGES = ["truncate", "flip"]
+WRITERS = ["torch.save", "pickle.dump"]
+
+
+def damaged_copy(trained: Path, target: Path, damage: str) -> Path:
+    """A copy of the `trained` experiment whose newest checkpoint (step 12) is cut in half or has 16
+    bytes inverted; the copy's folder."""
+    folder = copy_experiment(trained, target)
     newest = folder / "ckpt_00000012.pt"
     data = bytearray(newest.read_bytes())
     if damage == "truncate":
@@ -90,6 +95,43 @@ def test_damaged_newest_checkpoint_falls_back(trained: Path, tmp_path: Path, dam
         for offset in range(len(data) // 3, len(data) // 3 + 16):
             data[offset] ^= 0xFF
     newest.write_bytes(bytes(data))
+    return folder
+
+
+def crafted_checkpoint(folder: Path, writer: str) -> tuple[Path, Path]:
+    """A checkpoint file in `folder` whose unpickling would create a marker file: (the file, the marker)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / "pwned"
+    evil = folder / "ckpt_00000001.pt"
+    payload = {"model": RunsCode(marker), "config": {}}
+    if writer == "torch.save":
+        torch.save(payload, evil)
+    else:
+        evil.write_bytes(pickle.dumps(payload))
+    return evil, marker
+
+
+@pytest.fixture(scope="module")
+def refused(trained: Path,
+            tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """`python translate.py --checkpoint` on each damaged newest checkpoint and each crafted one
+    below, run at once (each pays torch's import, mostly on one core): by damage or writer, its
+    result and the file it was given."""
+    root = tmp_path_factory.mktemp("refused")
+    given = {damage: (damaged_copy(trained, root / damage, damage) / "ckpt_00000012.pt", "The cat sees the dog.")
+             for damage in DAMAGES}
+    given |= {writer: (crafted_checkpoint(root / writer, writer)[0], "Hello.") for writer in WRITERS}
+    with ThreadPoolExecutor(max_workers=len(given)) as pool:
+        futures = {key: pool.submit(translate, "--checkpoint", str(path), sentence)
+                   for key, (path, sentence) in given.items()}
+        return {key: (future.result(), given[key][0]) for key, future in futures.items()}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_damaged_newest_checkpoint_falls_back(trained: Path, tmp_path: Path, damage: str,
+                                              refused: dict, capsys: pytest.CaptureFixture) -> None:
+    folder = damaged_copy(trained, tmp_path / "exp", damage)
+    newest = folder / "ckpt_00000012.pt"
 
     second_newest = sorted(folder.glob("ckpt_*.pt"))[-2]
     path, state = load_latest(folder)
@@ -98,7 +140,8 @@ def test_damaged_newest_checkpoint_falls_back(trained: Path, tmp_path: Path, dam
 
     with pytest.raises(CheckpointError, match="ckpt_00000012.pt"):
         load_checkpoint(newest)
-    result = translate("--checkpoint", str(newest), "The cat sees the dog.")
+    result, given = refused[damage]  # translate.py on a copy damaged alike
+    assert given.read_bytes() == newest.read_bytes()
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "ckpt_00000012.pt" in result.stderr
 
@@ -161,20 +204,15 @@ class RunsCode:
         return (Path.touch, (self.marker,))
 
 
-@pytest.mark.parametrize("writer", ["torch.save", "pickle.dump"])
-def test_crafted_pickle_is_refused_and_runs_nothing(tmp_path: Path, writer: str) -> None:
-    marker = tmp_path / "pwned"
-    evil = tmp_path / "ckpt_00000001.pt"
-    payload = {"model": RunsCode(marker), "config": {}}
-    if writer == "torch.save":
-        torch.save(payload, evil)
-    else:
-        evil.write_bytes(pickle.dumps(payload))
+@pytest.mark.parametrize("writer", WRITERS)
+def test_crafted_pickle_is_refused_and_runs_nothing(tmp_path: Path, writer: str, refused: dict) -> None:
+    evil, marker = crafted_checkpoint(tmp_path, writer)
     with pytest.raises(CheckpointError, match="refused|corrupt"):
         load_checkpoint(evil)
-    result = translate("--checkpoint", str(evil), "Hello.")
-    assert result.returncode == 1 and "Traceback" not in result.stderr
     assert not marker.exists(), "loading the checkpoint ran code"
+    result, given = refused[writer]  # translate.py on a checkpoint crafted alike
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert given.is_file() and not (given.parent / "pwned").exists(), "loading the checkpoint ran code"
 
 
 def test_config_inside_checkpoint_is_validated(trained: Path, tmp_path: Path) -> None:

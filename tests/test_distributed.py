@@ -13,8 +13,9 @@ Adam's eps is raised to 1e-6 for the comparison: the key projection's bias has a
 true gradient (it shifts every attention score of a query equally), so it only ever sees rounding
 noise, which eps 1e-9 would turn into full-size, order-dependent updates.
 
-2. With dropout on, two ranks killed with SIGKILL and restarted end bit for bit where an unbroken
-   run ends: each rank's dropout stream is a function of (seed, rank, step).
+2. With dropout on, two ranks killed with SIGKILL and restarted (torchrun) end bit for bit where an
+   unbroken run ends (its ranks forked by `rank_faults.py --launch`, see 4): each rank's dropout
+   stream is a function of (seed, rank, step).
 3. A NaN loss on one rank only makes both ranks skip that step (their weights stay identical), and
    a stop by --max_minutes, judged on rank 0's clock, ends both ranks with exit 0 and a checkpoint.
 4. Ranks that never hang (ranks.py), while rank 1, its share of validation decoded, waits for rank
@@ -25,6 +26,10 @@ noise, which eps 1e-9 would turn into full-size, order-dependent updates.
    jobs start their ranks as a launcher without torchrun's agent would (srun, mpirun, a script):
    no agent ends the others when one exits, and rank 0 hosts the job's store. The three run side
    by side, one thread per rank, forked from one interpreter (`rank_faults.py --launch`).
+
+Tests 1 to 3 run with --rank_timeout_s 10: a rank waiting for rank 0 (a checkpoint, a validation)
+looks for its result every poll_s (a fortieth of the limit, 0.1 s to 0.5 s), which at the default
+60 s added up to seconds per run; what they test does not depend on the limit.
 """
 from __future__ import annotations
 
@@ -51,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+QUICK_WATCH = ("--rank_timeout_s", "10")  # see the module docstring
 
 
 def train_args(data: Path, out: Path, *extra: str, dropout: str = "0") -> list[str]:
@@ -73,10 +79,19 @@ def test_two_rank_ddp_equals_single_process_with_same_global_batch(tmp_path: Pat
     corpus = tiny_corpus(tmp_path / "data", train=400)
     data = f"{corpus}:1,{corpus}:0.5:<BT>"
     single, ddp = tmp_path / "single", tmp_path / "ddp"
-    subprocess.run([sys.executable, *train_args(data, single, "--max_steps", "6", "--accum_steps", "2")], cwd=ROOT,
-                   check=True, capture_output=True, timeout=240)
-    result = subprocess.run([*TORCHRUN, "tests/rank_faults.py", *train_args(data, ddp, "--max_steps", "6")[1:]],
-                            cwd=ROOT, capture_output=True, text=True, timeout=240)
+    # The single process trains while the ranks do: on two cores the three share them.
+    with open(tmp_path / "single.log", "w") as log:
+        alone = subprocess.Popen([sys.executable, *train_args(data, single, "--max_steps", "6", "--accum_steps", "2")],
+                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            result = subprocess.run([*TORCHRUN, "tests/rank_faults.py",
+                                     *train_args(data, ddp, "--max_steps", "6", *QUICK_WATCH)[1:]],
+                                    cwd=ROOT, capture_output=True, text=True, timeout=240)
+            assert alone.wait(timeout=240) == 0, (tmp_path / "single.log").read_text()[-3000:]
+        finally:
+            if alone.poll() is None:
+                alone.kill()
+                alone.wait()
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 ranks" in result.stderr
 
@@ -114,23 +129,26 @@ def process_tree(root: int) -> list[int]:
 
 def test_two_ranks_killed_and_resumed_equal_an_unbroken_run(tmp_path: Path) -> None:
     data = tiny_corpus(tmp_path / "data", train=400)
-    steps = 24
-    extra = ("--max_steps", str(steps), "--save_every_steps", "4", "--keep_checkpoints", "50")
+    steps = 12  # 3 steps an epoch: 4 epochs, killed early in the second, resumed for three more
+    extra = ("--max_steps", str(steps), "--save_every_steps", "4", "--keep_checkpoints", "50", *QUICK_WATCH)
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
-    # The unbroken run trains while the other is killed and resumed (torchrun gives each rank one
-    # thread), so the test takes about one run's time instead of two.
-    with open(tmp_path / "unbroken.log", "w") as log:
-        reference = subprocess.Popen([*TORCHRUN, *train_args(data, unbroken, *extra, dropout="0.1")], cwd=ROOT,
-                                     stdout=subprocess.DEVNULL, stderr=log)
-        try:
-            kill_and_resume([*TORCHRUN, *train_args(data, broken, *extra, dropout="0.1")], broken, steps)
-            assert reference.wait(timeout=240) == 0, (tmp_path / "unbroken.log").read_text()[-3000:]
-        finally:
-            if reference.poll() is None:  # a failure above: end the unbroken run's ranks too
-                for pid in process_tree(reference.pid):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-            reference.wait()
+    # The unbroken run trains while the other is killed and resumed (one thread per rank), so the
+    # test takes about one run's time instead of two. Its two ranks are forked by one interpreter
+    # (`rank_faults.py --launch`, which imports torch once instead of three times under torchrun):
+    # the run that is killed and resumed is torchrun's, as a user would start it.
+    reference = launch(job_specs(unbroken, train_args(data, unbroken, *extra, dropout="0.1")[1:]),
+                       tmp_path / "unbroken.json")
+    try:
+        kill_and_resume([*TORCHRUN, *train_args(data, broken, *extra, dropout="0.1")], broken, steps)
+        exits = reference.communicate(timeout=240)[0]
+        codes = [int(line.split()[2]) for line in exits.splitlines() if line.startswith("exited ")]
+        assert codes == [0, 0], "".join((unbroken / f"rank{rank}.log").read_text()[-3000:] for rank in (0, 1))
+    finally:
+        if reference.poll() is None:  # a failure above: end the unbroken run's ranks too
+            for pid in process_tree(reference.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        reference.wait()
     expected, actual = weights(unbroken, steps), weights(broken, steps)
     assert expected.keys() == actual.keys()
     for name in expected:
@@ -166,7 +184,7 @@ def test_nan_on_one_rank_skips_on_both_and_max_minutes_stops_both(tmp_path: Path
     out = tmp_path / "run"
     command = [*TORCHRUN, "tests/rank_faults.py", "--nan_rank", "1", "--nan_steps", "3",
                "--weights_out", str(tmp_path / "final"),
-               *train_args(data, out, "--num_epochs", "1000", "--max_minutes", "0.1", dropout="0.1")[1:]]
+               *train_args(data, out, "--num_epochs", "1000", "--max_minutes", "0.1", *QUICK_WATCH, dropout="0.1")[1:]]
     started = time.monotonic()
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -202,14 +220,28 @@ SCENARIOS = {  # fault in rank 0's validation, --rank_timeout_s, what the test d
 
 def rank_specs(data: Path, out: Path, fault: str, limit: float) -> list[dict]:
     """Rank 0 and rank 1 of one job, from the environment variables alone (rank 0 hosts the store)."""
+    return job_specs(out, ["--validation_fault", fault, *train_args(data, out, "--rank_timeout_s", str(limit))[1:]])
+
+
+def job_specs(out: Path, argv: list[str]) -> list[dict]:
+    """`rank_faults.py --launch`'s specs of a two-rank job running tests/rank_faults.py `argv`, its
+    ranks' stderr in out/rank0.log and out/rank1.log."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     out.mkdir(parents=True)
     return [{"env": {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": str(rank),
                      "LOCAL_RANK": str(rank)},
-             "argv": ["--validation_fault", fault, *train_args(data, out, "--rank_timeout_s", str(limit))[1:]],
-             "log": str(out / f"rank{rank}.log")} for rank in (0, 1)]
+             "argv": argv, "log": str(out / f"rank{rank}.log")} for rank in (0, 1)]
+
+
+def launch(specs: list[dict], spec_file: Path) -> subprocess.Popen:
+    """`rank_faults.py --launch` on `specs`: one interpreter imports torch and train.py and forks
+    the ranks, one thread each as torchrun gives them; it prints "started PID" per rank, then
+    "exited PID CODE" as each one ends."""
+    spec_file.write_text(json.dumps(specs))
+    return subprocess.Popen([sys.executable, "tests/rank_faults.py", "--launch", str(spec_file)], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def fault_and_wait(pids: list[int], out: Path, act: Callable[[list[int]], None],
@@ -243,9 +275,7 @@ def faulted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Faulted]:
     for split, pairs in (("train", synthetic_pairs(400, 1)), ("validation", synthetic_pairs(8, 2))):
         (data / f"{split}.tsv").write_text("".join(f"{source}\t{target}\n" for source, target in pairs))
     specs = [spec for name, (fault, limit, _) in SCENARIOS.items() for spec in rank_specs(data, root / name, fault, limit)]
-    (root / "ranks.json").write_text(json.dumps(specs))
-    launcher = subprocess.Popen([sys.executable, "tests/rank_faults.py", "--launch", str(root / "ranks.json")],
-                                cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    launcher = launch(specs, root / "ranks.json")
     pids = [int(launcher.stdout.readline().split()[1]) for _ in specs]
     exits: dict[int, tuple[int, float]] = {}  # pid: (exit code, when)
 

@@ -43,14 +43,13 @@ def launch(folder: Path, *options: str, validation: int = 30) -> subprocess.Pope
         env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-def stop_once_training(process: subprocess.Popen, weights: Path, sig: signal.Signals) -> str:
-    """Send `sig` once the run has written a checkpoint; its stderr."""
+def stop_once_training(process: subprocess.Popen, weights: Path, sig: signal.Signals) -> None:
+    """Send `sig` once the run has written a checkpoint."""
     deadline = time.monotonic() + 120
     while not list(weights.glob("*/ckpt_*.pt")):  # training is under way
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1]
         time.sleep(0.05)
     process.send_signal(sig)
-    return process.communicate(timeout=60)[1]
 
 
 def ctrl_c_twice(process: subprocess.Popen) -> str:
@@ -78,8 +77,10 @@ def stopped(tmp_path_factory: pytest.TempPathFactory) -> dict[object, Stopped]:
     driver = threading.Thread(target=lambda: stderr.update({TWICE: ctrl_c_twice(processes[TWICE])}))
     driver.start()
     try:
+        for sig in STOP_SIGNALS:  # each signalled as soon as it trains, then both waited for
+            stop_once_training(processes[sig], folders[sig] / "weights", sig)
         for sig in STOP_SIGNALS:
-            stderr[sig] = stop_once_training(processes[sig], folders[sig] / "weights", sig)
+            stderr[sig] = processes[sig].communicate(timeout=60)[1]
         driver.join(timeout=180)
     finally:
         for process in processes.values():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,20 @@ def translate(checkpoint: Path, *args: bytes | str, stdin: bytes = b"") -> subpr
                           input=stdin, capture_output=True, timeout=120)
 
 
+@pytest.fixture(scope="module")
+def translated(checkpoint_path: Path) -> dict[object, subprocess.CompletedProcess]:
+    """Every `python translate.py` command line of the tests below, run at once (each pays torch's
+    import, mostly on one core): its result, keyed as the tests look them up."""
+    cannot = ("empty", "whitespace only", "invalid UTF-8")
+    commands = {"batch": ((), b"\n".join(line for _, line in HOSTILE_LINES) + b"\n"),
+                "arguments": (tuple(line for name, line in HOSTILE_LINES if name not in cannot), b"")}
+    commands.update({argument: ((argument,), b"") for argument, _ in BAD_ARGUMENTS})
+    with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+        futures = {key: pool.submit(translate, checkpoint_path, *args, stdin=stdin)
+                   for key, (args, stdin) in commands.items()}
+        return {key: future.result() for key, future in futures.items()}
+
+
 HOSTILE_LINES = [
     ("ordinary", b"The cat sees the dog."),
     ("empty", b""),
@@ -45,8 +60,8 @@ HOSTILE_LINES = [
 ]
 
 
-def test_batch_mode_translates_the_good_lines_and_names_the_bad(checkpoint_path: Path) -> None:
-    result = translate(checkpoint_path, stdin=b"\n".join(line for _, line in HOSTILE_LINES) + b"\n")
+def test_batch_mode_translates_the_good_lines_and_names_the_bad(translated: dict) -> None:
+    result = translated["batch"]  # translate.py with HOSTILE_LINES on stdin
     stdout, stderr = result.stdout.decode(), result.stderr.decode()
     assert "Traceback" not in stderr
     assert result.returncode == 1, "some lines could not be translated"
@@ -64,23 +79,26 @@ def test_batch_mode_translates_the_good_lines_and_names_the_bad(checkpoint_path:
     assert "2 sentence(s) over the model's limit of" in stderr and "truncat" not in stderr
 
 
-@pytest.mark.parametrize("argument, message", [
+BAD_ARGUMENTS = [
     (b"", "sentence 1 is empty"),
     (b"   ", "sentence 1 is empty"),
     (b"\xff\xfe", "sentence 1 is not valid UTF-8"),
-])
-def test_bad_argument_is_one_line(checkpoint_path: Path, argument: bytes, message: str) -> None:
-    result = translate(checkpoint_path, argument)
+]
+
+
+@pytest.mark.parametrize("argument, message", BAD_ARGUMENTS)
+def test_bad_argument_is_one_line(translated: dict, argument: bytes, message: str) -> None:
+    result = translated[argument]  # translate.py ARGUMENT
     stderr = result.stderr.decode()
     assert result.returncode == 2 and message in stderr
     assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
 
 
-def test_hostile_arguments_translate(checkpoint_path: Path) -> None:
+def test_hostile_arguments_translate(translated: dict) -> None:
     """All in one command line (each process pays torch's import): one translation per argument."""
     cannot = ("empty", "whitespace only", "invalid UTF-8")
     hostile = [(name, line) for name, line in HOSTILE_LINES if name not in cannot]
-    result = translate(checkpoint_path, *(line for _, line in hostile))
+    result = translated["arguments"]  # translate.py with each hostile line an argument
     assert result.returncode == 0, result.stderr.decode()
     outputs = result.stdout.decode().split("\n")[:-1]
     assert len(outputs) == len(hostile), "one output line per argument"

@@ -23,7 +23,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from synthetic_data import tiny_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_STEPS = 40
+MAX_STEPS = 20
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
