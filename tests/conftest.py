@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import random
 import subprocess
 import sys
@@ -13,8 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-import pytest
-import torch
+# One thread per process, read by OpenMP when torch loads, here and in every program a test starts:
+# the suite runs servers, ranks and programs side by side on CI's two cores, where two threads each
+# oversubscribe them (an OpenMP barrier then spins against the other process: tens of times slower),
+# and its toy models gain nothing from a second thread. A caller's own setting is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # Plain `pytest` (not only `python -m pytest`) must import the project's flat modules.

@@ -56,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # as torchrun gives each rank where nothing says otherwise
 QUICK_WATCH = ("--rank_timeout_s", "10")  # see the module docstring
 
 
@@ -158,7 +159,9 @@ def test_two_ranks_killed_and_resumed_equal_an_unbroken_run(tmp_path: Path) -> N
 def kill_and_resume(command: list[str], out: Path, steps: int) -> None:
     """Run `command` (torchrun), SIGKILL it and its ranks at a seeded random moment after their
     first checkpoint, then run it again to the end."""
-    victim = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # one thread per rank whatever the caller's OMP_NUM_THREADS, as the unbroken run's forked ranks
+    # have: another thread count sums in another order, and the weights would differ in their last bits
+    victim = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ONE_THREAD)
     deadline = time.monotonic() + 120
     while not list((out / "w").glob("*/ckpt_*.pt")):
         assert victim.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
@@ -174,7 +177,7 @@ def kill_and_resume(command: list[str], out: Path, steps: int) -> None:
     saved = sorted(int(p.stem.split("_")[1]) for p in (out / "w").glob("*/ckpt_*.pt"))
     assert saved and saved[-1] < steps, "the run finished before it could be killed"
 
-    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240, env=ONE_THREAD)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"step {saved[-1]})" in resumed.stderr
 
@@ -241,7 +244,7 @@ def launch(specs: list[dict], spec_file: Path) -> subprocess.Popen:
     "exited PID CODE" as each one ends."""
     spec_file.write_text(json.dumps(specs))
     return subprocess.Popen([sys.executable, "tests/rank_faults.py", "--launch", str(spec_file)], cwd=ROOT,
-                            stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            stdout=subprocess.PIPE, text=True, env=ONE_THREAD)
 
 
 def fault_and_wait(pids: list[int], out: Path, act: Callable[[list[int]], None],

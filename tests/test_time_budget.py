@@ -121,9 +121,9 @@ def test_the_validation_estimate_decodes_to_the_references_length_not_the_cap(
     from translator import TorchTranslator
     calls, decode = [], TorchTranslator.translate_batch
 
-    def recorded(self, sources, options, max_tokens):
+    def recorded(self, sources, options, max_tokens, *constraints):
         calls.append((max_tokens, max_output_tokens(max(len(source.ids) for source in sources), self.seq_len)))
-        return decode(self, sources, options, max_tokens)
+        return decode(self, sources, options, max_tokens, *constraints)
 
     monkeypatch.setattr(TorchTranslator, "translate_batch", recorded)
     assert run(planned, tmp_path, CountingClock(), monkeypatch) == 0
