@@ -200,8 +200,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     log(f"evaluate.py: wrote {len(hypotheses)} translations to {output}")
 
-    scores = corpus_scores(hypotheses, references)
-    grouped = grouped_scores(sources, hypotheses, references)
     print(f"model: {translator.source} ({translator.engine})")
     print(f"data: {config['datasource']} {args.split}, {len(pairs)} sentences, beam size {options.beam_size}, "
           f"length penalty {config['length_penalty']}, brevity penalty {config['brevity_penalty']} "
@@ -210,12 +208,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"glossary: {config['glossary']}, {len(glossary)} terms")
     if translator.calibrator is not None:
         print(confidence_line(translator, translated, sources, hypotheses, references))
+    print_scores(sources, hypotheses, references)
+    return 0
+
+
+def print_scores(sources: list[str], hypotheses: list[str], references: list[str]) -> None:
+    """chrF2 and BLEU of `hypotheses`, one reference a line, then grouped by source (every reference
+    of a repeated source at once), each with its sacreBLEU signature."""
+    scores = corpus_scores(hypotheses, references)
+    grouped = grouped_scores(sources, hypotheses, references)
     print(f"chrF2 = {scores['chrf']:.2f} ({scores['chrf_signature']})")
     print(f"grouped by source: {grouped['sources']} distinct sources, {grouped['references']} references: "
           f"BLEU {grouped['bleu']:.2f}, chrF2 {grouped['chrf']:.2f} ({grouped['bleu_signature']})")
     print(f"BLEU signature: {scores['bleu_signature']}")
     print(scores["bleu_text"])
-    return 0
 
 
 if __name__ == "__main__":
