@@ -826,11 +826,10 @@ class Trainer:
         (first, started, validated), (last, ended, validated_end) = self.step_times[skip], self.step_times[-1]
         step_seconds = max(ended - started - (validated_end - validated), 0.0) / max(last - first, 1)
         config = self.config
-        base_total = config["num_epochs"] * self.steps_per_epoch
         plan = plan_run(self.global_step, clock() - self.started, 60 * config["max_minutes"], step_seconds,
                         self.estimated_validation_seconds(), self.estimated_checkpoint_seconds(),
                         self.steps_per_epoch, config["validate_every_steps"], config["save_every_steps"],
-                        base_total, warmup_steps(config, base_total), config["warmup_fraction"])
+                        config["warmup_steps"], config["warmup_fraction"])
         log(plan.describe())
         self.writer.add_text("plan", plan.describe(), self.global_step)
         for name in ("total_steps", "warmup_steps", "step_seconds", "validation_seconds", "expected_end_s"):

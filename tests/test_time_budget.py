@@ -20,18 +20,19 @@ from time_budget import plan_run, validations_until
 def test_the_plan_fills_the_budget_with_steps_validations_and_checkpoints() -> None:
     plan = plan_run(step=15, elapsed_s=40, budget_s=900, step_seconds=0.2, validation_seconds=5.0,
                     checkpoint_seconds=0.5, steps_per_epoch=112, validate_every=0, save_every=0,
-                    base_total=21 * 112, base_warmup=100, max_warmup_share=0.1)
+                    warmup_steps=100, warmup_fraction=0.1)
     left = 900 - 40 - 18  # the margin: 2% of the budget
     cost = lambda total: (total - 15) * 0.2 + validations_until(15, total, 112, 0) * 5.5  # noqa: E731
     assert cost(plan.total_steps) <= left < cost(plan.total_steps + 1)
     assert plan.expected_end_s == pytest.approx(40 + cost(plan.total_steps))
-    assert plan.warmup_steps == round(100 * plan.total_steps / (21 * 112))  # the preset's share of its run
+    assert plan.warmup_steps == 100  # the config's warmup, in steps, whatever the run's length
     assert 30 < plan.epochs < 31
     # A budget already spent still trains one more step, to end with a validated checkpoint.
-    assert plan_run(15, 950, 900, 0.2, 5, 0.5, 112, 0, 0, 2352, 100, 0.1).total_steps == 16
-    # A warmup as long as the config's whole run is capped at the warmup fraction of the plan.
-    assert plan_run(15, 40, 900, 0.2, 5, 0.5, 112, 0, 0, 200, 200, 0.1).warmup_steps == \
-        round(0.1 * plan.total_steps)
+    assert plan_run(15, 950, 900, 0.2, 5, 0.5, 112, 0, 0, 100, 0.1).total_steps == 16
+    # A short run keeps its warmup's steps up to half the run; a warmup given as a share keeps it.
+    short = plan_run(15, 40, 120, 0.2, 5, 0.5, 112, 0, 0, 1000, 0.1)
+    assert short.warmup_steps == short.total_steps // 2 and 100 < short.total_steps < 400
+    assert plan_run(15, 40, 900, 0.2, 5, 0.5, 112, 0, 0, 0, 0.1).warmup_steps == round(0.1 * plan.total_steps)
 
 
 def test_validations_are_counted_once_per_step() -> None:
