@@ -36,6 +36,7 @@ class Plan:
     planned_at_step: int
     budget_s: float
     expected_end_s: float
+    final_seconds: float = 0.0  # what runs after the last checkpoint (the confidence fit); 0 in older plans
 
     @property
     def epochs(self) -> float:
@@ -47,8 +48,9 @@ class Plan:
     def describe(self) -> str:
         return (f"plan for --max_minutes {self.budget_s / 60:g}: {self.total_steps} steps ({self.epochs:.1f} epochs of "
                 f"{self.steps_per_epoch}), warmup {self.warmup_steps}, at {self.step_seconds:.3f} s a step and "
-                f"{self.validation_seconds:.1f} s a validation; expected to end {self.expected_end_s / 60:.1f} min "
-                f"after start")
+                f"{self.validation_seconds:.1f} s a validation"
+                + (f", {self.final_seconds:.1f} s for the confidence fit" if self.final_seconds else "")
+                + f"; expected to end {self.expected_end_s / 60:.1f} min after start")
 
 
 def validations_until(step: int, total: int, steps_per_epoch: int, every: int) -> int:
@@ -62,10 +64,11 @@ def validations_until(step: int, total: int, steps_per_epoch: int, every: int) -
 
 def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, validation_seconds: float,
              checkpoint_seconds: float, steps_per_epoch: int, validate_every: int, save_every: int,
-             warmup_steps: int, warmup_fraction: float) -> Plan:
+             warmup_steps: int, warmup_fraction: float, final_seconds: float = 0.0) -> Plan:
     """The most steps whose cost fits what is left of `budget_s` after `elapsed_s`, a margin kept:
     each remaining step at `step_seconds`, each validation still to come (with its checkpoint),
-    and the checkpoints of `save_every`. Never fewer than `step` + 1. The warmup: the config's
+    the checkpoints of `save_every`, and `final_seconds` of work after the last checkpoint (the
+    confidence fit). Never fewer than `step` + 1. The warmup: the config's
     `warmup_steps`, at most half the run; where it is 0, `warmup_fraction` of the run."""
     left = budget_s - elapsed_s - max(MARGIN_S, MARGIN_FRACTION * budget_s)
 
@@ -73,7 +76,7 @@ def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, 
         checks = validations_until(step, total, steps_per_epoch, validate_every)
         saves = (total // save_every - step // save_every) if save_every else 0
         return (total - step) * step_seconds + checks * (validation_seconds + checkpoint_seconds) + \
-            saves * checkpoint_seconds
+            saves * checkpoint_seconds + final_seconds
 
     low, high = step + 1, step + 1 + max(1, int(left / max(step_seconds, 1e-9)))
     while low < high:  # the largest total whose cost fits; cost grows with total
@@ -89,7 +92,7 @@ def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, 
     # of 4.04, where the fixed schedule stood at 3.26 at the same step.
     warmup = min(warmup_steps, total // 2) if warmup_steps else round(warmup_fraction * total)
     return Plan(total, warmup, steps_per_epoch, step_seconds, validation_seconds, checkpoint_seconds, step,
-                budget_s, elapsed_s + cost(total))
+                budget_s, elapsed_s + cost(total), final_seconds)
 
 
 def plan_from_dict(state: dict[str, Any] | None) -> Plan | None:

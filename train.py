@@ -826,10 +826,11 @@ class Trainer:
         (first, started, validated), (last, ended, validated_end) = self.step_times[skip], self.step_times[-1]
         step_seconds = max(ended - started - (validated_end - validated), 0.0) / max(last - first, 1)
         config = self.config
+        validation_seconds, fit_seconds = self.estimated_validation_seconds()
         plan = plan_run(self.global_step, clock() - self.started, 60 * config["max_minutes"], step_seconds,
-                        self.estimated_validation_seconds(), self.estimated_checkpoint_seconds(),
-                        self.steps_per_epoch, config["validate_every_steps"], config["save_every_steps"],
-                        config["warmup_steps"], config["warmup_fraction"])
+                        validation_seconds, self.estimated_checkpoint_seconds(), self.steps_per_epoch,
+                        config["validate_every_steps"], config["save_every_steps"], config["warmup_steps"],
+                        config["warmup_fraction"], fit_seconds)
         log(plan.describe())
         self.writer.add_text("plan", plan.describe(), self.global_step)
         for name in ("total_steps", "warmup_steps", "step_seconds", "validation_seconds", "expected_end_s"):
@@ -837,30 +838,41 @@ class Trainer:
         self.writer.add_scalar("plan/epochs", plan.epochs, self.global_step)
         return plan
 
-    def estimated_validation_seconds(self) -> float:
+    def estimated_validation_seconds(self) -> tuple[float, float]:
         """A validation's cost: the loss over this rank's share of the split, timed, and the decoding
-        of a sample of the sources, timed and scaled to the subset decoded. The sample is decoded to
-        the length of its longest reference: a model this young rarely ends a sentence and would run
-        every row to the cap (twice the source and more), costing a planned validation several times
-        what it costs once the model writes sentences of the references' lengths."""
+        of a sample of the sources, timed and scaled to the subset decoded; and the same for the
+        confidence fit after the last checkpoint (rank 0, the fit's sources with the decoding
+        options, 0 without a fit). The sample is decoded to the length of its longest reference: a
+        model this young rarely ends a sentence and would run every row to the cap (twice the source
+        and more), costing a planned validation several times what it costs once the model writes
+        sentences of the references' lengths."""
         if not self.val_pairs:
-            return 0.0
-        started = clock()
-        sample = self.val_pairs[:32]
+            return 0.0, 0.0
+        config, started = self.config, clock()
         model = self.raw_model
         model.eval()
-        validation_loss(model, self.val_ds, self.config, self.device, self.ranks.rank, self.ranks.world_size)
-        loss_seconds, decode_started = clock() - started, clock()
-        lang_tgt = corpora(self.config)[0].lang_tgt
-        translator = TorchTranslator(model, self.tok_src, self.tok_tgt, self.config)
+        validation_loss(model, self.val_ds, config, self.device, self.ranks.rank, self.ranks.world_size)
+        loss_seconds = clock() - started
+        sample = self.val_pairs[:32]
+        lang_tgt = corpora(config)[0].lang_tgt
+        translator = TorchTranslator(model, self.tok_src, self.tok_tgt, config)
         sources = translator.encode([source for source, _ in sample], translator.source_tag(lang_tgt))
         longest = max(len(e.ids) for e in encode_texts(self.tok_tgt, [target for _, target in sample], ids_only=True))
-        translator.translate_batch(sources, DecodingOptions.from_config(
-            self.config, beam_size=self.config["val_beam_size"], sampling_topk=0, sampling_topp=0.0,
-            target_lang=lang_tgt), longest + 1)  # [EOS] after the words
+
+        def per_sentence(options: DecodingOptions) -> float:
+            decode_started = clock()
+            translator.translate_batch(sources, options, longest + 1)  # [EOS] after the words
+            return (clock() - decode_started) / len(sample)
+
+        validation = loss_seconds + per_sentence(DecodingOptions.from_config(
+            config, beam_size=config["val_beam_size"], sampling_topk=0, sampling_topp=0.0, target_lang=lang_tgt)) * \
+            len(self.val_sources) / self.ranks.world_size
+        fit = 0.0
+        if config["confidence_sentences"] and self.ranks.is_main:
+            fit = per_sentence(DecodingOptions.from_config(config, target_lang=lang_tgt)) * \
+                min(config["confidence_sentences"], len(self.val_sources))
         model.train()
-        share = len(self.val_sources) / self.ranks.world_size
-        return loss_seconds + (clock() - decode_started) * share / len(sample)
+        return validation, fit
 
     def estimated_checkpoint_seconds(self) -> float:
         """A checkpoint's cost: the model's and optimizer's state serialised once in memory, doubled

@@ -27,6 +27,11 @@ def test_the_plan_fills_the_budget_with_steps_validations_and_checkpoints() -> N
     assert plan.expected_end_s == pytest.approx(40 + cost(plan.total_steps))
     assert plan.warmup_steps == 100  # the config's warmup, in steps, whatever the run's length
     assert 30 < plan.epochs < 31
+    # Work after the last checkpoint (the confidence fit) is planned too.
+    fitted = plan_run(15, 40, 900, 0.2, 5.0, 0.5, 112, 0, 0, 100, 0.1, final_seconds=20.0)
+    assert cost(fitted.total_steps) + 20 <= left < cost(fitted.total_steps + 1) + 20
+    assert fitted.total_steps < plan.total_steps
+    assert fitted.expected_end_s == pytest.approx(40 + cost(fitted.total_steps) + 20)
     # A budget already spent still trains one more step, to end with a validated checkpoint.
     assert plan_run(15, 950, 900, 0.2, 5, 0.5, 112, 0, 0, 100, 0.1).total_steps == 16
     # A short run keeps its warmup's steps up to half the run; a warmup given as a share keeps it.
@@ -80,6 +85,7 @@ def test_a_planned_run_ends_its_schedule_at_the_planned_step_and_resumes_bit_exa
     # The preset's 2 epochs are only the starting point: the clock's budget holds more.
     assert plan["total_steps"] > 2 * steps_per_epoch
     assert f"plan for --max_minutes 0.5: {plan['total_steps']} steps" in log
+    assert plan["final_seconds"] > 0  # the confidence fit after the last checkpoint is in the plan
     assert f"finished the plan: {plan['total_steps']} steps" in log
     unbroken = final_state(planned, tmp_path / "unbroken")
     assert unbroken["global_step"] == plan["total_steps"]
