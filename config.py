@@ -100,9 +100,10 @@ class Option:
 O = Option
 OPTIONS: dict[str, Option] = {
     # ---- data
-    "datasource": O("Helsinki-NLP/opus_books", "the training corpora: a Hub id, a folder in Hub layout, a PREFIX of "
-                    "PREFIX.SRC + PREFIX.TGT, a TSV file, or several as SOURCE[:WEIGHT[:TAG]],... (docs/data.md); "
-                    "translate.py and the other programs take it to name the run it trained", "data", EVERY,
+    "datasource": O("Helsinki-NLP/opus_books", "the training corpora: a Hub id, a Hub-layout folder, a PREFIX "
+                    "of PREFIX.SRC + PREFIX.TGT, a TSV file, or SOURCE[:WEIGHT[:TAG]],... (docs/data.md); elsewhere: "
+                    "names the run",
+                    "data", EVERY,
                     identity=True),
     "lang_src": O("en", "source language code", "data", EVERY, model=True, identity=True),
     "lang_tgt": O("it", "target language code; several joined with + (fr+it) for one model of several target "
@@ -127,9 +128,9 @@ OPTIONS: dict[str, Option] = {
     "max_line_bytes": O(65536, "longest line of a corpus file in bytes: a longer one is skipped and counted, never "
                         "read into memory whole; translate.py reads a longer input line in pieces of this size",
                         "data", frozenset({TRAIN, EVALUATE, CLEAN, TRANSLATE}), range=Range(64)),
-    "data_changed": O("refuse", "resuming on corpora whose content changed since the checkpoint: refuse, or "
-                      "keep_held_out: train on the new content, validating and testing on the run's held-out splits "
-                      "as they were", "data", choices=("refuse", "keep_held_out")),
+    "data_changed": O("refuse", "resuming on corpora whose content changed: refuse, or keep_held_out: train "
+                      "on the new content, keeping the run's held-out splits", "data",
+                      choices=("refuse", "keep_held_out")),
     "allow_train_overlap": O(False, "evaluate.py: score a split even where some of its sources were in the model's "
                              "training data (said loudly); false: refuse it", "data", frozenset({EVALUATE})),
     "seq_len": O(256, "longest sentence in tokens, [SOS] and [EOS] included; longer training pairs are dropped",
@@ -156,9 +157,8 @@ OPTIONS: dict[str, Option] = {
                                "and spaces", "cleaning", CLEANERS),
     "clean_samples": O(5, "removed pairs written beside the store (clean.py: shown) per reason", "cleaning",
                        CLEANERS, range=NON_NEGATIVE),
-    "clean_score_forward": O("", "checkpoint of a lang_src->lang_tgt model trained on these corpora: with "
-                             "clean_score_backward, the pairs the rules keep are scored by dual conditional "
-                             "cross-entropy and the best clean_score_keep kept (docs/cleaning.md); empty: no scoring",
+    "clean_score_forward": O("", "a lang_src->lang_tgt checkpoint: with clean_score_backward, pairs are scored "
+                             "by dual conditional cross-entropy, the best clean_score_keep kept (docs/cleaning.md)",
                              "cleaning", CLEANERS),
     "clean_score_backward": O("", "checkpoint of a lang_tgt->lang_src model trained on these corpora (see "
                               "clean_score_forward)", "cleaning", CLEANERS),
@@ -235,9 +235,9 @@ OPTIONS: dict[str, Option] = {
     "val_max_sentences": O(0, "distinct validation sources decoded, a fixed subset drawn with the seed; 0: all",
                            "validation", range=NON_NEGATIVE),
     "val_beam_size": O(5, "beam size of validation's decoding", "validation", range=AT_LEAST_ONE),
-    "confidence_sentences": O(1000, "distinct validation sources the confidence calibrator is fitted on at the end of "
-                              "training and by evaluate.py --fit_confidence (docs/glossary.md); 0: no fit at the end "
-                              "of training", "validation", frozenset({TRAIN, EVALUATE}), range=NON_NEGATIVE),
+    "confidence_sentences": O(1000, "validation sources the confidence calibrator is fitted on (docs/glossary.md); "
+                              "0: no fit at the end of training", "validation", frozenset({TRAIN, EVALUATE}),
+                              range=NON_NEGATIVE),
     "confidence_chrf_threshold": O(50.0, "the confidence calibrator's good translation: sentence chrF at least this",
                                    "validation", frozenset({TRAIN, EVALUATE}), range=Range(0, 100)),
     "num_examples": O(3, "validation examples printed and logged", "validation", range=NON_NEGATIVE),
@@ -266,9 +266,8 @@ OPTIONS: dict[str, Option] = {
     "average_min_gap_steps": O(0, "averaged checkpoints lie at least this many steps apart; 0: half their median "
                                "spacing", "checkpoints", DECODERS | {TRAIN, EXPORT}, range=NON_NEGATIVE),
     # ---- decoding
-    "split_sentences": O("auto", "split each line into sentences by the source language's rules (sentencex) and "
-                         "translate them together; auto: on in translate.py, serve.py and the page, off in evaluate.py "
-                         "and validation, which score line by line", "decoding", DECODERS | {TRAIN},
+    "split_sentences": O("auto", "split lines into sentences (sentencex); auto: on in translate.py and serve.py, "
+                         "off in evaluate.py and validation", "decoding", DECODERS | {TRAIN},
                          choices=("auto", "true", "false")),
     "beam_size": O(5, "beam width; 1: greedy search", "decoding", DECODERS, range=AT_LEAST_ONE),
     "length_penalty": O(1.0, "hypothesis scores are log-probability / length ** length_penalty", "decoding",
@@ -287,8 +286,8 @@ OPTIONS: dict[str, Option] = {
                               DECODERS | {TRAIN}, range=NON_NEGATIVE),
     "eval_batch_size": O(64, "sentences per decoding batch", "decoding", DECODERS | {TRAIN}, range=AT_LEAST_ONE),
     "target_lang": O("", "a model of several target languages: the one to translate into", "decoding", DECODERS),
-    "glossary": O("", "a TSV file of terms (source term TAB target term) whose target term a translation must hold "
-                  "where the source term occurs (docs/glossary.md); serve.py takes them per request", "decoding",
+    "glossary": O("", "a TSV file of terms (source TAB target): where a sentence holds the source term, "
+                  "its translation holds the target term (docs/glossary.md)", "decoding",
                   frozenset({TRANSLATE, EVALUATE})),
     "glossary_max_terms": O(10000, "terms a --glossary file may hold", "decoding", frozenset({TRANSLATE, EVALUATE}),
                             range=AT_LEAST_ONE),
