@@ -155,10 +155,7 @@ class DecodingOptions:
         the others as without a glossary. Raises TranslatorError for sampling."""
         if glossary is None:
             return self, ""
-        if self.sampling:
-            raise TranslatorError("a glossary constrains beam search: sampling takes none (drop --sampling_topk, "
-                                  "--sampling_topp or the glossary)")
-        beam = max(self.beam_size, glossary_beam_size)
+        beam = max(self.beam_size, glossary_beam_size)  # sampling with a glossary: refused by check()
         note = (f"sentences holding a glossary term are searched with beam size {beam} (glossary_beam_size), the "
                 f"others with {self.beam_size}") if beam > self.beam_size else ""
         return self.replace(glossary=glossary, constrained_beam_size=beam), note
