@@ -71,6 +71,14 @@ def test_bench_segmentation_counts_boundaries_as_it_defines_them(tmp_path: Path,
     assert bench_segmentation.main(["--data", f"{data}:test", "--libraries", "sentencex", "--json"]) == 0
     found = json.loads(capsys.readouterr().out)["set:test"]["sentencex"]
     assert found["joins"] == found["sentences"] - found["paragraphs"] > 5 and found["accuracy"] == 1.0
+    # --language it: the Italian side, with Italian rules ("sig." and "dott." end no sentence there,
+    # they do under English rules); the English side, two sentences a line, would split inside lines.
+    italian = ["Il sig. Rossi pagò 3,14 euro.", "Il dott. Bianchi venne a mezzogiorno.", "Pioveva.", "Restammo."] * 3
+    data = write_hub_dataset(tmp_path / "it", {"test": [("One. Two.", t) for t in italian]})
+    assert bench_segmentation.main(["--data", f"{data}:test", "--language", "it", "--libraries", "sentencex",
+                                    "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)["it:test"]["sentencex"]
+    assert found["joins"] > 5 and found["inside"] == 0 and found["accuracy"] == 1.0
 
 
 def test_noisy_corpus_replaces_a_seeded_share_by_kind(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
