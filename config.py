@@ -125,8 +125,8 @@ OPTIONS: dict[str, Option] = {
                                  "data", range=NON_NEGATIVE),
     "store_folder": O("stores", "where the tokenized data stores live, reused by restarts, resumes and every rank",
                       "data", frozenset({TRAIN, EVALUATE})),
-    "max_line_bytes": O(65536, "longest line of a corpus file in bytes: a longer one is skipped and counted, never "
-                        "read into memory whole; translate.py reads a longer input line in pieces of this size",
+    "max_line_bytes": O(65536, "longest corpus line in bytes: longer ones are skipped and counted, never read whole; "
+                               "translate.py reads a longer input line in pieces",
                         "data", frozenset({TRAIN, EVALUATE, CLEAN, TRANSLATE}), range=Range(64)),
     "data_changed": O("refuse", "resuming on corpora whose content changed: refuse, or keep_held_out: train "
                       "on the new content, keeping the run's held-out splits", "data",
@@ -157,8 +157,9 @@ OPTIONS: dict[str, Option] = {
                                "and spaces", "cleaning", CLEANERS),
     "clean_samples": O(5, "removed pairs written beside the store (clean.py: shown) per reason", "cleaning",
                        CLEANERS, range=NON_NEGATIVE),
-    "clean_score_forward": O("", "a lang_src->lang_tgt checkpoint: with clean_score_backward, pairs are scored "
-                             "by dual conditional cross-entropy, the best clean_score_keep kept (docs/cleaning.md)",
+    "clean_score_forward": O("", "a lang_src->lang_tgt checkpoint: with clean_score_backward, keep the "
+                                 "clean_score_keep of pairs best by dual conditional cross-entropy "
+                                 "(docs/cleaning.md)",
                              "cleaning", CLEANERS),
     "clean_score_backward": O("", "checkpoint of a lang_tgt->lang_src model trained on these corpora (see "
                               "clean_score_forward)", "cleaning", CLEANERS),
@@ -195,9 +196,12 @@ OPTIONS: dict[str, Option] = {
                       range=NON_NEGATIVE),
     "warmup_fraction": O(0.1, "warmup as a share of the run's steps, when warmup_steps is 0", "optimisation",
                          range=FRACTION),
-    "lr_schedule": O("inverse_sqrt", "decay after warmup: the paper's inverse square root, or cosine down to min_lr "
-                     "at the run's last step", "optimisation", choices=("inverse_sqrt", "cosine")),
-    "min_lr": O(1e-5, "the cosine schedule's final learning rate", "optimisation", range=NON_NEGATIVE),
+    "lr_schedule": O("inverse_sqrt", "decay after warmup: the paper's inverse square root, cosine to min_lr at "
+                     "the last step, or wsd (the peak held, then linear to min_lr over decay_fraction)",
+                     "optimisation", choices=("inverse_sqrt", "cosine", "wsd")),
+    "decay_fraction": O(0.2, "wsd: the share of the steps after warmup spent decaying", "optimisation",
+                        range=FRACTION),
+    "min_lr": O(1e-5, "the final learning rate of cosine and wsd", "optimisation", range=NON_NEGATIVE),
     "weight_decay": O(0.0, "AdamW's decay, on weight matrices only", "optimisation", range=NON_NEGATIVE),
     "adam_beta1": O(0.9, "AdamW's beta1", "optimisation", range=FRACTION),
     "adam_beta2": O(0.98, "AdamW's beta2 (the paper's)", "optimisation", range=FRACTION),
@@ -211,8 +215,8 @@ OPTIONS: dict[str, Option] = {
     "max_minutes": O(0.0, "wall-clock budget, validation included; 0: no limit", "run", range=NON_NEGATIVE),
     "seed": O(42, "seed of the weights, the data split, the batches and dropout (translate.py: of sampling)", "run",
               frozenset({TRAIN, TRANSLATE, SERVE, CLEAN}), identity=True),
-    "amp": O("auto", "mixed precision: auto is bf16 on CUDA from compute capability 8.0 (fp16 with a loss scaler "
-             "before) and on CPUs with AVX-512 BF16 or AMX, off elsewhere", "run", choices=("auto", "off", "bf16", "fp16")),
+    "amp": O("auto", "mixed precision: auto is bf16 on CUDA from compute capability 8.0 (before: fp16, loss-scaled) "
+                     "and on CPUs with AVX-512 BF16 or AMX, else off", "run", choices=("auto", "off", "bf16", "fp16")),
     "compile": O(False, "torch.compile the model for training", "run"),
     "deterministic": O(False, "torch.use_deterministic_algorithms: bit-exact repeats and resumes on CUDA, slower",
                        "run"),
@@ -250,8 +254,8 @@ OPTIONS: dict[str, Option] = {
                       "checkpoints", EVERY),
     "experiment_name": O("", "the run's name; empty: train.py derives it from the datasource and the language pair, "
                          "the other programs take the only run under model_folder", "checkpoints", EVERY),
-    "init_from": O("", "fine-tuning: a checkpoint whose weights, tokenizers, architecture and languages start this "
-                   "new experiment, with a fresh optimizer, schedule and step count", "checkpoints"),
+    "init_from": O("", "fine-tuning: a checkpoint whose weights, tokenizers, architecture and languages start a new "
+                       "experiment (fresh optimizer, schedule, steps)", "checkpoints"),
     "preload": O("latest", "latest: resume the newest good checkpoint if there is one; new: refuse a folder that "
                  "holds checkpoints; or a checkpoint path to continue", "checkpoints"),
     "keep_checkpoints": O(3, "checkpoints kept by rotation (the best one is always kept)", "checkpoints",
@@ -291,15 +295,16 @@ OPTIONS: dict[str, Option] = {
                   frozenset({TRANSLATE, EVALUATE})),
     "glossary_max_terms": O(10000, "terms a --glossary file may hold", "decoding", frozenset({TRANSLATE, EVALUATE}),
                             range=AT_LEAST_ONE),
-    "glossary_beam_size": O(10, "a sentence holding a glossary term is searched with a beam at least this wide "
-                            "(its constraints share the beam out); the others with beam_size", "decoding", DECODERS,
+    "glossary_beam_size": O(10, "beam width, at least, for a sentence holding a glossary term (its constraints share "
+                                "the beam); others use beam_size", "decoding", DECODERS,
                             range=Range(2)),
     "compute_type": O("auto", "--engine ctranslate2: the weights' type at run time; auto: per machine", "decoding",
                       DECODERS, choices=("auto", "default", "int8", "int8_float32", "int8_float16", "int8_bfloat16",
                                          "int16", "float16", "bfloat16", "float32")),
     # ---- serving
     "serve_max_sentences": O(32, "sentences in one request", "serving", frozenset({SERVE}), range=AT_LEAST_ONE),
-    "serve_max_chars": O(1000, "characters of a request's text (the string form) or of each sentence (the list form)", "serving", frozenset({SERVE}), range=AT_LEAST_ONE),
+    "serve_max_chars": O(1000, "characters of a request's text (the string form) or of each sentence (the list form)",
+                               "serving", frozenset({SERVE}), range=AT_LEAST_ONE),
     "serve_max_body_bytes": O(65536, "a larger request body gets 413", "serving", frozenset({SERVE}),
                               range=AT_LEAST_ONE),
     "serve_max_beam_size": O(8, "the largest beam_size a request may ask for", "serving", frozenset({SERVE}),
@@ -318,11 +323,11 @@ OPTIONS: dict[str, Option] = {
                                  frozenset({SERVE}), range=SECONDS),
     "serve_body_timeout_s": O(10.0, "a request body that takes longer to arrive gets 408", "serving",
                               frozenset({SERVE}), range=SECONDS),
-    "serve_header_timeout_s": O(5.0, "a connection that has not sent a whole request head this long after it opened "
-                                "(its TLS handshake included) or after its last answer is closed", "serving",
+    "serve_header_timeout_s": O(5.0, "close a connection that has not sent a whole request head this long after "
+                                     "opening (TLS handshake included) or its last answer", "serving",
                                 frozenset({SERVE}), range=SECONDS),
-    "serve_max_connections": O(4096, "open connections at most (fewer if the open-file limit is lower); at the limit "
-                               "a new one closes the longest-idle one, or with none idle gets 503", "serving",
+    "serve_max_connections": O(4096, "open connections at most (fewer under a lower open-file limit); at the limit a "
+                                     "new one closes the longest-idle, or gets 503", "serving",
                                frozenset({SERVE}), range=AT_LEAST_ONE),
     "serve_drain_grace_s": O(20.0, "on SIGTERM or Ctrl-C, how long the requests held may take (below Kubernetes' "
                              "30 s before SIGKILL)", "serving", frozenset({SERVE}),

@@ -7,8 +7,10 @@ steps the same optimizer).
 - `warmup_steps`: `--warmup_steps`, or when it is 0 `--warmup_fraction` of the run's steps: a GPU run
   on opus_books takes a few thousand steps, which the paper's fixed 4000 would spend warming up.
 - `lr_factor`: the multiplier of the peak lr after a number of optimizer steps: linear warmup, then
-  the paper's inverse square root (`--lr_schedule inverse_sqrt`) or a cosine decay to `--min_lr`
-  at the run's last step (`cosine`). train.py wraps it in a `LambdaLR`, which a checkpoint saves.
+  the paper's inverse square root (`--lr_schedule inverse_sqrt`), a cosine decay to `--min_lr`
+  at the run's last step (`cosine`), or warmup-stable-decay (`wsd`: the peak held, then a linear
+  decay to `--min_lr` over the last `--decay_fraction` of the steps after warmup; Hägele et al.
+  2024). train.py wraps it in a `LambdaLR`, which a checkpoint saves.
 """
 from __future__ import annotations
 
@@ -38,13 +40,17 @@ def warmup_steps(config: dict[str, Any], total_steps: int) -> int:
 def lr_factor(step: int, config: dict[str, Any], total_steps: int, warmup: int | None = None) -> float:
     """Multiplier of the peak lr after `step` optimizer steps: linear warmup (over `warmup` steps, by
     default the config's `warmup_steps`), then the paper's inverse square root (from the first step
-    when there is no warmup), or a cosine decay to min_lr at `total_steps`."""
+    when there is no warmup), a cosine decay to min_lr at `total_steps`, or the peak held until a
+    linear decay to min_lr over the last `decay_fraction` of the steps after warmup (wsd)."""
     step += 1
     warmup = warmup_steps(config, total_steps) if warmup is None else warmup
     if warmup and step < warmup:
         return step / warmup
     if config["lr_schedule"] == "inverse_sqrt":
         return math.sqrt(max(warmup, 1) / step)
-    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
     floor = config["min_lr"] / config["lr"]
+    if config["lr_schedule"] == "wsd":
+        decay = max(1, round(config["decay_fraction"] * (total_steps - warmup)))
+        return floor + (1 - floor) * min(1.0, max(0, total_steps - step) / decay)
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))

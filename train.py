@@ -349,6 +349,7 @@ class Trainer:
         # after its first steps (time_budget.py), unless the checkpoint it resumes holds a plan.
         self.planning, self.run_plan = plan_to_clock, None
         self.step_times: list[tuple[int, float, float]] = []  # (step, clock, validation seconds so far)
+        self.plan_mark: tuple[int, float, float] | None = None  # the same, when this invocation planned
         self.validation_seconds = 0.0
         self.watch = watch  # under torchrun: how the ranks wait on rank 0 and stop together (ranks.py)
         self.keep_freed = keep_freed  # apply cpu_kernels.keep_freed_memory once the data is ready
@@ -818,6 +819,7 @@ class Trainer:
             return
         plan = self.make_plan() if self.ranks.is_main else None
         self.follow(plan_from_dict(self.from_rank0(plan.as_dict() if plan is not None else None)))
+        self.plan_mark = (self.global_step, clock(), self.validation_seconds)
 
     def make_plan(self) -> Plan:
         """The plan from the timed steps (the first PLAN_SKIP_STEPS left out where there are more),
@@ -825,14 +827,37 @@ class Trainer:
         skip = min(PLAN_SKIP_STEPS, len(self.step_times) - 2)
         (first, started, validated), (last, ended, validated_end) = self.step_times[skip], self.step_times[-1]
         step_seconds = max(ended - started - (validated_end - validated), 0.0) / max(last - first, 1)
-        config = self.config
         validation_seconds, fit_seconds = self.estimated_validation_seconds()
+        return self.planned(step_seconds, validation_seconds, self.estimated_checkpoint_seconds(), fit_seconds, "")
+
+    def retime(self) -> None:
+        """Once, at the first epoch's end after the plan, by the invocation that made it: the plan
+        again with the step time measured over every step since (a dozen steps misjudged a whole
+        run by 6% on a shared machine, and the clock cut its schedule short), the estimates of a
+        validation, a checkpoint and the fit kept. Made before that epoch's checkpoint, which holds
+        it: a run resumed from there follows it bit for bit; one resumed earlier keeps the first plan."""
+        plan, mark = self.run_plan, self.plan_mark
+        if plan is None or mark is None or self.global_step - mark[0] < PLAN_TIMED_STEPS or \
+                self.global_step >= plan.total_steps:
+            return
+        self.plan_mark = None
+        retimed = None
+        if self.ranks.is_main:
+            step_seconds = max(clock() - mark[1] - (self.validation_seconds - mark[2]), 0.0) / (self.global_step - mark[0])
+            retimed = self.planned(step_seconds, plan.validation_seconds, plan.checkpoint_seconds, plan.final_seconds,
+                                   "re-timed ")
+        self.follow(plan_from_dict(self.from_rank0(retimed.as_dict() if retimed is not None else None)))
+
+    def planned(self, step_seconds: float, validation_seconds: float, checkpoint_seconds: float,
+                fit_seconds: float, label: str) -> Plan:
+        """The plan for what is left of the clock from here, logged and recorded in TensorBoard."""
+        config = self.config
         plan = plan_run(self.global_step, clock() - self.started, 60 * config["max_minutes"], step_seconds,
-                        validation_seconds, self.estimated_checkpoint_seconds(), self.steps_per_epoch,
+                        validation_seconds, checkpoint_seconds, self.steps_per_epoch,
                         config["validate_every_steps"], config["save_every_steps"], config["warmup_steps"],
                         config["warmup_fraction"], fit_seconds)
-        log(plan.describe())
-        self.writer.add_text("plan", plan.describe(), self.global_step)
+        log(label + plan.describe())
+        self.writer.add_text("plan", label + plan.describe(), self.global_step)
         for name in ("total_steps", "warmup_steps", "step_seconds", "validation_seconds", "expected_end_s"):
             self.writer.add_scalar(f"plan/{name}", getattr(plan, name), self.global_step)
         self.writer.add_scalar("plan/epochs", plan.epochs, self.global_step)
@@ -897,6 +922,8 @@ class Trainer:
         metrics = None
         if stop not in ("signal", "nonfinite"):
             metrics, stop = self.validate(graceful, stop)
+        if stop is None:
+            self.retime()
         self.save(metrics)
         return stop
 

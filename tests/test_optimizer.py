@@ -57,6 +57,16 @@ def test_cosine_schedule_ends_at_min_lr() -> None:
     assert lr_factor(99, config, 100) == pytest.approx(1e-2)
 
 
+def test_wsd_holds_the_peak_then_decays_linearly_to_min_lr() -> None:
+    # 10 steps of warmup, 90 after it: the last 30% (27 steps) decay, the 63 before hold the peak.
+    config = dict(get_config(), lr=1e-3, warmup_steps=10, lr_schedule="wsd", decay_fraction=0.3, min_lr=1e-5)
+    factors = [lr_factor(step, config, 100) for step in range(100)]
+    assert factors[9:73] == pytest.approx([1.0] * 64)
+    assert factors[73] < 1.0 and factors[99] == pytest.approx(1e-2)
+    drops = [a - b for a, b in zip(factors[72:], factors[73:])]
+    assert drops == pytest.approx([drops[0]] * len(drops)) and drops[0] == pytest.approx(0.99 / 27)
+
+
 def test_adamw_is_fused_on_cuda_and_foreach_elsewhere() -> None:
     """The parameters' device decides; on 'cuda' fake tensors (no GPU needed) the fused kernel is asked for."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode

@@ -46,6 +46,9 @@ def test_validations_are_counted_once_per_step() -> None:
     assert validations_until(0, 224, 112, 50) == 6  # 50, 100, 112, 150, 200, 224
 
 
+JUMP_AFTER_RETIME = 70  # a clock reading after the re-time and before the planned end
+
+
 class CountingClock:
     """A clock that advances 0.2 s at each reading: the same readings, the same plan."""
 
@@ -96,13 +99,22 @@ def test_a_planned_run_ends_its_schedule_at_the_planned_step_and_resumes_bit_exa
     assert lr_factor(plan["total_steps"] - 1, config, plan["total_steps"], plan["warmup_steps"]) == \
         pytest.approx(config["min_lr"] / config["lr"])
 
-    # The same run stopped by its clock half-way, after it planned, then resumed on a fresh clock.
-    stopped = CountingClock(jump_at=35)
-    assert run(planned, tmp_path / "resumed", stopped, monkeypatch) == 0
+    # The plan was re-timed once, at the first epoch's end after it, from every step since.
+    assert plan["planned_at_step"] % steps_per_epoch == 0 and plan["planned_at_step"] > steps_per_epoch
+    first_plan, retimed = log.split("re-timed plan for")
+    assert "plan for --max_minutes 0.5" in first_plan and f": {plan['total_steps']} steps" in retimed
+    assert log.count("re-timed plan for") == 1
+
+    # The same run stopped by its clock after the re-time, then resumed on a fresh clock: it follows
+    # the stored plan bit for bit.
+    assert run(planned, tmp_path / "resumed", CountingClock(jump_at=JUMP_AFTER_RETIME), monkeypatch) == 0
     first = capsys.readouterr().err
-    assert "plan for --max_minutes 0.5" in first and "reached --max_minutes 0.5" in first
+    assert "re-timed plan for --max_minutes 0.5" in first and "reached --max_minutes 0.5" in first
     halfway = final_state(planned, tmp_path / "resumed")
-    assert halfway["plan"] == plan and 0 < halfway["global_step"] < plan["total_steps"]
+    assert halfway["plan"] == plan and plan["planned_at_step"] <= halfway["global_step"] < plan["total_steps"]
+    config = parse_config([*planned, "--model_folder", str(tmp_path / "resumed" / "w")])
+    at_retime = load_checkpoint(weights_dir(config) / f"ckpt_{plan['planned_at_step']:08d}.pt")
+    assert at_retime["plan"] == plan  # the checkpoint of the re-time's epoch end holds the plan followed from there
     assert run(planned, tmp_path / "resumed", CountingClock(), monkeypatch) == 0
     second = capsys.readouterr().err
     assert "following the run's plan" in second and "plan for" not in second
@@ -110,6 +122,16 @@ def test_a_planned_run_ends_its_schedule_at_the_planned_step_and_resumes_bit_exa
     assert resumed["global_step"] == plan["total_steps"]
     for key, tensor in unbroken["model"].items():
         assert torch.equal(tensor, resumed["model"][key]), key
+
+    # Stopped before the re-time, a resumed run keeps the first plan: only the planning invocation
+    # has the timings to re-time it.
+    assert run(planned, tmp_path / "early", CountingClock(jump_at=35), monkeypatch) == 0
+    early = final_state(planned, tmp_path / "early")
+    assert early["plan"]["planned_at_step"] < plan["planned_at_step"] and early["global_step"] < plan["planned_at_step"]
+    capsys.readouterr()
+    assert run(planned, tmp_path / "early", CountingClock(), monkeypatch) == 0
+    assert "re-timed" not in capsys.readouterr().err
+    assert final_state(planned, tmp_path / "early")["global_step"] == early["plan"]["total_steps"]
 
 
 def test_an_explicit_length_means_what_it_says(planned: list[str], tmp_path: Path,
