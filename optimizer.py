@@ -37,6 +37,14 @@ def warmup_steps(config: dict[str, Any], total_steps: int) -> int:
     return config["warmup_steps"] or round(config["warmup_fraction"] * total_steps)
 
 
+def decay_start(config: dict[str, Any], total_steps: int, warmup: int) -> int:
+    """The step after which the learning rate starts to fall: wsd's last `decay_fraction` of the
+    steps after warmup (at least one step), or the warmup's end for the other schedules."""
+    if config["lr_schedule"] != "wsd":
+        return warmup
+    return total_steps - max(1, round(config["decay_fraction"] * (total_steps - warmup)))
+
+
 def lr_factor(step: int, config: dict[str, Any], total_steps: int, warmup: int | None = None) -> float:
     """Multiplier of the peak lr after `step` optimizer steps: linear warmup (over `warmup` steps, by
     default the config's `warmup_steps`), then the paper's inverse square root (from the first step
@@ -50,7 +58,7 @@ def lr_factor(step: int, config: dict[str, Any], total_steps: int, warmup: int |
         return math.sqrt(max(warmup, 1) / step)
     floor = config["min_lr"] / config["lr"]
     if config["lr_schedule"] == "wsd":
-        decay = max(1, round(config["decay_fraction"] * (total_steps - warmup)))
+        decay = total_steps - decay_start(config, total_steps, warmup)
         return floor + (1 - floor) * min(1.0, max(0, total_steps - step) / decay)
     progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))

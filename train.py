@@ -62,7 +62,7 @@ from diagnostics import log
 from device import pick_device
 from loss import loss_sum
 from model import Transformer, build_model, train_flops
-from optimizer import build_optimizer, lr_factor, warmup_steps
+from optimizer import build_optimizer, decay_start, lr_factor, warmup_steps
 from time_budget import PLAN_SKIP_STEPS, PLAN_TIMED_STEPS, Plan, plan_from_dict, plan_run
 from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
 from ranks import GracefulStop, RankFailed, Ranks, RankWatch, StopRequested, join_ranks
@@ -349,7 +349,8 @@ class Trainer:
         # after its first steps (time_budget.py), unless the checkpoint it resumes holds a plan.
         self.planning, self.run_plan = plan_to_clock, None
         self.step_times: list[tuple[int, float, float]] = []  # (step, clock, validation seconds so far)
-        self.plan_mark: tuple[int, float, float] | None = None  # the same, when this invocation planned
+        self.plan_mark: tuple[int, float, float, int] | None = None  # the same and validations, once planned here
+        self.validations = 0  # in this invocation
         self.validation_seconds = 0.0
         self.watch = watch  # under torchrun: how the ranks wait on rank 0 and stop together (ranks.py)
         self.keep_freed = keep_freed  # apply cpu_kernels.keep_freed_memory once the data is ready
@@ -819,7 +820,7 @@ class Trainer:
             return
         plan = self.make_plan() if self.ranks.is_main else None
         self.follow(plan_from_dict(self.from_rank0(plan.as_dict() if plan is not None else None)))
-        self.plan_mark = (self.global_step, clock(), self.validation_seconds)
+        self.plan_mark = (self.global_step, clock(), self.validation_seconds, self.validations)
 
     def make_plan(self) -> Plan:
         """The plan from the timed steps (the first PLAN_SKIP_STEPS left out where there are more),
@@ -831,21 +832,29 @@ class Trainer:
         return self.planned(step_seconds, validation_seconds, self.estimated_checkpoint_seconds(), fit_seconds, "")
 
     def retime(self) -> None:
-        """Once, at the first epoch's end after the plan, by the invocation that made it: the plan
-        again with the step time measured over every step since (a dozen steps misjudged a whole
-        run by 6% on a shared machine, and the clock cut its schedule short), the estimates of a
-        validation, a checkpoint and the fit kept. Made before that epoch's checkpoint, which holds
-        it: a run resumed from there follows it bit for bit; one resumed earlier keeps the first plan."""
+        """Once, by the invocation that planned, at the last epoch end before the learning rate
+        starts to fall (wsd: its decay; the others: warmup's end, so the first epoch's): the plan
+        again from the steps and validations measured since it, the checkpoint's and the fit's
+        estimates kept. On a shared machine a dozen steps and a young model's decoding misjudge a
+        run: one 15-minute plan came out 5.5% too long and the clock cut its schedule; another
+        counted 16 s a validation where they took about 8, and ended at 11.6 minutes. Until the
+        decay the learning rate does not depend on the run's length, so a wsd run loses nothing to
+        the wait. Made before that epoch's checkpoint, which holds it: a run resumed from there
+        follows it bit for bit; one resumed earlier keeps the first plan."""
         plan, mark = self.run_plan, self.plan_mark
         if plan is None or mark is None or self.global_step - mark[0] < PLAN_TIMED_STEPS or \
-                self.global_step >= plan.total_steps:
+                self.global_step >= plan.total_steps or \
+                self.global_step + self.steps_per_epoch <= decay_start(self.config, plan.total_steps,
+                                                                       plan.warmup_steps):
             return
         self.plan_mark = None
         retimed = None
         if self.ranks.is_main:
-            step_seconds = max(clock() - mark[1] - (self.validation_seconds - mark[2]), 0.0) / (self.global_step - mark[0])
-            retimed = self.planned(step_seconds, plan.validation_seconds, plan.checkpoint_seconds, plan.final_seconds,
-                                   "re-timed ")
+            validated = self.validation_seconds - mark[2]
+            step_seconds = max(clock() - mark[1] - validated, 0.0) / (self.global_step - mark[0])
+            validations = self.validations - mark[3]
+            retimed = self.planned(step_seconds, validated / validations if validations else plan.validation_seconds,
+                                   plan.checkpoint_seconds, plan.final_seconds, "re-timed ")
         self.follow(plan_from_dict(self.from_rank0(retimed.as_dict() if retimed is not None else None)))
 
     def planned(self, step_seconds: float, validation_seconds: float, checkpoint_seconds: float,
@@ -870,7 +879,9 @@ class Trainer:
         options, 0 without a fit). The sample is decoded to the length of its longest reference: a
         model this young rarely ends a sentence and would run every row to the cap (twice the source
         and more), costing a planned validation several times what it costs once the model writes
-        sentences of the references' lengths."""
+        sentences of the references' lengths. One that ends every sentence early (seen: a seed whose
+        plan counted 2.5 s a validation, where validations cost 8 s) has its time scaled to that
+        length."""
         if not self.val_pairs:
             return 0.0, 0.0
         config, started = self.config, clock()
@@ -886,8 +897,9 @@ class Trainer:
 
         def per_sentence(options: DecodingOptions) -> float:
             decode_started = clock()
-            translator.translate_batch(sources, options, longest + 1)  # [EOS] after the words
-            return (clock() - decode_started) / len(sample)
+            found = translator.translate_batch(sources, options, longest + 1)  # [EOS] after the words
+            ran = max(hypotheses[0].length for hypotheses in found)  # steps run, [EOS] included
+            return (clock() - decode_started) * (longest + 1) / max(ran, 1) / len(sample)
 
         validation = loss_seconds + per_sentence(DecodingOptions.from_config(
             config, beam_size=config["val_beam_size"], sampling_topk=0, sampling_topp=0.0, target_lang=lang_tgt)) * \
@@ -947,6 +959,7 @@ class Trainer:
         self.from_rank0()  # the others wait for rank 0's scores
         self.last_validation_seconds = clock() - validation_started
         self.validation_seconds += self.last_validation_seconds
+        self.validations += 1
         if metrics is not None:
             metric = self.config["best_metric"]
             if improves(metric, metrics[metric], self.best_value):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 import train
 from checkpoint import MANIFEST, load_checkpoint
 from config import parse_config, weights_dir
-from optimizer import lr_factor
+from optimizer import decay_start, lr_factor
 from synthetic_data import synthetic_pairs, write_hub_dataset
 from time_budget import plan_run, validations_until
 
@@ -157,3 +158,46 @@ def test_the_validation_estimate_decodes_to_the_references_length_not_the_cap(
     monkeypatch.setattr(TorchTranslator, "translate_batch", recorded)
     assert run(planned, tmp_path, CountingClock(), monkeypatch) == 0
     assert any(bound < cap for bound, cap in calls), calls  # the estimate's, below the cap validation decodes to
+
+
+
+def test_a_sample_that_ends_early_is_timed_as_if_it_ran_to_the_references_length(
+        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A young model that ends every sentence at its first step decodes the estimate's sample in a
+    moment; validations later run to the references' length. The estimate is scaled by the steps
+    the sample ran: the same clock readings give a plan with costlier validations."""
+    from decoding import Hypothesis
+    from translator import TorchTranslator
+    decode, estimates = TorchTranslator.translate_batch, {}
+    for ended_at in ("once", "the bound"):
+        calls = []
+
+        def sample_decoded(self, sources, options, max_tokens, *constraints):
+            calls.append(max_tokens)
+            if len(calls) <= 2:  # the plan's two decodings (validation, fit) come first
+                length = 1 if ended_at == "once" else max_tokens
+                return [[Hypothesis([], 0.0, 0.0, length, 0.0)] for _ in sources]
+            return decode(self, sources, options, max_tokens, *constraints)
+
+        monkeypatch.setattr(TorchTranslator, "translate_batch", sample_decoded)
+        assert run(planned, tmp_path / ended_at, CountingClock(), monkeypatch) == 0
+        estimates[ended_at] = final_state(planned, tmp_path / ended_at)["plan"]["validation_seconds"]
+    assert estimates["once"] > 2 * estimates["the bound"], estimates
+
+
+def test_a_wsd_plan_is_retimed_at_the_last_epoch_end_before_its_decay(
+        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """Until wsd's decay the learning rate does not depend on the run's length: the re-time waits
+    for the last epoch end before it, and uses the validations measured by then."""
+    args = [*planned, "--lr_schedule", "wsd", "--max_minutes", "1"]  # long enough that the decay is epochs away
+    assert run(args, tmp_path, CountingClock(), monkeypatch) == 0
+    log = capsys.readouterr().err
+    first_total = int(re.search(r"(?<!re-timed )plan for --max_minutes 1: (\d+) steps", log).group(1))
+    plan, config = final_state(args, tmp_path)["plan"], parse_config(args)
+    spe, retimed_at = plan["steps_per_epoch"], plan["planned_at_step"]
+    start = decay_start(config, first_total, plan["warmup_steps"])
+    assert retimed_at % spe == 0 and retimed_at <= start < retimed_at + spe and retimed_at > 2 * spe
+    assert f"re-timed plan for --max_minutes 1: {plan['total_steps']} steps" in log
+    first_plan = re.search(r"(?<!re-timed )plan for [^;]*? at [0-9.]+ s a step and ([0-9.]+) s a validation", log)
+    first_validation = float(first_plan.group(1))
+    assert plan["validation_seconds"] != pytest.approx(first_validation, abs=0.05)  # measured, not the estimate
