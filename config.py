@@ -128,16 +128,16 @@ OPTIONS: dict[str, Option] = {
     "max_line_bytes": O(65536, "longest corpus line in bytes: longer ones are skipped and counted, never read whole; "
                                "translate.py reads a longer input line in pieces",
                         "data", frozenset({TRAIN, EVALUATE, CLEAN, TRANSLATE}), range=Range(64)),
-    "data_changed": O("refuse", "resuming on corpora whose content changed: refuse, or keep_held_out: train "
-                      "on the new content, keeping the run's held-out splits", "data",
+    "data_changed": O("refuse", "resuming on corpora whose content changed: refuse, or keep_held_out (train on the "
+                                "new content, keep the held-out splits)", "data",
                       choices=("refuse", "keep_held_out")),
-    "allow_train_overlap": O(False, "evaluate.py: score a split even where some of its sources were in the model's "
-                             "training data (said loudly); false: refuse it", "data", frozenset({EVALUATE})),
+    "allow_train_overlap": O(False, "evaluate.py: score a split even where some sources were trained on (said "
+                                    "loudly); false: refuse it", "data", frozenset({EVALUATE})),
     "seq_len": O(256, "longest sentence in tokens, [SOS] and [EOS] included; longer training pairs are dropped",
                  "data", range=Range(3)),
     # ---- cleaning (cleaning.py): 0 or false turns a rule off
-    "clean": O(True, "clean the training split with the rules below before it is learned (scoring by models is "
-               "apart: clean_score_forward)", "cleaning"),
+    "clean": O(True, "clean the training split with the rules below before it is learned (model scoring: "
+                     "clean_score_forward)", "cleaning"),
     "clean_min_chars": O(1, "fewest characters on each side", "cleaning", CLEANERS, range=NON_NEGATIVE),
     "clean_max_chars": O(1000, "most characters on each side", "cleaning", CLEANERS, range=NON_NEGATIVE),
     "clean_bad_characters": O(True, "remove pairs with control, surrogate, private-use or replacement characters",
@@ -223,8 +223,8 @@ OPTIONS: dict[str, Option] = {
     "num_workers": O(-1, "DataLoader workers; -1: 2 on CUDA, 0 elsewhere", "run", range=Range(-1)),
     "device": O("auto", "auto: CUDA, else MPS, else CPU; naming a device that is not there is an error", "run",
                 frozenset({TRAIN, TRANSLATE, EVALUATE, SERVE, CLEAN}), choices=("auto", "cpu", "cuda", "mps")),
-    "keep_freed_memory": O(True, "on a CPU, glibc's malloc keeps freed memory for reuse (faster steps; the process "
-                           "keeps its peak heap until it exits)", "run"),
+    "keep_freed_memory": O(True, "on a CPU, glibc's malloc keeps freed memory for reuse (faster steps; the heap "
+                                 "stays at its peak)", "run"),
     "max_nonfinite_steps": O(10, "consecutive skipped (non-finite) steps before the run stops", "run",
                              range=AT_LEAST_ONE),
     "rank_timeout_s": O(60.0, "torchrun: seconds without a sign of life from a rank before every rank stops, "
@@ -240,7 +240,7 @@ OPTIONS: dict[str, Option] = {
                            "validation", range=NON_NEGATIVE),
     "val_beam_size": O(5, "beam size of validation's decoding", "validation", range=AT_LEAST_ONE),
     "confidence_sentences": O(1000, "validation sources the confidence calibrator is fitted on (docs/glossary.md); "
-                              "0: no fit at the end of training", "validation", frozenset({TRAIN, EVALUATE}),
+                                    "0: no fit after training", "validation", frozenset({TRAIN, EVALUATE}),
                               range=NON_NEGATIVE),
     "confidence_chrf_threshold": O(50.0, "the confidence calibrator's good translation: sentence chrF at least this",
                                    "validation", frozenset({TRAIN, EVALUATE}), range=Range(0, 100)),
@@ -252,20 +252,20 @@ OPTIONS: dict[str, Option] = {
     # ---- checkpoints
     "model_folder": O("weights", "where runs keep their checkpoints, tokenizers and config (weights/<experiment>)",
                       "checkpoints", EVERY),
-    "experiment_name": O("", "the run's name; empty: train.py derives it from the datasource and the language pair, "
-                         "the other programs take the only run under model_folder", "checkpoints", EVERY),
+    "experiment_name": O("", "the run's name; empty: train.py derives it from datasource and pair, the others take "
+                             "the only run under model_folder", "checkpoints", EVERY),
     "init_from": O("", "fine-tuning: a checkpoint whose weights, tokenizers, architecture and languages start a new "
                        "experiment (fresh optimizer, schedule, steps)", "checkpoints"),
-    "preload": O("latest", "latest: resume the newest good checkpoint if there is one; new: refuse a folder that "
-                 "holds checkpoints; or a checkpoint path to continue", "checkpoints"),
+    "preload": O("latest", "latest: resume the newest good checkpoint, if any; new: refuse a folder with "
+                           "checkpoints; or a checkpoint path to continue", "checkpoints"),
     "keep_checkpoints": O(3, "checkpoints kept by rotation (the best one is always kept)", "checkpoints",
                           range=AT_LEAST_ONE),
     "average_checkpoints": O(0, "at the end of training, save the average of the newest N checkpoints; 0: off",
                              "checkpoints", range=NON_NEGATIVE),
     "save_every_steps": O(0, "also checkpoint every N optimizer steps; 0: at epoch ends only", "checkpoints",
                           range=NON_NEGATIVE),
-    "checkpoint_choice": O("best", "the checkpoint to translate with: best (by best_metric on validation), latest, "
-                           "or average (training's average)", "checkpoints", DECODERS | {EXPORT},
+    "checkpoint_choice": O("best", "the checkpoint to translate with: best (best_metric on validation), latest, or "
+                                   "average (training's)", "checkpoints", DECODERS | {EXPORT},
                            choices=("best", "latest", "average")),
     "average_min_gap_steps": O(0, "averaged checkpoints lie at least this many steps apart; 0: half their median "
                                "spacing", "checkpoints", DECODERS | {TRAIN, EXPORT}, range=NON_NEGATIVE),
@@ -290,8 +290,8 @@ OPTIONS: dict[str, Option] = {
                               DECODERS | {TRAIN}, range=NON_NEGATIVE),
     "eval_batch_size": O(64, "sentences per decoding batch", "decoding", DECODERS | {TRAIN}, range=AT_LEAST_ONE),
     "target_lang": O("", "a model of several target languages: the one to translate into", "decoding", DECODERS),
-    "glossary": O("", "a TSV file of terms (source TAB target): where a sentence holds the source term, "
-                  "its translation holds the target term (docs/glossary.md)", "decoding",
+    "glossary": O("", "a TSV of terms (source TAB target): a sentence holding the source term is translated with the "
+                      "target term (docs/glossary.md)", "decoding",
                   frozenset({TRANSLATE, EVALUATE})),
     "glossary_max_terms": O(10000, "terms a --glossary file may hold", "decoding", frozenset({TRANSLATE, EVALUATE}),
                             range=AT_LEAST_ONE),
