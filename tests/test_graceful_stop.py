@@ -136,4 +136,7 @@ def test_signal_handled_inside_a_weakref_callback_still_stops(capfd: pytest.Capt
             del held
             time.sleep(5)  # the work, which the dropped exception would let go on
     assert reference() is None and graceful.terminated == (sig == signal.SIGTERM)
-    assert "Traceback" not in capfd.readouterr().err
+    # Python's report of the dropped exception (stderr is read at the descriptor, which a thread
+    # another test left behind in this worker may also write to: the names, not any traceback).
+    err = capfd.readouterr().err
+    assert "Exception ignored" not in err and stops_with.__name__ not in err, err
