@@ -279,6 +279,13 @@ def validation_loss(model: Transformer, val_ds: BilingualDataset, config: dict[s
 
 
 @torch.no_grad()
+def validation_options(config: dict[str, Any]) -> DecodingOptions:
+    """How validation decodes: `val_beam_size`, never sampling, the config's penalties. The held-out
+    splits are the first corpus's: in a model of several target languages, into its language."""
+    return DecodingOptions.from_config(config, beam_size=config["val_beam_size"], sampling_topk=0, sampling_topp=0.0,
+                                       target_lang=corpora(config)[0].lang_tgt)
+
+
 def validation_share(model: Transformer, val_ds: BilingualDataset, sources: list[str], tok_src, tok_tgt,
                      config: dict[str, Any], device: torch.device, rank: int = 0, world_size: int = 1) -> dict[str, Any]:
     """One rank's share of a validation, as plain data for rank 0: its share of the loss, and its
@@ -287,10 +294,7 @@ def validation_share(model: Transformer, val_ds: BilingualDataset, sources: list
     model.eval()
     total, tokens = validation_loss(model, val_ds, config, device, rank, world_size)
     translator = TorchTranslator(model, tok_src, tok_tgt, config)
-    # The held-out splits are the first corpus's: in a model of several target languages, its language.
-    hypotheses = translator.translate_best(sources[rank::world_size], DecodingOptions.from_config(
-        config, beam_size=config["val_beam_size"], sampling_topk=0, sampling_topp=0.0,
-        target_lang=corpora(config)[0].lang_tgt))
+    hypotheses = translator.translate_best(sources[rank::world_size], validation_options(config))
     model.train()
     return {"loss_sum": float(total), "tokens": tokens, "hypotheses": hypotheses}
 
@@ -901,9 +905,8 @@ class Trainer:
             ran = max(hypotheses[0].length for hypotheses in found)  # steps run, [EOS] included
             return (clock() - decode_started) * (longest + 1) / max(ran, 1) / len(sample)
 
-        validation = loss_seconds + per_sentence(DecodingOptions.from_config(
-            config, beam_size=config["val_beam_size"], sampling_topk=0, sampling_topp=0.0, target_lang=lang_tgt)) * \
-            len(self.val_sources) / self.ranks.world_size
+        validation = loss_seconds + per_sentence(validation_options(config)) * len(self.val_sources) / \
+            self.ranks.world_size
         fit = 0.0
         if config["confidence_sentences"] and self.ranks.is_main:
             fit = per_sentence(DecodingOptions.from_config(config, target_lang=lang_tgt)) * \
