@@ -34,7 +34,7 @@ from translator import TorchTranslator
 def print_report(name: str, split: str, report: CleaningReport) -> None:
     share = report.kept / report.seen if report.seen else 0.0
     print(f"{name} {report.pair} {split}: kept {report.kept} of {report.seen} pairs ({share:.2%}), "
-          f"NFC-normalised {report.normalized}")
+          f"sides swapped {report.swapped}, NFC-normalised {report.normalized}")
     for reason in REASONS:
         if reason in report.removed:
             print(f"  removed {reason:<15} {report.removed[reason]:>8}  ({report.removed[reason] / report.seen:.2%})")

@@ -1,8 +1,10 @@
 """Corpus cleaning: training pairs filtered by rules before they are learned, or scored by models.
 
 1. `Cleaner` is a streaming filter over (source, target) pairs of one language pair: each pair is
-   normalised to Unicode NFC, then judged by the rules below in order; the first that fires removes
-   it and names the reason. Kept pairs come out NFC-normalised. The cleaner counts removals by
+   normalised to Unicode NFC; its sides are exchanged when each reads as the other's language
+   (`swap_sides`: py3langid, `langid_pair_threshold` on both sides; a crawler's swapped pair is a
+   real translation, so it is repaired rather than lost); then it is judged by the rules below in
+   order; the first that fires removes it and names the reason. Kept pairs come out NFC-normalised. The cleaner counts removals by
    reason and keeps a bounded, seeded sample of each reason's pairs (`CleaningReport`), for the log,
    TensorBoard and a file beside the data store. The rules, each with its threshold in
    `CleaningSettings` (0 or False turns one off):
@@ -18,7 +20,7 @@
    - language: py3langid, whose probabilities are tempered by the text's length, so short
      sentences rarely reach a confident verdict (docs/cleaning.md): a side is removed when, between
      the pair's two languages, the other one's probability is at least `langid_pair_threshold`
-     (swapped sides, the target language on both sides), or when a third language's is at least
+     (the target language on both sides; swapped sides not repaired above), or when a third language's is at least
      `langid_other_threshold`. Languages py3langid does not know are not judged;
    - near_duplicate: the pair's normalised text (casefolded, punctuation and whitespace removed,
      digits kept) equals an earlier kept pair's: the first is kept. The set holds one 64-bit hash per
@@ -61,7 +63,7 @@ from precision import autocast_context, inference_dtype
 from tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_texts
 from translator import TorchTranslator, TranslatorError
 
-CLEANING_VERSION = 1  # bump when a rule changes what it removes: stores built with the old rules are rebuilt
+CLEANING_VERSION = 2  # bump when a rule changes what it removes: stores built with the old rules are rebuilt
 REASONS = ("too_short", "too_long", "bad_characters", "copy", "length_ratio", "script", "language", "near_duplicate")
 
 # The scripts of each language's letters, as the first word of their Unicode names (LATIN SMALL
@@ -108,6 +110,7 @@ class CleaningSettings:
     langid_pair_threshold: float = OPTIONS["clean_langid_pair_threshold"].default
     langid_other_threshold: float = OPTIONS["clean_langid_other_threshold"].default
     near_duplicates: bool = OPTIONS["clean_near_duplicates"].default
+    swap_sides: bool = OPTIONS["clean_swap_sides"].default
 
     def __post_init__(self) -> None:
         for name in ("min_chars", "max_chars", "ratio_min_chars"):
@@ -182,9 +185,7 @@ def language_verdict(text: str, own: str, other: str, pair_threshold: float, oth
     """Why `text`, one side of an `own`-`other` pair meant to be in `own`, reads as another language;
     "" when it may be `own` (module docstring). Both languages must be py3langid's."""
     identifier, columns = _identifier()
-    # _decide is the probability vector behind the public classify() and rank(); rank() would
-    # build and sort a list of all 140 languages per sentence, doubling the time (docs/cleaning.md).
-    probability = identifier._decide(text)
+    probability = _probabilities(text)
     mine, theirs = float(probability[columns[own]]), float(probability[columns[other]])
     if pair_threshold and mine + theirs > 0 and theirs / (mine + theirs) >= pair_threshold:
         return f"reads as {other} ({theirs / (mine + theirs):.2f} against {own})"
@@ -192,6 +193,14 @@ def language_verdict(text: str, own: str, other: str, pair_threshold: float, oth
     if other_threshold and identifier.nb_classes[top] != own and probability[top] >= other_threshold:
         return f"reads as {identifier.nb_classes[top]} ({probability[top]:.2f})"
     return ""
+
+
+@lru_cache(maxsize=4)  # the swap check and the language rule ask about the same pair's sides
+def _probabilities(text: str) -> np.ndarray:
+    """py3langid's probability of each language for `text` (columns: _identifier's)."""
+    # _decide is the probability vector behind the public classify() and rank(); rank() would
+    # build and sort a list of all 140 languages per sentence, doubling the time (docs/cleaning.md).
+    return _identifier()[0]._decide(text)
 
 
 class Removal(NamedTuple):
@@ -203,14 +212,16 @@ class Removal(NamedTuple):
 
 @dataclass
 class CleaningReport:
-    """What a Cleaner did: pairs seen and kept, those NFC changed, removals by reason, a sample of
-    each reason's pairs (row = position in the stream, from 0), and the rules it could not apply."""
+    """What a Cleaner did: pairs seen and kept, those NFC changed, kept pairs whose sides it
+    exchanged, removals by reason, a sample of each reason's pairs and of the swapped ones (row =
+    position in the stream, from 0), and the rules it could not apply."""
 
     pair: str
     settings: dict[str, Any]
     seen: int = 0
     kept: int = 0
     normalized: int = 0
+    swapped: int = 0
     removed: dict[str, int] = field(default_factory=dict)
     samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     unjudged: list[str] = field(default_factory=list)
@@ -219,7 +230,7 @@ class CleaningReport:
         """One line for the log."""
         removed = ", ".join(f"{self.removed[reason]} {reason}" for reason in REASONS if reason in self.removed)
         line = (f"cleaning {self.pair}: kept {self.kept} of {self.seen} pairs, removed {self.seen - self.kept}"
-                f"{f' ({removed})' if removed else ''}, NFC-normalised {self.normalized}")
+                f"{f' ({removed})' if removed else ''}, sides swapped {self.swapped}, NFC-normalised {self.normalized}")
         return line + "".join(f"; not judged: {note}" for note in self.unjudged)
 
     def as_dict(self) -> dict[str, Any]:
@@ -243,6 +254,7 @@ class Cleaner:
         self.samples_per_reason, self.random = samples_per_reason, random.Random(seed)
         self.report = CleaningReport(f"{lang_src}-{lang_tgt}", settings.describe())
         self.seen_keys: set[int] = set()
+        self.swaps = False
         self.rules = self._rules()
 
     def _rules(self) -> list[tuple[str, Callable[[str, str], str]]]:
@@ -261,6 +273,7 @@ class Cleaner:
             unknown = [lang for lang in self.languages if lang not in known_languages()]
             self.report.unjudged += [f"language {lang} (not one of py3langid's)" for lang in unknown]
             rules += [("language", self._language)] if not unknown else []
+            self.swaps = s.swap_sides and bool(s.langid_pair_threshold) and not unknown
         return rules + ([("near_duplicate", self._near_duplicate)] if s.near_duplicates else [])
 
     def _sides(self, src: str, tgt: str) -> list[tuple[str, str, str, str]]:
@@ -308,6 +321,12 @@ class Cleaner:
                 return f"{side} {verdict}"
         return ""
 
+    def _swapped_sides(self, src: str, tgt: str) -> str:
+        """What py3langid saw when each side reads as the other's language; "" otherwise."""
+        threshold = self.settings.langid_pair_threshold
+        verdicts = [language_verdict(text, lang, other, threshold, 0) for _, text, lang, other in self._sides(src, tgt)]
+        return f"source {verdicts[0]}, target {verdicts[1]}" if all(verdicts) else ""
+
     def _near_duplicate(self, src: str, tgt: str) -> str:
         key = text_hash(near_duplicate_key(src) + "\t" + near_duplicate_key(tgt))
         if key in self.seen_keys:
@@ -316,20 +335,28 @@ class Cleaner:
         return ""
 
     def judge(self, pair: Pair) -> Pair | Removal:
-        """The pair NFC-normalised if it is kept, else why it is removed; counted in the report."""
+        """The pair NFC-normalised (its sides exchanged where they read as each other's language) if
+        it is kept, else why it is removed; counted in the report."""
         src, tgt = (unicodedata.normalize("NFC", text) for text in pair)
         self.report.seen += 1
         self.report.normalized += (src, tgt) != tuple(pair)
+        swapped = self._swapped_sides(src, tgt) if self.swaps else ""
+        if swapped:
+            src, tgt = tgt, src
         for reason, rule in self.rules:
             detail = rule(src, tgt)
             if detail:
-                self._record(reason, detail, pair)
+                self.report.removed[reason] = self.report.removed.get(reason, 0) + 1
+                self._sample(reason, self.report.removed[reason], detail, pair)
                 return Removal(reason, detail)
         self.report.kept += 1
+        if swapped:  # counted among the kept pairs only: a swapped pair may still be removed above
+            self.report.swapped += 1
+            self._sample("swapped", self.report.swapped, swapped, pair)
         return src, tgt
 
-    def _record(self, reason: str, detail: str, pair: Pair) -> None:
-        count = self.report.removed[reason] = self.report.removed.get(reason, 0) + 1
+    def _sample(self, reason: str, count: int, detail: str, pair: Pair) -> None:
+        """Keep `pair`, the `count`th of its reason, in the reason's bounded uniform sample."""
         sample = {"row": self.report.seen - 1, "source": _printable(pair[0]), "target": _printable(pair[1]),
                   "detail": _printable(detail)}
         found = self.report.samples.setdefault(reason, [])
@@ -511,13 +538,15 @@ def report_line(report: dict[str, Any]) -> str:
 
 
 def cleaning_scalars(reports: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """TensorBoard's counts, summed over the corpora's reports: pairs seen and kept, and the pairs
-    removed for each reason (every rule's, 0 included, and "score" for scoring)."""
-    totals = {"seen": 0, "kept": 0, **dict.fromkeys(REASONS, 0), "score": 0}
+    """TensorBoard's counts, summed over the corpora's reports: pairs seen and kept, kept pairs whose
+    sides were swapped, and the pairs removed for each reason (every rule's, 0 included, and "score"
+    for scoring)."""
+    totals = {"seen": 0, "kept": 0, "swapped": 0, **dict.fromkeys(REASONS, 0), "score": 0}
     for report in reports:
         rules, scoring = report.get("rules"), report.get("scoring")
         totals["seen"] += rules["seen"] if rules else scoring["scored"]
         totals["kept"] += scoring["kept"] if scoring else rules["kept"]
+        totals["swapped"] += rules.get("swapped", 0) if rules else 0
         for reason, count in (rules["removed"] if rules else {}).items():
             totals[reason] += count
         totals["score"] += scoring["scored"] - scoring["kept"] if scoring else 0

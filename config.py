@@ -155,6 +155,8 @@ OPTIONS: dict[str, Option] = {
                                       "confidence", "cleaning", CLEANERS, range=Range(0, 1)),
     "clean_near_duplicates": O(True, "remove pairs equal to an earlier one once casefolded, without punctuation "
                                "and spaces", "cleaning", CLEANERS),
+    "clean_swap_sides": O(True, "swap a pair's sides back when each reads as the other's language",
+                          "cleaning", CLEANERS),
     "clean_samples": O(5, "removed pairs written beside the store (clean.py: shown) per reason", "cleaning",
                        CLEANERS, range=NON_NEGATIVE),
     "clean_score_forward": O("", "a lang_src->lang_tgt checkpoint: with clean_score_backward, keep the "

@@ -17,8 +17,9 @@ corpora carry:
 - boilerplate: navigation and footer lines of web pages (BOILERPLATE), translated or not, repeated.
 NOISY_FOLDER/noise.json lists the replaced rows of each kind (0-based). Then the corpus is read back
 as training reads it (dataset.py) and cleaned with cleaning.CleaningSettings' defaults; printed per
-kind: its rows, how many the cleaning removed, and by which rule; and over all, the precision (the
-share of removed rows that were noise) and recall (the share of noise rows removed). With
+kind: its rows, how many the cleaning removed, and by which rule, and how many it kept with their
+sides swapped back; and over all, the precision (the share of removed rows that were noise) and
+recall (the share of noise rows removed or swapped back). With
 `--score_forward CKPT --score_backward CKPT` (models trained each way on the folder) the pairs the
 rules keep are then scored by dual conditional cross-entropy and the best `--score_keep` kept; its
 removals count as the rule "score". Run again on a folder it wrote (same --seed and --fraction), it
@@ -120,7 +121,8 @@ def cleaning_by_kind(folder: Path, kinds: dict[str, list[int]], models: tuple[To
     backward) keep the best `keep` of what the rules kept; rows and removals (by rule) per kind."""
     kind_of = {index: kind for kind, indices in kinds.items() for index in indices}
     cleaner = Cleaner(CleaningSettings(), *PAIR)
-    table: dict[str, dict[str, Any]] = {kind: {"rows": 0, "removed": 0, "by_rule": {}} for kind in ("clean", *KINDS)}
+    table: dict[str, dict[str, Any]] = {kind: {"rows": 0, "removed": 0, "swapped": 0, "by_rule": {}}
+                                        for kind in ("clean", *KINDS)}
     kept: list[tuple[str, str]] = []
     kept_kinds: list[str] = []
     row = 0
@@ -128,7 +130,9 @@ def cleaning_by_kind(folder: Path, kinds: dict[str, list[int]], models: tuple[To
         for pair in batch:
             kind = kind_of.get(row, "clean")
             table[kind]["rows"] += 1
+            swapped = cleaner.report.swapped
             judged = cleaner.judge(pair)
+            table[kind]["swapped"] += cleaner.report.swapped - swapped
             if isinstance(judged, Removal):
                 table[kind]["by_rule"][judged.reason] = table[kind]["by_rule"].get(judged.reason, 0) + 1
             else:
@@ -148,8 +152,9 @@ def cleaning_by_kind(folder: Path, kinds: dict[str, list[int]], models: tuple[To
     noise = sum(table[kind]["rows"] for kind in KINDS)
     noise_removed = sum(table[kind]["removed"] for kind in KINDS)
     removed = noise_removed + table["clean"]["removed"]
+    repaired = table["swapped"]["swapped"]
     return {"kinds": table, "precision": noise_removed / removed if removed else 1.0,
-            "recall": noise_removed / noise if noise else 1.0, "summary": cleaner.report.summary()}
+            "recall": (noise_removed + repaired) / noise if noise else 1.0, "summary": cleaner.report.summary()}
 
 
 def noisy_folder(args: argparse.Namespace) -> dict[str, list[int]]:
@@ -168,12 +173,12 @@ def noisy_folder(args: argparse.Namespace) -> dict[str, list[int]]:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print("| kind | pairs | removed | share | by rule |")
-    print("|---|---|---|---|---|")
+    print("| kind | pairs | removed | share | swapped back | by rule |")
+    print("|---|---|---|---|---|---|")
     for kind, entry in result["kinds"].items():
         rules = ", ".join(f"{rule} {count}" for rule, count in sorted(entry["by_rule"].items()))
         print(f"| {kind} | {entry['rows']} | {entry['removed']} | {entry['removed'] / max(entry['rows'], 1):.1%} "
-              f"| {rules} |")
+              f"| {entry['swapped']} | {rules} |")
     print(f"precision {result['precision']:.4f}, recall {result['recall']:.4f}")
 
 

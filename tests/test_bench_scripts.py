@@ -110,7 +110,8 @@ def test_noisy_corpus_replaces_a_seeded_share_by_kind(tmp_path: Path, capsys: py
         assert (tmp_path / "noisy" / "en-it" / f"{split}.jsonl").read_bytes() == \
                (source / "en-it" / f"{split}.jsonl").read_bytes()
     table = result["kinds"]
-    assert table["clean"]["rows"] == 50 and table["copy"] == {"rows": 10, "removed": 10, "by_rule": {"copy": 10}}
+    assert table["clean"]["rows"] == 50 and table["copy"] == {"rows": 10, "removed": 10, "swapped": 0,
+                                                                "by_rule": {"copy": 10}}
     removed = sum(entry["removed"] for entry in table.values())
     assert result["precision"] == (removed - table["clean"]["removed"]) / removed
     again = ["--output", str(tmp_path / "noisy"), "--source", str(source), "--fraction", "0.5", "--json"]

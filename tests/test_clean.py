@@ -16,7 +16,9 @@ GOOD = [("The station is on the other side of the river.", "La stazione è dall'
 
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
-    train = GOOD + [("Tom is here.", "Tom is here."), (GOOD[1][1], GOOD[1][0]), GOOD[0]]
+    swapped = ("Il treno parte alle nove di sera, ma io resto a casa.",
+               "The train leaves at nine in the evening, but I stay at home.")
+    train = GOOD + [("Tom is here.", "Tom is here."), (GOOD[1][1], GOOD[2][1]), GOOD[0], swapped]
     return write_hub_dataset(tmp_path / "data", {"train": train, "test": GOOD[:1]})
 
 
@@ -24,12 +26,15 @@ def test_reports_each_reason_with_samples(corpus: Path, tmp_path: Path, capsys: 
     report = tmp_path / "report.json"
     assert clean.main(["--datasource", str(corpus), "--report", str(report)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "data en-it train: kept 3 of 6 pairs (50.00%), NFC-normalised 0"
-    assert out[1:4] == ["  removed copy                   1  (16.67%)",
-                        "  removed language               1  (16.67%)",
-                        "  removed near_duplicate         1  (16.67%)"]
-    assert "    row 5: 'Vorrei una tazza di caffè, per favore.' ||| 'I would like a cup of coffee, please.'  " \
+    assert out[0] == "data en-it train: kept 4 of 7 pairs (57.14%), sides swapped 1, NFC-normalised 0"
+    assert out[1:4] == ["  removed copy                   1  (14.29%)",
+                        "  removed language               1  (14.29%)",
+                        "  removed near_duplicate         1  (14.29%)"]
+    assert "    row 5: 'Vorrei una tazza di caffè, per favore.' ||| 'Domani mattina andiamo al mare.'  " \
            "[source reads as it (1.00 against en)]" in out
+    assert "    row 7: 'Il treno parte alle nove di sera, ma io resto a casa.' ||| 'The train leaves at nine in the " \
+           "evening, but I stay at home.'  [source reads as it (1.00 against en), target reads as en (1.00 against " \
+           "it)]" in out
     written = json.loads(report.read_text(encoding="utf-8"))
     assert [entry["removed"] for entry in written] == [{"copy": 1, "language": 1, "near_duplicate": 1}]
     assert written[0]["samples"]["copy"] == [{"row": 3, "source": "Tom is here.", "target": "Tom is here.",
@@ -39,7 +44,7 @@ def test_reports_each_reason_with_samples(corpus: Path, tmp_path: Path, capsys: 
 def test_a_threshold_turns_a_rule_off(corpus: Path, capsys: pytest.CaptureFixture) -> None:
     assert clean.main(["--datasource", str(corpus), "--clean_copies", "false", "--clean_near_duplicates", "no",
                        "--split", "test"]) == 0
-    assert capsys.readouterr().out == "data en-it test: kept 1 of 1 pairs (100.00%), NFC-normalised 0\n"
+    assert capsys.readouterr().out == "data en-it test: kept 1 of 1 pairs (100.00%), sides swapped 0, NFC-normalised 0\n"
 
 
 def exit_code(argv: list[str]) -> int:
@@ -69,15 +74,15 @@ def test_scores_the_kept_pairs_with_a_model_each_way(corpus: Path, tmp_path: Pat
     backward = untrained_checkpoint(tmp_path / "backward", [(t, s) for s, t in GOOD], "it", "en")
     report = tmp_path / "report.json"
     assert clean.main(["--datasource", str(corpus), "--clean_score_forward", str(forward), "--clean_score_backward",
-                       str(backward), "--clean_score_keep", "0.5", "--clean_samples", "2",
+                       str(backward), "--clean_score_keep", "0.6", "--clean_samples", "2",
                        "--report", str(report)]) == 0
     out = capsys.readouterr().out
     scoring = json.loads(report.read_text(encoding="utf-8"))[0]["scoring"]
-    assert (scoring["scored"], scoring["kept"], len(scoring["worst"])) == (3, 2, 2)  # 1.5 pairs, rounded up
-    assert {sample["row"] for sample in scoring["worst"]} <= {0, 1, 2}  # the rows the rules kept (GOOD's three)
-    # worst first; the second worst of three is the highest score the best two keep
+    assert (scoring["scored"], scoring["kept"], len(scoring["worst"])) == (4, 3, 2)  # 2.4 pairs, rounded up
+    assert {sample["row"] for sample in scoring["worst"]} <= {0, 1, 2, 6}  # the rows the rules kept
+    # worst first; the second worst of four is the highest score the best three keep
     assert scoring["worst"][0]["score"] >= scoring["worst"][1]["score"] == scoring["cut"]
-    assert f"  scored 3 kept pairs by dual conditional cross-entropy: keeping the best 2 (50%), scores up to " \
+    assert f"  scored 4 kept pairs by dual conditional cross-entropy: keeping the best 3 (60%), scores up to " \
            f"{scoring['cut']:.3f}\n" in out
     assert exit_code(["--datasource", str(corpus), "--clean_score_forward", str(backward), "--clean_score_backward",
                       str(forward)]) == 1

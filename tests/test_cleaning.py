@@ -62,12 +62,32 @@ def test_the_first_rule_that_fires_names_the_reason() -> None:
 
 
 def test_the_other_language_of_the_pair_and_a_third_language() -> None:
-    cleaner = Cleaner(CleaningSettings(), "en", "it")
+    cleaner = Cleaner(CleaningSettings(swap_sides=False), "en", "it")
     assert cleaner.judge((KEPT[1], KEPT[0])).detail == "source reads as it (1.00 against en)"
     french = cleaner.judge(("Il fait très beau aujourd'hui, mais demain il pleuvra.", "Oggi fa molto bello, ma domani pioverà."))
     assert french.detail.startswith("source reads as fr")
     german = cleaner.judge(("The weather is fine today, but tomorrow it will rain.", "Das Wetter ist heute schön, aber morgen regnet es."))
     assert german.detail.startswith("target reads as de")
+
+
+def test_swapped_sides_are_exchanged_counted_and_sampled() -> None:
+    """Both sides read as the other's language: the pair is kept the right way round; one side
+    alone (the target language on both sides) is still removed; off, the swapped pair is removed."""
+    train = ("The train leaves at nine in the evening, but I stay at home.",
+             "Il treno parte alle nove di sera, ma io resto a casa.")
+    cleaner = Cleaner(CleaningSettings(), "en", "it")
+    assert cleaner.judge(KEPT) == KEPT and cleaner.judge((train[1], train[0])) == train
+    assert cleaner.judge(CASES["language"][0]).reason == "language"
+    report = cleaner.report
+    assert (report.seen, report.kept, report.swapped, report.removed) == (3, 2, 1, {"language": 1})
+    assert report.samples["swapped"] == [{"row": 1, "source": train[1], "target": train[0], "detail":
+                                          "source reads as it (1.00 against en), target reads as en (1.00 against it)"}]
+    assert "sides swapped 1" in report.summary()
+    # A swapped pair goes on to the later rules as swapped: here it repeats the first pair.
+    near = Cleaner(CleaningSettings(), "en", "it")
+    near.judge(KEPT)
+    assert near.judge((KEPT[1], KEPT[0])).reason == "near_duplicate" and near.report.swapped == 0
+    assert Cleaner(CleaningSettings(swap_sides=False), "en", "it").judge((KEPT[1], KEPT[0])).reason == "language"
 
 
 def test_short_sentences_need_a_confident_verdict() -> None:
@@ -131,17 +151,18 @@ def test_report_lines_and_scalars() -> None:
     cleaner = Cleaner(CleaningSettings(), "en", "xx")
     list(cleaner.clean([KEPT, ("Tom.", "Tom.")]))
     report = cleaner.report
-    assert report.summary() == ("cleaning en-xx: kept 1 of 2 pairs, removed 1 (1 copy), NFC-normalised 0; "
+    assert report.summary() == ("cleaning en-xx: kept 1 of 2 pairs, removed 1 (1 copy), sides swapped 0, "
+                                "NFC-normalised 0; "
                                 "not judged: script of xx (not in cleaning.SCRIPTS); "
                                 "not judged: language xx (not one of py3langid's)")
-    rules_only = {"corpus": "data/first", "rules": report.as_dict(), "scoring": None}
+    rules_only = {"corpus": "data/first", "rules": {**report.as_dict(), "swapped": 3}, "scoring": None}
     scored = {"scored": 10, "keep": 0.5, "kept": 5, "cut": 1.25, "worst": []}
     both = {"corpus": "second.tsv.gz", "rules": report.as_dict(), "scoring": scored}
     assert report_line(both) == f"second: {report.summary()}; scoring by dual conditional cross-entropy kept the " \
                                 "best 5 of 10 (50%), scores up to 1.250"
     # seen: what the rules (else scoring) were asked about; kept: what is left after both
     assert cleaning_scalars([rules_only, both, {"corpus": "third", "rules": None, "scoring": scored}]) == \
-        {"seen": 2 + 2 + 10, "kept": 1 + 5 + 5, **{reason: 2 * (reason == "copy") for reason in REASONS},
+        {"seen": 2 + 2 + 10, "kept": 1 + 5 + 5, "swapped": 3, **{reason: 2 * (reason == "copy") for reason in REASONS},
          "score": 5 + 5}
 
 
@@ -184,7 +205,7 @@ def test_settings_from_config_reads_the_clean_keys() -> None:
 
 def test_the_description_names_the_rules_and_the_identifier() -> None:
     described = CleaningSettings().describe()
-    assert described["version"] == 1 and described["langid"] == "py3langid 0.4.0"
+    assert described["version"] == 2 and described["langid"] == "py3langid 0.4.0"
     assert "langid" not in CleaningSettings(langid_pair_threshold=0, langid_other_threshold=0).describe()
 
 

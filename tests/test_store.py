@@ -150,7 +150,7 @@ def test_filters_are_off_by_default_and_counted_when_on(tmp_path: Path, capsys: 
 # ---------------------------------------------------------------------------- cleaning
 
 NOISE = [("Tom is here.", "Tom is here."),  # copy
-         ("La stazione è dall'altra parte del fiume.", "The station is on the other side of the river."),  # language
+         ("La stazione è dall'altra parte del fiume.", "Il treno parte alle nove di sera."),  # language
          ("The word w3 is here!", "La parola w3 è qui!"),  # a near-duplicate of row 3
          ("The word café is here.", "La parola caffe\u0300 è qui.")]  # kept, NFC-normalised
 
@@ -165,7 +165,7 @@ def test_cleaning_removes_training_pairs_by_reason_and_keeps_the_report(tmp_path
     folder = write_hub_dataset(tmp_path / "data", {"train": train, "validation": held_out, "test": held_out})
     cleaned = text_store(config_for(folder, tmp_path))
     line = "data: cleaning en-it: kept 41 of 44 pairs, removed 3 (1 copy, 1 language, 1 near_duplicate), " \
-           "NFC-normalised 1"
+           "sides swapped 0, NFC-normalised 1"
     assert line in capsys.readouterr().err.splitlines()
     assert cleaned.pairs("train") == numbered_pairs(40) + [("The word café is here.", "La parola caffè è qui.")]
     assert cleaned.pairs("validation") == cleaned.pairs("test") == held_out
