@@ -258,7 +258,8 @@ class Cleaner:
         self.rules = self._rules()
 
     def _rules(self) -> list[tuple[str, Callable[[str, str], str]]]:
-        """(reason, rule) in the order they are asked; a rule returns what it saw, "" to keep the pair."""
+        """(reason, rule) in the order they are asked; a rule returns what it saw, "" to keep the pair.
+        Sets `swaps`: swapped sides are repaired only where py3langid knows both languages."""
         s = self.settings
         rules = [("too_short", self._too_short)] if s.min_chars else []
         rules += [("too_long", self._too_long)] if s.max_chars else []
