@@ -425,7 +425,7 @@ def test_other_cleaning_settings_mid_epoch_resume_at_the_next_epoch(stopped_mid_
     assert f"data: cleaning en-it: kept {report['kept']} of {report['seen']} pairs" in err
     events = EventAccumulator(str(runs_dir(parse_config(stopped_mid_epoch))), size_guidance={"scalars": 0})
     events.Reload()
-    for name, count in (("seen", report["seen"]), ("kept", report["kept"]),
+    for name, count in (("seen", report["seen"]), ("kept", report["kept"]), ("swapped", report["swapped"]),
                         ("near_duplicate", report["removed"]["near_duplicate"]), ("score", 0)):
         assert [(e.step, e.value) for e in events.Scalars(f"data/cleaning/{name}")] == [(5, count), (7, count)]
 
