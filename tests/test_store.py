@@ -152,34 +152,38 @@ def test_filters_are_off_by_default_and_counted_when_on(tmp_path: Path, capsys: 
 NOISE = [("Tom is here.", "Tom is here."),  # copy
          ("La stazione è dall'altra parte del fiume.", "Il treno parte alle nove di sera."),  # language
          ("The word w3 is here!", "La parola w3 è qui!"),  # a near-duplicate of row 3
-         ("The word café is here.", "La parola caffe\u0300 è qui.")]  # kept, NFC-normalised
+         ("The word café is here.", "La parola caffe\u0300 è qui."),  # kept, NFC-normalised
+         ("Il treno parte alle nove di sera, ma io resto a casa.",
+          "The train leaves at nine in the evening, but I stay at home.")]  # kept, its sides swapped back
 
 
 def test_cleaning_removes_training_pairs_by_reason_and_keeps_the_report(tmp_path: Path,
                                                                        capsys: pytest.CaptureFixture) -> None:
-    """Only train is cleaned, kept pairs NFC-normalised; the counts and samples (rows numbered as the
+    """Only train is cleaned, kept pairs NFC-normalised and swapped sides put back; the counts and samples (rows numbered as the
     corpus's training pairs) are logged in one line and written beside the store, and read back when
     it is reused; --clean false and every setting have stores of their own."""
     train = numbered_pairs(40) + NOISE
     held_out = [NOISE[0], *numbered_pairs(3, "v")]  # the held-out splits are never cleaned
     folder = write_hub_dataset(tmp_path / "data", {"train": train, "validation": held_out, "test": held_out})
     cleaned = text_store(config_for(folder, tmp_path))
-    line = "data: cleaning en-it: kept 41 of 44 pairs, removed 3 (1 copy, 1 language, 1 near_duplicate), " \
-           "sides swapped 0, NFC-normalised 1"
+    line = "data: cleaning en-it: kept 42 of 45 pairs, removed 3 (1 copy, 1 language, 1 near_duplicate), " \
+           "sides swapped 1, NFC-normalised 1"
     assert line in capsys.readouterr().err.splitlines()
-    assert cleaned.pairs("train") == numbered_pairs(40) + [("The word café is here.", "La parola caffè è qui.")]
+    assert cleaned.pairs("train") == numbered_pairs(40) + [("The word café is here.", "La parola caffè è qui."),
+                                                           (NOISE[4][1], NOISE[4][0])]
     assert cleaned.pairs("validation") == cleaned.pairs("test") == held_out
     report = json.loads((cleaned.folder / store.CLEANING_FILE).read_text(encoding="utf-8"))
     assert report == cleaned.cleaning() and report["scoring"] is None
     assert report["rules"]["removed"] == {"copy": 1, "language": 1, "near_duplicate": 1}
     assert {reason: [(sample["row"], sample["source"]) for sample in samples]
             for reason, samples in report["rules"]["samples"].items()} == \
-        {"copy": [(40, NOISE[0][0])], "language": [(41, NOISE[1][0])], "near_duplicate": [(42, NOISE[2][0])]}
+        {"copy": [(40, NOISE[0][0])], "language": [(41, NOISE[1][0])], "near_duplicate": [(42, NOISE[2][0])],
+         "swapped": [(44, NOISE[4][0])]}
     assert text_store(config_for(folder, tmp_path)).folder == cleaned.folder
     assert "building" not in (err := capsys.readouterr().err) and line in err.splitlines()
     plain = text_store(config_for(folder, tmp_path, clean=False))
     assert plain.folder != cleaned.folder and plain.pairs("train") == train and plain.cleaning() is None
-    assert text_store(config_for(folder, tmp_path, clean_near_duplicates=False)).size("train") == 42
+    assert text_store(config_for(folder, tmp_path, clean_near_duplicates=False)).size("train") == 43
 
 
 def test_carving_is_the_same_with_cleaning_on_or_off(tmp_path: Path) -> None:
