@@ -278,7 +278,6 @@ def validation_loss(model: Transformer, val_ds: BilingualDataset, config: dict[s
     return total, tokens
 
 
-@torch.no_grad()
 def validation_options(config: dict[str, Any]) -> DecodingOptions:
     """How validation decodes: `val_beam_size`, never sampling, the config's penalties. The held-out
     splits are the first corpus's: in a model of several target languages, into its language."""
@@ -286,6 +285,7 @@ def validation_options(config: dict[str, Any]) -> DecodingOptions:
                                        target_lang=corpora(config)[0].lang_tgt)
 
 
+@torch.no_grad()
 def validation_share(model: Transformer, val_ds: BilingualDataset, sources: list[str], tok_src, tok_tgt,
                      config: dict[str, Any], device: torch.device, rank: int = 0, world_size: int = 1) -> dict[str, Any]:
     """One rank's share of a validation, as plain data for rank 0: its share of the loss, and its
