@@ -4,9 +4,9 @@
    normalised to Unicode NFC; its sides are exchanged when each reads as the other's language
    (`swap_sides`: py3langid, `langid_pair_threshold` on both sides; a crawler's swapped pair is a
    real translation, so it is repaired rather than lost); then it is judged by the rules below in
-   order; the first that fires removes it and names the reason. Kept pairs come out NFC-normalised. The cleaner counts removals by
-   reason and keeps a bounded, seeded sample of each reason's pairs (`CleaningReport`), for the log,
-   TensorBoard and a file beside the data store. The rules, each with its threshold in
+   order; the first that fires removes it and names the reason. Kept pairs come out NFC-normalised.
+   The cleaner counts removals by reason and keeps a bounded, seeded sample of each reason's pairs
+   (`CleaningReport`), for the log, TensorBoard and a file beside the data store. The rules, each with its threshold in
    `CleaningSettings` (0 or False turns one off):
    - too_short / too_long: a side with fewer than `min_chars` or more than `max_chars` characters;
    - bad_characters: a control character (tab and line breaks aside), a private-use or surrogate
@@ -20,8 +20,8 @@
    - language: py3langid, whose probabilities are tempered by the text's length, so short
      sentences rarely reach a confident verdict (docs/cleaning.md): a side is removed when, between
      the pair's two languages, the other one's probability is at least `langid_pair_threshold`
-     (the target language on both sides; swapped sides not repaired above), or when a third language's is at least
-     `langid_other_threshold`. Languages py3langid does not know are not judged;
+     (the target language on both sides; swapped sides not repaired above), or when a third
+     language's is at least `langid_other_threshold`. Languages py3langid does not know are not judged;
    - near_duplicate: the pair's normalised text (casefolded, punctuation and whitespace removed,
      digits kept) equals an earlier kept pair's: the first is kept. The set holds one 64-bit hash per
      kept pair (about 70 bytes each in Python: 700 MB for 10 million pairs).
