@@ -16,6 +16,7 @@ from config import parse_config, weights_dir
 from optimizer import decay_start, lr_factor
 from synthetic_data import synthetic_pairs, write_hub_dataset
 from time_budget import plan_run, validations_until
+from tokenizer import EOS_ID
 
 
 def test_the_plan_fills_the_budget_with_steps_validations_and_checkpoints() -> None:
@@ -161,28 +162,30 @@ def test_the_validation_estimate_decodes_to_the_references_length_not_the_cap(
 
 
 
-def test_a_sample_that_ends_early_is_timed_as_if_it_ran_to_the_references_length(
+def test_a_sample_that_ends_at_once_is_timed_as_if_it_ran_to_the_references_length(
         planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A young model that ends every sentence at its first step decodes the estimate's sample in a
-    moment; validations later run to the references' length. The estimate is scaled by the steps
-    the sample ran: the same clock readings give a plan with costlier validations."""
-    from decoding import Hypothesis
+    """A young model may end every sentence at its first step and decode the estimate's sample in
+    a moment; validations later run to the references' length. The plan's decodes run to the bound
+    they are given whatever the model writes."""
+    from model import Transformer
     from translator import TorchTranslator
-    decode, estimates = TorchTranslator.translate_batch, {}
-    for ended_at in ("once", "the bound"):
-        calls = []
+    project, decode, ran = Transformer.project, TorchTranslator.translate_batch, []
 
-        def sample_decoded(self, sources, options, max_tokens, *constraints):
-            calls.append(max_tokens)
-            if len(calls) <= 2:  # the plan's two decodings (validation, fit) come first
-                length = 1 if ended_at == "once" else max_tokens
-                return [[Hypothesis([], 0.0, 0.0, length, 0.0)] for _ in sources]
-            return decode(self, sources, options, max_tokens, *constraints)
+    def ends_at_once(self, x):  # in evaluation, [EOS] first, far ahead of every other token
+        logits = project(self, x)
+        return logits if self.training else logits.index_fill(-1, torch.tensor([EOS_ID], device=x.device), 1e4)
 
-        monkeypatch.setattr(TorchTranslator, "translate_batch", sample_decoded)
-        assert run(planned, tmp_path / ended_at, CountingClock(), monkeypatch) == 0
-        estimates[ended_at] = final_state(planned, tmp_path / ended_at)["plan"]["validation_seconds"]
-    assert estimates["once"] > 2 * estimates["the bound"], estimates
+    def recorded(self, sources, options, max_tokens, *constraints):
+        found = decode(self, sources, options, max_tokens, *constraints)
+        ran.append((max_tokens, {hypotheses[0].length for hypotheses in found}))
+        return found
+
+    monkeypatch.setattr(Transformer, "project", ends_at_once)
+    monkeypatch.setattr(TorchTranslator, "translate_batch", recorded)
+    assert run(planned, tmp_path, CountingClock(), monkeypatch) == 0
+    (validation_bound, validation_ran), (fit_bound, fit_ran) = ran[:2]  # the plan's decodes come first
+    assert validation_ran == {validation_bound} and fit_ran == {fit_bound}, ran[:2]
+    assert ran[2][1] == {1}, ran[2]  # validation itself: the model ends every sentence at once
 
 
 def test_a_wsd_plan_is_retimed_at_the_last_epoch_end_before_its_decay(
