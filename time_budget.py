@@ -6,10 +6,11 @@ short (Li et al., "Budgeted training", ICLR 2020). With `--max_minutes` and neit
 nor `--max_steps` given, train.py measures its first steps (after a few warm-up steps, and any
 compile), estimates a validation and a checkpoint, and `plan_run` fixes the run's length in steps,
 and with it the learning-rate schedule: the warmup keeps its length in steps (at most half the
-run), the decay ends at the planned step. At the last epoch end before the learning rate starts
-to fall (wsd's decay; the first epoch's end for the other schedules), the invocation that planned
-re-times the plan once from the steps and validations it measured since (a dozen steps and a young
-model's decoding are a small sample of a shared machine). The plan is stored in every checkpoint
+run), the decay ends at the planned step. The invocation that planned re-times the plan from the
+steps and validations it measured (a dozen steps and a young model's decoding are a small sample
+of a shared machine, and a GPU's first epoch pays once for each new batch shape): at every epoch
+end while the learning rate does not depend on the run's length (inverse square root; wsd until
+its decay), once for cosine (train.Trainer.retime). The plan is stored in every checkpoint
 and followed by a resumed run, so a resume stays bit-exact (it depends on the machine's speed: two
 runs of one seed on different machines differ).
 """

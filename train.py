@@ -380,6 +380,7 @@ class Trainer:
         self.planning, self.run_plan = plan_to_clock, None
         self.step_times: list[tuple[int, float, float]] = []  # (step, clock, validation seconds so far)
         self.plan_mark: tuple[int, float, float, int] | None = None  # the same and validations, once planned here
+        self.retimed = False  # re-timed since planning: later re-times measure from the first
         self.validations = 0  # in this invocation
         self.validation_seconds = 0.0
         self.watch = watch  # under torchrun: how the ranks wait on rank 0 and stop together (ranks.py)
@@ -862,22 +863,24 @@ class Trainer:
         return self.planned(step_seconds, validation_seconds, self.estimated_checkpoint_seconds(), fit_seconds, "")
 
     def retime(self) -> None:
-        """Once, by the invocation that planned, at the last epoch end before the learning rate
-        starts to fall (wsd: its decay; the others: warmup's end, so the first epoch's): the plan
-        again from the steps and validations measured since it, the checkpoint's and the fit's
-        estimates kept. On a shared machine a dozen steps and a young model's decoding misjudge a
-        run: one 15-minute plan came out 5.5% too long and the clock cut its schedule; another
-        counted 16 s a validation where they took about 8, and ended at 11.6 minutes. Until the
-        decay the learning rate does not depend on the run's length, so a wsd run loses nothing to
-        the wait. Made before that epoch's checkpoint, which holds it: a run resumed from there
-        follows it bit for bit; one resumed earlier keeps the first plan."""
-        plan, mark = self.run_plan, self.plan_mark
+        """At an epoch end, by the invocation that planned: the plan again from the steps and
+        validations measured, the checkpoint's and the fit's estimates kept. Where the learning rate
+        does not depend on the run's length (inverse square root; wsd until its decay), at every
+        epoch end, from the first epoch's end on: a first epoch pays once for each new batch shape
+        (on an H200 a paper-base epoch of tatoeba took 17.5 s and the next ones 1.9 and 1.6; planned
+        from it, a 2-minute run ended at 1.2). Cosine, whose every step depends on the length: once,
+        at the last epoch end before warmup's end. On a shared machine a dozen steps and a young
+        model's decoding misjudge a run too (a 15-minute plan came out 5.5% too long and the clock
+        cut its schedule). Made before the epoch's checkpoint, which holds it: a run resumed from
+        there follows it bit for bit and keeps it (only the invocation that planned re-times)."""
+        plan, mark, config = self.run_plan, self.plan_mark, self.config
         if plan is None or mark is None or self.global_step - mark[0] < PLAN_TIMED_STEPS or \
-                self.global_step >= plan.total_steps or \
-                self.global_step + self.steps_per_epoch <= decay_start(self.config, plan.total_steps,
-                                                                       plan.warmup_steps):
+                self.global_step >= plan.total_steps:
             return
-        self.plan_mark = None
+        start = decay_start(config, plan.total_steps, plan.warmup_steps)
+        again = config["lr_schedule"] == "inverse_sqrt" or (config["lr_schedule"] == "wsd" and self.global_step < start)
+        if not again and (self.retimed or self.global_step + self.steps_per_epoch <= start):
+            return
         retimed = None
         if self.ranks.is_main:
             validated = self.validation_seconds - mark[2]
@@ -885,6 +888,11 @@ class Trainer:
             validations = self.validations - mark[3]
             retimed = self.planned(step_seconds, validated / validations if validations else plan.validation_seconds,
                                    plan.checkpoint_seconds, plan.final_seconds, "re-timed ")
+        if not again:
+            self.plan_mark = None
+        elif not self.retimed:
+            self.plan_mark = (self.global_step, clock(), self.validation_seconds, self.validations)
+        self.retimed = True
         self.follow(plan_from_dict(self.from_rank0(retimed.as_dict() if retimed is not None else None)))
 
     def planned(self, step_seconds: float, validation_seconds: float, checkpoint_seconds: float,

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
 from checkpoint import MANIFEST, load_checkpoint
-from config import parse_config, weights_dir
+from config import parse_config, runs_dir, weights_dir
 from optimizer import decay_start, lr_factor
 from synthetic_data import synthetic_pairs, write_hub_dataset
 from time_budget import plan_run, validations_until
@@ -52,14 +53,16 @@ JUMP_AFTER_RETIME = 70  # a clock reading after the re-time and before the plann
 
 
 class CountingClock:
-    """A clock that advances 0.2 s at each reading: the same readings, the same plan."""
+    """A clock that advances 0.2 s at each reading (1 s at the readings in `slow`): the same
+    readings, the same plan."""
 
-    def __init__(self, jump_at: int | None = None) -> None:
-        self.readings, self.jump_at = itertools.count(), jump_at
+    def __init__(self, jump_at: int | None = None, slow: range = range(0)) -> None:
+        self.readings, self.jump_at, self.slow, self.now = itertools.count(), jump_at, slow, 0.0
 
     def __call__(self) -> float:
         reading = next(self.readings)
-        return 0.2 * reading + (1e6 if self.jump_at is not None and reading >= self.jump_at else 0.0)
+        self.now += 1.0 if reading in self.slow else 0.2
+        return self.now + (1e6 if self.jump_at is not None and reading >= self.jump_at else 0.0)
 
 
 @pytest.fixture
@@ -190,17 +193,48 @@ def test_a_sample_that_ends_at_once_is_timed_as_if_it_ran_to_the_references_leng
 
 def test_a_wsd_plan_is_retimed_at_the_last_epoch_end_before_its_decay(
         planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    """Until wsd's decay the learning rate does not depend on the run's length: the re-time waits
-    for the last epoch end before it, and uses the validations measured by then."""
+    """Until wsd's decay the learning rate does not depend on the run's length: the plan is
+    re-timed at every epoch end before it, the last one the last epoch end before the decay, and
+    uses the validations measured by then; never once the decay has begun."""
     args = [*planned, "--lr_schedule", "wsd", "--max_minutes", "1"]  # long enough that the decay is epochs away
     assert run(args, tmp_path, CountingClock(), monkeypatch) == 0
     log = capsys.readouterr().err
-    first_total = int(re.search(r"(?<!re-timed )plan for --max_minutes 1: (\d+) steps", log).group(1))
     plan, config = final_state(args, tmp_path)["plan"], parse_config(args)
     spe, retimed_at = plan["steps_per_epoch"], plan["planned_at_step"]
-    start = decay_start(config, first_total, plan["warmup_steps"])
-    assert retimed_at % spe == 0 and retimed_at <= start < retimed_at + spe and retimed_at > 2 * spe
+    start = decay_start(config, plan["total_steps"], plan["warmup_steps"])
+    assert retimed_at % spe == 0 and retimed_at < start <= retimed_at + spe and retimed_at > 2 * spe
+    events = EventAccumulator(str(runs_dir(parse_config([*args, "--runs_folder", str(tmp_path / "r")]))),
+                              size_guidance={"scalars": 0})
+    events.Reload()
+    planned_at = [event.step for event in events.Scalars("plan/total_steps")]
+    assert len(planned_at) > 5 and planned_at[-1] == retimed_at, planned_at  # re-timed at epoch ends, not once
+    assert all(step % spe == 0 for step in planned_at[1:]), planned_at
     assert f"re-timed plan for --max_minutes 1: {plan['total_steps']} steps" in log
     first_plan = re.search(r"(?<!re-timed )plan for [^;]*? at [0-9.]+ s a step and ([0-9.]+) s a validation", log)
     first_validation = float(first_plan.group(1))
     assert plan["validation_seconds"] != pytest.approx(first_validation, abs=0.05)  # measured, not the estimate
+
+
+def plan_scalars(args: list[str], folder: Path, name: str) -> list[tuple[int, float]]:
+    events = EventAccumulator(str(runs_dir(parse_config([*args, "--runs_folder", str(folder / "r")]))),
+                              size_guidance={"scalars": 0})
+    events.Reload()
+    return [(event.step, event.value) for event in events.Scalars(f"plan/{name}")]
+
+
+def test_an_inverse_sqrt_plan_is_retimed_at_every_epoch_end_from_the_first_epochs_end_on(
+        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After warmup the inverse square root does not depend on the run's length: re-timed at every
+    epoch end. A first epoch pays once for each new batch shape (a GPU's first epoch ran 6x slower
+    than the next): slow clock readings before the first re-time inflate that one, not the last."""
+    args = [*planned, "--lr_schedule", "inverse_sqrt", "--max_minutes", "1"]
+    step_seconds = {}
+    for name, clock in (("even", CountingClock()), ("slow first epochs", CountingClock(slow=range(35, 45)))):
+        assert run(args, tmp_path / name, clock, monkeypatch) == 0
+        step_seconds[name] = plan_scalars(args, tmp_path / name, "step_seconds")
+    spe = final_state(args, tmp_path / "even")["plan"]["steps_per_epoch"]
+    planned_at = [step for step, _ in step_seconds["even"]]
+    assert len(planned_at) > 5 and all(step % spe == 0 for step in planned_at), planned_at
+    even, slow = step_seconds["even"], step_seconds["slow first epochs"]
+    assert even[1][0] == slow[1][0] and slow[1][1] > 2 * even[1][1], (even, slow)  # the first re-time saw them
+    torch.testing.assert_close(slow[2], even[2])  # the next did not: measured from the first re-time on
