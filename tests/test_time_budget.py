@@ -186,9 +186,32 @@ def test_a_sample_that_ends_at_once_is_timed_as_if_it_ran_to_the_references_leng
     monkeypatch.setattr(Transformer, "project", ends_at_once)
     monkeypatch.setattr(TorchTranslator, "translate_batch", recorded)
     assert run(planned, tmp_path, CountingClock(), monkeypatch) == 0
-    (validation_bound, validation_ran), (fit_bound, fit_ran) = ran[:2]  # the plan's decodes come first
-    assert validation_ran == {validation_bound} and fit_ran == {fit_bound}, ran[:2]
-    assert ran[2][1] == {1}, ran[2]  # validation itself: the model ends every sentence at once
+    # The plan's decodes come first, each twice (the second timed): validation's, then the fit's.
+    assert len({bound for bound, _ in ran[:4]}) == 1 and all(lengths == {bound} for bound, lengths in ran[:4]), ran
+    assert ran[4][1] == {1}, ran[4]  # validation itself: the model ends every sentence at once
+
+
+def test_the_validation_estimate_times_a_decode_whose_shapes_it_has_seen(
+        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A first decode pays once for its new shapes (on a GPU: kernels loaded, memory allocated), which
+    a validation pays once, not once per batch: the plan times the sample's second decode."""
+    from translator import TorchTranslator
+    decode, estimates = TorchTranslator.translate_batch, {}
+    for first in ("cold", "warm"):
+        calls = []
+
+        def first_decodes_cold(self, sources, options, max_tokens, *constraints):
+            calls.append(options)
+            if first == "cold" and calls.count(options) == 1:
+                for _ in range(50):  # 10 s on the counting clock
+                    train.clock()
+            return decode(self, sources, options, max_tokens, *constraints)
+
+        monkeypatch.setattr(TorchTranslator, "translate_batch", first_decodes_cold)
+        assert run(planned, tmp_path / first, CountingClock(), monkeypatch) == 0
+        first_plan = re.search(r"(?<!re-timed )plan for [^;]*? and ([0-9.]+) s a validation", capsys.readouterr().err)
+        estimates[first] = float(first_plan.group(1))
+    assert estimates["cold"] == estimates["warm"], estimates
 
 
 def test_a_wsd_plan_is_retimed_at_the_last_epoch_end_before_its_decay(
