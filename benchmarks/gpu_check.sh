@@ -53,7 +53,7 @@ common=("${paths[@]}" --device "$device" --runs_folder "$work/runs" --store_fold
 
 if wanted bench; then
     step "bench.py --device $device"
-    timeout 150 $python -m benchmarks.bench --device "$device" --datasource "$data" --json >"$out/bench.json" \
+    timeout 240 $python -m benchmarks.bench --device "$device" --datasource "$data" --json >"$out/bench.json" \
         2>"$out/bench.log"
     echo "exit $?" >>"$out/bench.log"
 fi
