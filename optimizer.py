@@ -45,6 +45,15 @@ def decay_start(config: dict[str, Any], total_steps: int, warmup: int) -> int:
     return total_steps - max(1, round(config["decay_fraction"] * (total_steps - warmup)))
 
 
+def length_free(config: dict[str, Any], step: int, total_steps: int, warmup: int) -> bool:
+    """Whether the run's length can change after `step` without a jump in the learning rate, its
+    warmup aside: the inverse square root never depends on it, wsd not before its decay; cosine
+    spreads its decay over the whole run."""
+    if config["lr_schedule"] == "inverse_sqrt":
+        return True
+    return config["lr_schedule"] == "wsd" and step < decay_start(config, total_steps, warmup)
+
+
 def lr_factor(step: int, config: dict[str, Any], total_steps: int, warmup: int | None = None) -> float:
     """Multiplier of the peak lr after `step` optimizer steps: linear warmup (over `warmup` steps, by
     default the config's `warmup_steps`), then the paper's inverse square root (from the first step

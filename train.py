@@ -62,7 +62,7 @@ from diagnostics import log
 from device import pick_device
 from loss import loss_sum
 from model import Transformer, build_model, train_flops
-from optimizer import build_optimizer, decay_start, lr_factor, warmup_steps
+from optimizer import build_optimizer, decay_start, length_free, lr_factor, warmup_steps
 from time_budget import PLAN_SKIP_STEPS, PLAN_TIMED_STEPS, Plan, plan_from_dict, plan_run
 from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
 from ranks import GracefulStop, RankFailed, Ranks, RankWatch, StopRequested, join_ranks
@@ -877,9 +877,9 @@ class Trainer:
         if plan is None or mark is None or self.global_step - mark[0] < PLAN_TIMED_STEPS or \
                 self.global_step >= plan.total_steps:
             return
-        start = decay_start(config, plan.total_steps, plan.warmup_steps)
-        again = config["lr_schedule"] == "inverse_sqrt" or (config["lr_schedule"] == "wsd" and self.global_step < start)
-        if not again and (self.retimed or self.global_step + self.steps_per_epoch <= start):
+        again = length_free(config, self.global_step, plan.total_steps, plan.warmup_steps)
+        if not again and (self.retimed or self.global_step + self.steps_per_epoch <=
+                          decay_start(config, plan.total_steps, plan.warmup_steps)):
             return
         retimed = None
         if self.ranks.is_main:
