@@ -292,7 +292,9 @@ def closed(connection: socket.socket) -> bool:
 
 
 def test_metrics_parse(held: tuple[Server, Gates]) -> None:
-    server, _ = held
+    server, gates = held
+    gates.open("decode")  # one answer of its own: under xdist no other test may have used this server
+    assert server.translate([SENTENCES[0]])[0] == 200
     samples = metrics(server.port, headers=None)
     assert {"serve_queue_work", "serve_queue_requests", "serve_sentences_total", "serve_batch_sentences_count",
             "serve_request_duration_seconds_count", "serve_ready", "process_resident_memory_bytes"} \
