@@ -456,8 +456,6 @@ class Trainer:
         if ranks.distributed:
             self.model = DistributedDataParallel(self.model, device_ids=[self.device.index]
                                                  if self.device.type == "cuda" else None)
-        if ranks.is_main:
-            self.start_logging(steps_per_epoch)
 
     def checkpoint_to_resume(self) -> tuple[Path | None, dict[str, Any] | None]:
         """The checkpoint `preload` names (latest: the newest good one, first listed if the run died
@@ -653,23 +651,18 @@ class Trainer:
         with GracefulStop(self.watch) as graceful:
             with graceful.at_once():  # before the first step there is nothing to save
                 self.start_or_resume()
+                finished = self.finished_already()
+                if finished is not None:
+                    log(finished)  # and no TensorBoard event file for a run that trains nothing
+                    return 0
+                if self.ranks.is_main:
+                    self.start_logging(self.steps_per_epoch)
             if self.keep_freed:
                 # After data preparation, whose freed heap is handed back first: kept, it would stay in
                 # the process's memory for the whole run (at 1M pairs, tiny preset: RSS 0.82 GB after the
                 # text store with the setting from start-up, 0.67 GB without).
                 keep_freed_memory()
             config = self.config
-            if config["max_steps"] and self.global_step >= config["max_steps"]:
-                log(f"already trained {self.global_step} steps (--max_steps {config['max_steps']}); raise "
-                    f"--max_steps to go on")
-                return 0
-            if self.run_plan is not None and self.global_step >= self.run_plan.total_steps:
-                log(f"already trained the {self.run_plan.total_steps} steps of the run's plan; start a new run "
-                    f"(--experiment_name) for another")
-                return 0
-            if self.run_plan is None and not self.planning and self.epoch >= config["num_epochs"]:
-                log(f"already trained {self.epoch} epochs; raise --num_epochs to go on")
-                return 0
             self.model.train()
             stop = None
             # A planned run ends at its planned step, however many epochs that is.
@@ -677,6 +670,19 @@ class Trainer:
                 stop = self.train_epoch(graceful)
                 stop = self.end_of_epoch(stop, graceful)
         return self.finish(stop)
+
+    def finished_already(self) -> str | None:
+        """Why a resumed run has nothing left to train (None: it has)."""
+        config = self.config
+        if config["max_steps"] and self.global_step >= config["max_steps"]:
+            return (f"already trained {self.global_step} steps (--max_steps {config['max_steps']}); raise "
+                    f"--max_steps to go on")
+        if self.run_plan is not None and self.global_step >= self.run_plan.total_steps:
+            return (f"already trained the {self.run_plan.total_steps} steps of the run's plan; start a new run "
+                    f"(--experiment_name) for another")
+        if self.run_plan is None and not self.planning and self.epoch >= config["num_epochs"]:
+            return f"already trained {self.epoch} epochs; raise --num_epochs to go on"
+        return None
 
     def train_epoch(self, graceful: GracefulStop) -> str | None:
         """Train from the current position to the end of the epoch, or until a stop; returns the

@@ -240,9 +240,11 @@ def test_preload_new_over_existing_checkpoints_is_refused(trained_run, capsys: p
 def test_finished_run_is_not_trained_again(trained_run, capsys: pytest.CaptureFixture) -> None:
     run = trained_run
     before = sorted(p.name for p in run.folder.glob("ckpt_*.pt"))
+    events = sorted(run.runs.rglob("events.out.tfevents.*"))
     assert train.main(run.args + ["--max_steps", str(run.SECOND_MAX_STEPS)]) == 0
     assert f"already trained {run.SECOND_MAX_STEPS} steps" in capsys.readouterr().err
     assert sorted(p.name for p in run.folder.glob("ckpt_*.pt")) == before
+    assert sorted(run.runs.rglob("events.out.tfevents.*")) == events  # no empty TensorBoard run
 
 
 def test_unreachable_hub_is_one_line_without_hanging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
