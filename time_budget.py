@@ -24,6 +24,7 @@ PLAN_SKIP_STEPS = 3  # steps not timed: the first ones pay for allocation, cachi
 PLAN_TIMED_STEPS = 12  # steps timed; the plan is made after PLAN_SKIP_STEPS + PLAN_TIMED_STEPS steps
 MARGIN_FRACTION = 0.02  # of the budget kept free for what the estimates miss (at least MARGIN_S)
 MARGIN_S = 10.0
+FIT_SHARE = 0.1  # of the budget: a confidence fit estimated to cost more is left out of the run
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,8 @@ class Plan:
     planned_at_step: int
     budget_s: float
     expected_end_s: float
-    final_seconds: float = 0.0  # what runs after the last checkpoint (the confidence fit); 0 in older plans
+    final_seconds: float = 0.0  # the confidence fit's estimate; 0 in older plans
+    confidence_fit: bool = True  # whether the run ends with the fit (FIT_SHARE)
 
     @property
     def epochs(self) -> float:
@@ -53,7 +55,9 @@ class Plan:
         return (f"plan for --max_minutes {self.budget_s / 60:g}: {self.total_steps} steps ({self.epochs:.1f} epochs of "
                 f"{self.steps_per_epoch}), warmup {self.warmup_steps}, at {self.step_seconds:.3f} s a step and "
                 f"{self.validation_seconds:.1f} s a validation"
-                + (f", {self.final_seconds:.1f} s for the confidence fit" if self.final_seconds else "")
+                + (f", {self.final_seconds:.1f} s for the confidence fit" if self.confidence_fit and self.final_seconds
+                   else f", no confidence fit (it would take {self.final_seconds:.1f} s, over {FIT_SHARE:.0%} of the "
+                        f"budget; evaluate.py --fit_confidence fits one later)" if self.final_seconds else "")
                 + f"; expected to end {self.expected_end_s / 60:.1f} min after start")
 
 
@@ -72,15 +76,20 @@ def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, 
     """The most steps whose cost fits what is left of `budget_s` after `elapsed_s`, a margin kept:
     each remaining step at `step_seconds`, each validation still to come (with its checkpoint),
     the checkpoints of `save_every`, and `final_seconds` of work after the last checkpoint (the
-    confidence fit). Never fewer than `step` + 1. The warmup: the config's
-    `warmup_steps`, at most half the run; where it is 0, `warmup_fraction` of the run."""
+    confidence fit), unless that is over FIT_SHARE of the budget: then the run leaves the fit out.
+    Never fewer than `step` + 1. The warmup: the config's `warmup_steps`, at most half the run;
+    where it is 0, `warmup_fraction` of the run."""
     left = budget_s - elapsed_s - max(MARGIN_S, MARGIN_FRACTION * budget_s)
+    # A 2-minute run here counted 28.8 s for a fit (beam 5 over 500 sentences) that a model so young
+    # cannot pass (every sentence below the chrF threshold): a quarter of the budget, steps not taken.
+    fit = final_seconds <= FIT_SHARE * budget_s
+    after_last = final_seconds if fit else 0.0
 
     def cost(total: int) -> float:
         checks = validations_until(step, total, steps_per_epoch, validate_every)
         saves = (total // save_every - step // save_every) if save_every else 0
         return (total - step) * step_seconds + checks * (validation_seconds + checkpoint_seconds) + \
-            saves * checkpoint_seconds + final_seconds
+            saves * checkpoint_seconds + after_last
 
     low, high = step + 1, step + 1 + max(1, int(left / max(step_seconds, 1e-9)))
     while low < high:  # the largest total whose cost fits; cost grows with total
@@ -96,7 +105,7 @@ def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, 
     # of 4.04, where the fixed schedule stood at 3.26 at the same step.
     warmup = min(warmup_steps, total // 2) if warmup_steps else round(warmup_fraction * total)
     return Plan(total, warmup, steps_per_epoch, step_seconds, validation_seconds, checkpoint_seconds, step,
-                budget_s, elapsed_s + cost(total), final_seconds)
+                budget_s, elapsed_s + cost(total), final_seconds, fit)
 
 
 def plan_from_dict(state: dict[str, Any] | None) -> Plan | None:

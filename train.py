@@ -63,7 +63,7 @@ from device import pick_device
 from loss import loss_sum
 from model import Transformer, build_model, train_flops
 from optimizer import build_optimizer, decay_start, length_free, lr_factor, warmup_steps
-from time_budget import PLAN_SKIP_STEPS, PLAN_TIMED_STEPS, Plan, plan_from_dict, plan_run
+from time_budget import FIT_SHARE, PLAN_SKIP_STEPS, PLAN_TIMED_STEPS, Plan, plan_from_dict, plan_run
 from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
 from ranks import GracefulStop, RankFailed, Ranks, RankWatch, StopRequested, join_ranks
 from run_lock import RunLock, RunLockError
@@ -1053,7 +1053,11 @@ class Trainer:
             except CheckpointError as error:
                 log(f"warning: no average: {error}")
         if self.ranks.is_main and config["confidence_sentences"] and stop not in ("signal", "nonfinite"):
-            self.fit_confidence()
+            if self.run_plan is None or self.run_plan.confidence_fit:
+                self.fit_confidence()
+            else:
+                log(f"no confidence calibrator: the plan left the fit out ({self.run_plan.final_seconds:.0f} s, over "
+                    f"{FIT_SHARE:.0%} of --max_minutes); evaluate.py --fit_confidence fits one")
         if self.ranks.is_main:
             command = " ".join(["python", "train.py", *sys.argv[1:]])
             messages = {

@@ -11,6 +11,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import time_budget
 import train
 from checkpoint import MANIFEST, load_checkpoint
 from config import parse_config, runs_dir, weights_dir
@@ -35,6 +36,10 @@ def test_the_plan_fills_the_budget_with_steps_validations_and_checkpoints() -> N
     assert cost(fitted.total_steps) + 20 <= left < cost(fitted.total_steps + 1) + 20
     assert fitted.total_steps < plan.total_steps
     assert fitted.expected_end_s == pytest.approx(40 + cost(fitted.total_steps) + 20)
+    # A fit over FIT_SHARE of the budget is left out of the run, and its time goes to steps.
+    costly = plan_run(15, 40, 900, 0.2, 5.0, 0.5, 112, 0, 0, 100, 0.1, final_seconds=95.0)
+    assert fitted.confidence_fit and not costly.confidence_fit and costly.total_steps == plan.total_steps
+    assert "no confidence fit (it would take 95.0 s" in costly.describe()
     # A budget already spent still trains one more step, to end with a validated checkpoint.
     assert plan_run(15, 950, 900, 0.2, 5, 0.5, 112, 0, 0, 100, 0.1).total_steps == 16
     # A short run keeps its warmup's steps up to half the run; a warmup given as a share keeps it.
@@ -137,6 +142,17 @@ def test_a_planned_run_ends_its_schedule_at_the_planned_step_and_resumes_bit_exa
     assert run(planned, tmp_path / "early", CountingClock(), monkeypatch) == 0
     assert "re-timed" not in capsys.readouterr().err
     assert final_state(planned, tmp_path / "early")["global_step"] == early["plan"]["total_steps"]
+
+
+def test_a_plan_that_leaves_the_fit_out_ends_without_one(planned: list[str], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setattr(time_budget, "FIT_SHARE", 0.0)  # any fit is over the share
+    assert run(planned, tmp_path, CountingClock(), monkeypatch) == 0
+    log = capsys.readouterr().err
+    assert final_state(planned, tmp_path)["plan"]["confidence_fit"] is False
+    assert "no confidence calibrator: the plan left the fit out" in log
+    assert "warning: no confidence calibrator" not in log  # the fit was not tried
 
 
 def test_an_explicit_length_means_what_it_says(planned: list[str], tmp_path: Path,
