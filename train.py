@@ -456,6 +456,8 @@ class Trainer:
         if ranks.distributed:
             self.model = DistributedDataParallel(self.model, device_ids=[self.device.index]
                                                  if self.device.type == "cuda" else None)
+        if ranks.is_main and self.finished_already() is None:  # no TensorBoard run for one that trains nothing
+            self.start_logging(steps_per_epoch)
 
     def checkpoint_to_resume(self) -> tuple[Path | None, dict[str, Any] | None]:
         """The checkpoint `preload` names (latest: the newest good one, first listed if the run died
@@ -653,10 +655,8 @@ class Trainer:
                 self.start_or_resume()
                 finished = self.finished_already()
                 if finished is not None:
-                    log(finished)  # and no TensorBoard event file for a run that trains nothing
+                    log(finished)
                     return 0
-                if self.ranks.is_main:
-                    self.start_logging(self.steps_per_epoch)
             if self.keep_freed:
                 # After data preparation, whose freed heap is handed back first: kept, it would stay in
                 # the process's memory for the whole run (at 1M pairs, tiny preset: RSS 0.82 GB after the
