@@ -55,9 +55,9 @@ class Plan:
         return (f"plan for --max_minutes {self.budget_s / 60:g}: {self.total_steps} steps ({self.epochs:.1f} epochs of "
                 f"{self.steps_per_epoch}), warmup {self.warmup_steps}, at {self.step_seconds:.3f} s a step and "
                 f"{self.validation_seconds:.1f} s a validation"
-                + (f", {self.final_seconds:.1f} s for the confidence fit" if self.confidence_fit and self.final_seconds
-                   else f", no confidence fit (it would take {self.final_seconds:.1f} s, over {FIT_SHARE:.0%} of the "
-                        f"budget; evaluate.py --fit_confidence fits one later)" if self.final_seconds else "")
+                + ("" if not self.final_seconds else f", {self.final_seconds:.1f} s for the confidence fit"
+                   if self.confidence_fit else f", no confidence fit (it would take {self.final_seconds:.1f} s, over "
+                   f"{FIT_SHARE:.0%} of the budget; evaluate.py --fit_confidence fits one later)")
                 + f"; expected to end {self.expected_end_s / 60:.1f} min after start")
 
 

@@ -230,6 +230,13 @@ def test_the_validation_estimate_times_a_decode_whose_shapes_it_has_seen(
     assert estimates["cold"] == estimates["warm"], estimates
 
 
+def plan_scalars(args: list[str], folder: Path, name: str) -> list[tuple[int, float]]:
+    events = EventAccumulator(str(runs_dir(parse_config([*args, "--runs_folder", str(folder / "r")]))),
+                              size_guidance={"scalars": 0})
+    events.Reload()
+    return [(event.step, event.value) for event in events.Scalars(f"plan/{name}")]
+
+
 def test_a_wsd_plan_is_retimed_at_the_last_epoch_end_before_its_decay(
         planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     """Until wsd's decay the learning rate does not depend on the run's length: the plan is
@@ -242,23 +249,13 @@ def test_a_wsd_plan_is_retimed_at_the_last_epoch_end_before_its_decay(
     spe, retimed_at = plan["steps_per_epoch"], plan["planned_at_step"]
     start = decay_start(config, plan["total_steps"], plan["warmup_steps"])
     assert retimed_at % spe == 0 and retimed_at < start <= retimed_at + spe and retimed_at > 2 * spe
-    events = EventAccumulator(str(runs_dir(parse_config([*args, "--runs_folder", str(tmp_path / "r")]))),
-                              size_guidance={"scalars": 0})
-    events.Reload()
-    planned_at = [event.step for event in events.Scalars("plan/total_steps")]
+    planned_at = [step for step, _ in plan_scalars(args, tmp_path, "total_steps")]
     assert len(planned_at) > 5 and planned_at[-1] == retimed_at, planned_at  # re-timed at epoch ends, not once
     assert all(step % spe == 0 for step in planned_at[1:]), planned_at
     assert f"re-timed plan for --max_minutes 1: {plan['total_steps']} steps" in log
     first_plan = re.search(r"(?<!re-timed )plan for [^;]*? at [0-9.]+ s a step and ([0-9.]+) s a validation", log)
     first_validation = float(first_plan.group(1))
     assert plan["validation_seconds"] != pytest.approx(first_validation, abs=0.05)  # measured, not the estimate
-
-
-def plan_scalars(args: list[str], folder: Path, name: str) -> list[tuple[int, float]]:
-    events = EventAccumulator(str(runs_dir(parse_config([*args, "--runs_folder", str(folder / "r")]))),
-                              size_guidance={"scalars": 0})
-    events.Reload()
-    return [(event.step, event.value) for event in events.Scalars(f"plan/{name}")]
 
 
 def test_an_inverse_sqrt_plan_is_retimed_at_every_epoch_end_from_the_first_epochs_end_on(
