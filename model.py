@@ -363,6 +363,16 @@ def build_model(config: dict, src_vocab_size: int, tgt_vocab_size: int) -> Trans
                              tie_embeddings=config["tie_embeddings"])
 
 
+def set_dropout(model: nn.Module, p: float) -> None:
+    """Every dropout of `model` to `p`: on embeddings, attention weights, the feed-forward's hidden
+    layer and sublayer outputs (a run planned to its clock scales its dropout to its length)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = p
+        elif isinstance(module, (MultiHeadAttention, FeedForwardBlock)):
+            module.dropout_p = p
+
+
 def train_flops(batch: int, src_len: int, tgt_len: int, config: dict, tgt_vocab: int) -> int:
     """FLOPs of one training step on a batch padded to (src_len, tgt_len): multiply-adds of every
     matrix product at the shapes computed (padding included), x 2 FLOPs, x 3 for forward, input

@@ -61,7 +61,7 @@ from dataset import BatchPlan, BilingualDataset, CorpusMix, MicroBatches, paddin
 from diagnostics import log
 from device import pick_device
 from loss import loss_sum
-from model import Transformer, build_model, train_flops
+from model import Transformer, build_model, set_dropout, train_flops
 from optimizer import build_optimizer, decay_start, length_free, lr_factor, warmup_steps
 from time_budget import FIT_SHARE, PLAN_SKIP_STEPS, PLAN_TIMED_STEPS, Plan, plan_from_dict, plan_run
 from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
@@ -373,11 +373,14 @@ class Trainer:
 
     def __init__(self, config: dict[str, Any], device: torch.device, ranks: Ranks, started: float,
                  initial: dict[str, Any] | None = None, keep_freed: bool = False,
-                 watch: RankWatch | None = None, plan_to_clock: bool = False) -> None:
+                 watch: RankWatch | None = None, plan_to_clock: bool = False, dropout_given: bool = False) -> None:
         self.config, self.device, self.ranks, self.started = config, device, ranks, started
         # --max_minutes without --num_epochs or --max_steps: the run's length is planned to the clock
         # after its first steps (time_budget.py), unless the checkpoint it resumes holds a plan.
         self.planning, self.run_plan = plan_to_clock, None
+        # A plan scales the config's dropout to the run's length, unless --dropout was given; not when
+        # compiling either (a new value would compile every graph again), but a resumed run follows it.
+        self.dropout_given = dropout_given
         self.step_times: list[tuple[int, float, float]] = []  # (step, clock, validation seconds so far)
         self.plan_mark: tuple[int, float, float, int] | None = None  # the same and validations, once planned here
         self.retimed = False  # re-timed since planning: later re-times measure from the first
@@ -431,6 +434,7 @@ class Trainer:
                               config["accum_steps"], [corpus.weight for corpus in corpora(config)])
 
         self.model = build_model(config, self.tok_src.get_vocab_size(), self.tok_tgt.get_vocab_size()).to(self.device)
+        self.raw_model = self.model
         self.optimizer = build_optimizer(self.model, config)
         steps_per_epoch = self.plan.steps_per_epoch(0)
         if steps_per_epoch == 0:
@@ -450,7 +454,6 @@ class Trainer:
             load_weights(self.model, self.initial["model"], Path(config["init_from"]))
         del resume, self.initial  # free the CPU copies of the weights
 
-        self.raw_model = self.model
         if config["compile"]:
             self.model = compile_for_training(self.model)
         if ranks.distributed:
@@ -908,11 +911,14 @@ class Trainer:
         plan = plan_run(self.global_step, clock() - self.started, 60 * config["max_minutes"], step_seconds,
                         validation_seconds, checkpoint_seconds, self.steps_per_epoch,
                         config["validate_every_steps"], config["save_every_steps"], config["warmup_steps"],
-                        config["warmup_fraction"], fit_seconds)
+                        config["warmup_fraction"], fit_seconds,
+                        None if self.dropout_given or config["compile"] else config["dropout"], config["num_epochs"])
         log(label + plan.describe())
         self.writer.add_text("plan", label + plan.describe(), self.global_step)
         for name in ("total_steps", "warmup_steps", "step_seconds", "validation_seconds", "expected_end_s"):
             self.writer.add_scalar(f"plan/{name}", getattr(plan, name), self.global_step)
+        if plan.dropout is not None:
+            self.writer.add_scalar("plan/dropout", plan.dropout, self.global_step)
         self.writer.add_scalar("plan/epochs", plan.epochs, self.global_step)
         return plan
 
@@ -965,6 +971,8 @@ class Trainer:
         """From here on the run's length and learning-rate schedule are the plan's."""
         self.run_plan, self.planning = plan, False
         self.total_steps, self.warmup = plan.total_steps, plan.warmup_steps
+        if plan.dropout is not None and not self.dropout_given:
+            set_dropout(self.raw_model, plan.dropout)
 
     # ------------------------------------------------------------------ 3. end of an epoch
 
@@ -1102,10 +1110,10 @@ class Trainer:
 
 
 def train(config: dict[str, Any], started: float | None = None, explicit: set[str] = frozenset(),
-          keep_freed: bool = False, plan_to_clock: bool = False) -> int:
+          keep_freed: bool = False, plan_to_clock: bool = False, dropout_given: bool = False) -> int:
     """Run one training job with this config (`explicit`: the keys the command line set; `keep_freed`:
     apply cpu_kernels.keep_freed_memory before the first step; `plan_to_clock`: plan the run's length
-    to --max_minutes); the exit code."""
+    to --max_minutes; `dropout_given`: keep --dropout whatever the plan); the exit code."""
     started = clock() if started is None else started
     initial = take_model_from(config, explicit)
     ranks = Ranks.from_environment()
@@ -1120,7 +1128,7 @@ def train(config: dict[str, Any], started: float | None = None, explicit: set[st
     try:
         if ranks.is_main:
             lock.acquire()
-        code = Trainer(config, device, ranks, started, initial, keep_freed, watch, plan_to_clock).run()
+        code = Trainer(config, device, ranks, started, initial, keep_freed, watch, plan_to_clock, dropout_given).run()
         clean = True
         return code
     except BaseException as error:
@@ -1149,7 +1157,8 @@ def main(argv: list[str] | None = None, command_line: bool = False) -> int:
         # A preset's epoch count is the plan's starting point; one given on the command line (or in
         # --config) means what it says.
         plan_to_clock = config["max_minutes"] > 0 and not {"num_epochs", "max_steps"} & resolved.given
-        return train(config, started, resolved.given | resolved.preset, keep_freed, plan_to_clock)
+        return train(config, started, resolved.given | resolved.preset, keep_freed, plan_to_clock,
+                     "dropout" in resolved.given)
     except (ConfigError, DataError, CheckpointError, RunLockError, TokenizerError, OutOfMemory, RankFailed) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2 if isinstance(error, ConfigError) else 1

@@ -25,7 +25,7 @@ from loss import loss_sum
 from synthetic_data import tiny_corpus
 from translator import DecodingOptions, TorchTranslator
 from model import (DecoderBlock, EncoderBlock, InputEmbeddings, MultiHeadAttention, PositionalEncoding, Transformer,
-                   build_model, build_transformer, causal_mask)
+                   build_model, build_transformer, causal_mask, set_dropout)
 from config import parse_config
 from tokenizer import PAD_ID
 
@@ -126,6 +126,28 @@ def test_tied_embeddings_share_one_matrix() -> None:
     assert saved == 2 * 30 * 16
     with pytest.raises(ValueError, match="30 and 31"):
         build_transformer(30, 31, 16, 16, d_model=16, N=1, h=2, d_ff=32, tie_embeddings=True)
+
+
+def test_set_dropout_reaches_every_dropout_of_the_model() -> None:
+    """A model built with dropout 0 and set to 0.3 draws the very masks of one built with 0.3: no
+    dropout (embeddings, attention weights, feed-forward, sublayer outputs) is left at its old rate."""
+    src, src_mask = padded([[3, 4, 5, 6, 7], [8, 9, 10]])
+    tgt, _ = padded([[1, 11, 12, 13], [1, 14, 15]])
+
+    def trained_output(model: Transformer) -> torch.Tensor:
+        torch.manual_seed(1)
+        return model.train()(src, tgt, src_mask)
+
+    def built(dropout: float) -> Transformer:
+        torch.manual_seed(0)
+        return build_transformer(SRC_VOCAB, TGT_VOCAB, SEQ_LEN, SEQ_LEN, d_model=16, N=2, h=4, dropout=dropout,
+                                 d_ff=32)
+
+    changed = built(0.0)
+    set_dropout(changed, 0.3)
+    assert_close(trained_output(changed), trained_output(built(0.3)))
+    set_dropout(changed, 0.0)
+    assert_close(trained_output(changed), changed.eval()(src, tgt, src_mask))
 
 
 @pytest.mark.parametrize("masking", ["padding", "causal"])

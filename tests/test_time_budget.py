@@ -14,10 +14,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import time_budget
 import train
 from checkpoint import MANIFEST, load_checkpoint
-from config import parse_config, runs_dir, weights_dir
+from config import PRESETS, parse_config, runs_dir, weights_dir
 from optimizer import decay_start, lr_factor
 from synthetic_data import synthetic_pairs, write_hub_dataset
-from time_budget import plan_run, validations_until
+from time_budget import plan_run, planned_dropout, validations_until
 from tokenizer import EOS_ID
 
 
@@ -46,6 +46,11 @@ def test_the_plan_fills_the_budget_with_steps_validations_and_checkpoints() -> N
     short = plan_run(15, 40, 120, 0.2, 5, 0.5, 112, 0, 0, 1000, 0.1)
     assert short.warmup_steps == short.total_steps // 2 and 100 < short.total_steps < 400
     assert plan_run(15, 40, 900, 0.2, 5, 0.5, 112, 0, 0, 0, 0.1).warmup_steps == round(0.1 * plan.total_steps)
+    # The dropout: kept where none is given to scale, scaled down to a run of fewer epochs, never raised.
+    assert plan.dropout is None
+    assert plan_run(15, 40, 900, 0.2, 5, 0.5, 112, 0, 0, 100, 0.1, dropout=0.15, dropout_epochs=61).dropout == \
+        pytest.approx(0.15 * plan.epochs / 61, abs=1e-4)
+    assert plan_run(15, 40, 900, 0.2, 5, 0.5, 112, 0, 0, 100, 0.1, dropout=0.15, dropout_epochs=21).dropout == 0.15
 
 
 def test_validations_are_counted_once_per_step() -> None:
@@ -153,6 +158,34 @@ def test_a_plan_that_leaves_the_fit_out_ends_without_one(planned: list[str], tmp
     assert final_state(planned, tmp_path)["plan"]["confidence_fit"] is False
     assert "no confidence calibrator: the plan left the fit out" in log
     assert "warning: no confidence calibrator" not in log  # the fit was not tried
+
+
+def test_a_plan_scales_the_presets_dropout_and_a_resumed_run_follows_it(
+        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A preset's dropout, set for its epoch count, is scaled to the plan's length; the checkpoint
+    holds it, a resumed run applies it (bit for bit), and --dropout given on the command line wins."""
+    monkeypatch.setitem(PRESETS["tiny"], "dropout", 0.2)
+    monkeypatch.setitem(PRESETS["tiny"], "num_epochs", 60)
+    assert run(planned, tmp_path / "unbroken", CountingClock(), monkeypatch) == 0
+    plan = final_state(planned, tmp_path / "unbroken")["plan"]
+    epochs = plan["total_steps"] / plan["steps_per_epoch"]
+    assert 0 < plan["dropout"] == planned_dropout(0.2, epochs, 60) < 0.1
+    assert f"dropout {plan['dropout']:g}" in capsys.readouterr().err
+
+    given = [*planned, "--dropout", "0.2"]
+    assert run(given, tmp_path / "given", CountingClock(), monkeypatch) == 0
+    kept = final_state(given, tmp_path / "given")
+    assert kept["plan"]["dropout"] is None and kept["plan"]["total_steps"] == plan["total_steps"]
+    unbroken = final_state(planned, tmp_path / "unbroken")["model"]
+    assert any(not torch.equal(tensor, kept["model"][key]) for key, tensor in unbroken.items())  # it trained at 0.2
+
+    assert run(planned, tmp_path / "resumed", CountingClock(jump_at=JUMP_AFTER_RETIME), monkeypatch) == 0
+    assert final_state(planned, tmp_path / "resumed")["global_step"] < plan["total_steps"]
+    assert run(planned, tmp_path / "resumed", CountingClock(), monkeypatch) == 0
+    resumed = final_state(planned, tmp_path / "resumed")
+    assert resumed["plan"] == plan
+    for key, tensor in unbroken.items():
+        assert torch.equal(tensor, resumed["model"][key]), key
 
 
 def test_an_explicit_length_means_what_it_says(planned: list[str], tmp_path: Path,
