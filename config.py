@@ -184,7 +184,7 @@ OPTIONS: dict[str, Option] = {
     "num_heads": O(8, "attention heads; must divide d_model", "model", range=AT_LEAST_ONE, model=True, identity=True),
     "d_ff": O(2048, "inner width of the feed-forward blocks", "model", range=AT_LEAST_ONE, model=True, identity=True),
     "dropout": O(0.1, "dropout on embeddings, attention weights and sublayer outputs; a --max_minutes plan "
-                     "scales it down to its epochs (time_budget.planned_dropout) unless given", "model", range=FRACTION),
+                     "scales it to its epochs unless given", "model", range=FRACTION),
     "norm_first": O(True, "pre-norm (true: trains stably without a finely tuned warmup) or the paper's post-norm",
                     "model", model=True, identity=True),
     "tie_embeddings": O(False, "share the embeddings and the output projection; needs joint_vocab", "model",
