@@ -968,7 +968,7 @@ class Trainer:
         return 2 * (clock() - started)
 
     def follow(self, plan: Plan) -> None:
-        """From here on the run's length and learning-rate schedule are the plan's."""
+        """From here on the run's length, learning-rate schedule and dropout (unless given) are the plan's."""
         self.run_plan, self.planning = plan, False
         self.total_steps, self.warmup = plan.total_steps, plan.warmup_steps
         if plan.dropout is not None and not self.dropout_given:
