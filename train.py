@@ -63,7 +63,7 @@ from device import pick_device
 from loss import loss_sum
 from model import Transformer, build_model, set_dropout, train_flops
 from optimizer import build_optimizer, decay_start, length_free, lr_factor, warmup_steps
-from time_budget import FIT_SHARE, PLAN_SKIP_STEPS, PLAN_TIMED_STEPS, Plan, plan_from_dict, plan_run
+from time_budget import FIT_SHARE, PLAN_SKIP_STEPS, PLAN_TIMED_STEPS, Plan, plan_from_dict, plan_run, planned_layers
 from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
 from ranks import GracefulStop, RankFailed, Ranks, RankWatch, StopRequested, join_ranks
 from run_lock import RunLock, RunLockError
@@ -373,14 +373,19 @@ class Trainer:
 
     def __init__(self, config: dict[str, Any], device: torch.device, ranks: Ranks, started: float,
                  initial: dict[str, Any] | None = None, keep_freed: bool = False,
-                 watch: RankWatch | None = None, plan_to_clock: bool = False, dropout_given: bool = False) -> None:
+                 watch: RankWatch | None = None, plan_to_clock: bool = False,
+                 given: frozenset[str] = frozenset()) -> None:
         self.config, self.device, self.ranks, self.started = config, device, ranks, started
         # --max_minutes without --num_epochs or --max_steps: the run's length is planned to the clock
         # after its first steps (time_budget.py), unless the checkpoint it resumes holds a plan.
         self.planning, self.run_plan = plan_to_clock, None
         # A plan scales the config's dropout to the run's length, unless --dropout was given; not when
         # compiling either (a new value would compile every graph again), but a resumed run follows it.
-        self.dropout_given = dropout_given
+        self.dropout_given = "dropout" in given
+        # On a CPU too slow for half the preset's epochs it trains one layer fewer, unless
+        # --num_layers was given (time_budget.planned_layers); a resumed run keeps the depth it started with.
+        self.layers_given = "num_layers" in given
+        self.planned_layers: int | None = None  # the depth the plan chose; None: the config's
         self.step_times: list[tuple[int, float, float]] = []  # (step, clock, validation seconds so far)
         self.plan_mark: tuple[int, float, float, int] | None = None  # the same and validations, once planned here
         self.retimed = False  # re-timed since planning: later re-times measure from the first
@@ -421,10 +426,6 @@ class Trainer:
             config["length_ratio"] = round(float(self.train_ds.tgt_lens.sum() / (self.train_ds.src_lens - 1).sum()), 4)
             log(f"length_ratio {config['length_ratio']}: target over source tokens in the training data, what "
                 f"the brevity penalty expects")
-        if ranks.is_main:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(self.folder / "config.json", json.dumps(config, indent=1).encode("utf-8"))
-            atomic_write_bytes(self.folder / DATA_RECORD, json.dumps(self.data_record, indent=1).encode("utf-8"))
         self.val_ds = self.tokens[0].dataset("validation") if "validation" in self.text.splits() else None
         self.val_pairs = validation_subset(self.text.pairs("validation"), config["val_max_sentences"], config["seed"])
         self.val_sources = list(dict.fromkeys(source for source, _ in self.val_pairs))
@@ -432,6 +433,13 @@ class Trainer:
             raise DataError(f"no training pairs fit in --seq_len {config['seq_len']}")
         self.plan = BatchPlan(self.train_ds, config["batch_tokens"], config["seed"], ranks.world_size, ranks.rank,
                               config["accum_steps"], [corpus.weight for corpus in corpora(config)])
+        if self.planning and resume is None and self.initial is None and not self.layers_given \
+                and config["num_layers"] > 1:
+            self.plan_depth()
+        if ranks.is_main:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(self.folder / "config.json", json.dumps(config, indent=1).encode("utf-8"))
+            atomic_write_bytes(self.folder / DATA_RECORD, json.dumps(self.data_record, indent=1).encode("utf-8"))
 
         self.model = build_model(config, self.tok_src.get_vocab_size(), self.tok_tgt.get_vocab_size()).to(self.device)
         self.raw_model = self.model
@@ -462,6 +470,32 @@ class Trainer:
         if ranks.is_main and self.finished_already() is None:  # no TensorBoard run for one that trains nothing
             self.start_logging(steps_per_epoch)
 
+    def plan_depth(self) -> None:
+        """Before the model is built, on a CPU: one layer fewer when rank 0's rough estimate of an
+        epoch (cpu_epoch_estimate) fits under half the preset's epochs in the budget."""
+        config = self.config
+        layers = None
+        if self.ranks.is_main and self.device.type == "cpu":
+            epoch_seconds = cpu_epoch_estimate(config, self.plan.epoch_batches(0), self.train_ds,
+                                               self.tok_tgt.get_vocab_size(), amp_dtype(config, self.device))
+            epochs = (60 * config["max_minutes"] - (clock() - self.started)) / max(epoch_seconds, 1e-9)
+            layers = planned_layers(config["num_layers"], epochs, config["num_epochs"])
+            if layers != config["num_layers"]:
+                log(f"plan: about {epochs:.1f} epochs fit --max_minutes {config['max_minutes']:g} at "
+                    f"{epoch_seconds:.0f} s an epoch, under half the preset's {config['num_epochs']}: "
+                    f"{layers} + {layers} layers instead of {config['num_layers']} + {config['num_layers']} "
+                    f"(--num_layers keeps a depth)")
+        layers = self.from_rank0(layers)
+        if layers is not None and layers != config["num_layers"]:
+            config["num_layers"] = self.planned_layers = layers
+
+    def adopt_planned_depth(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint of a run whose plan chose its depth resumes at that depth, unless
+        --num_layers is given (then a different one is refused like any other model change)."""
+        if state.get("planned_layers") and not self.layers_given:
+            self.config["num_layers"] = self.planned_layers = state["planned_layers"]
+        return state
+
     def checkpoint_to_resume(self) -> tuple[Path | None, dict[str, Any] | None]:
         """The checkpoint `preload` names (latest: the newest good one, first listed if the run died
         before recording it: `adopt_unlisted`), checked against the config. A new run starts only in
@@ -474,7 +508,8 @@ class Trainer:
         path, state = None, None
         if config["preload"] == "latest":
             found = adopt_unlisted(self.folder, config,
-                                   lambda unlisted, where: check_resumable(unlisted, config, where))
+                                   lambda unlisted, where: check_resumable(self.adopt_planned_depth(unlisted),
+                                                                           config, where))
             try:
                 found = found or load_latest(self.folder)
             except CheckpointError as error:
@@ -492,7 +527,7 @@ class Trainer:
             path = Path(config["preload"])
             state = load_checkpoint(path)
         if state is not None:
-            check_resumable(state, config, path)
+            check_resumable(self.adopt_planned_depth(state), config, path)
             check_unlisted_above(self.folder, state["global_step"])
             if self.ranks.is_main:
                 self.held_out_from = self.check_data(state, path)
@@ -1028,8 +1063,8 @@ class Trainer:
     def save(self, metrics: dict[str, float] | None = None) -> None:
         """Rank 0 writes a checkpoint while the others wait."""
         if self.ranks.is_main:
-            state = {key: self.resume_value(key) for key in (*RESUME_KEYS, "plan")} | {"metrics": metrics or {},
-                                                                                      "data": self.data_record}
+            state = {key: self.resume_value(key) for key in (*RESUME_KEYS, "plan")} | {
+                "metrics": metrics or {}, "data": self.data_record, "planned_layers": self.planned_layers}
             path = save_checkpoint(self.folder, state, self.global_step, self.config["keep_checkpoints"], metrics,
                                    self.config["best_metric"])
             log(f"saved {path}")
@@ -1110,10 +1145,11 @@ class Trainer:
 
 
 def train(config: dict[str, Any], started: float | None = None, explicit: set[str] = frozenset(),
-          keep_freed: bool = False, plan_to_clock: bool = False, dropout_given: bool = False) -> int:
+          keep_freed: bool = False, plan_to_clock: bool = False, given: frozenset[str] = frozenset()) -> int:
     """Run one training job with this config (`explicit`: the keys the command line set; `keep_freed`:
     apply cpu_kernels.keep_freed_memory before the first step; `plan_to_clock`: plan the run's length
-    to --max_minutes; `dropout_given`: keep --dropout whatever the plan); the exit code."""
+    to --max_minutes; `given`: the keys the command line gave, which the plan keeps: dropout and
+    num_layers); the exit code."""
     started = clock() if started is None else started
     initial = take_model_from(config, explicit)
     ranks = Ranks.from_environment()
@@ -1128,7 +1164,7 @@ def train(config: dict[str, Any], started: float | None = None, explicit: set[st
     try:
         if ranks.is_main:
             lock.acquire()
-        code = Trainer(config, device, ranks, started, initial, keep_freed, watch, plan_to_clock, dropout_given).run()
+        code = Trainer(config, device, ranks, started, initial, keep_freed, watch, plan_to_clock, given).run()
         clean = True
         return code
     except BaseException as error:
@@ -1158,7 +1194,7 @@ def main(argv: list[str] | None = None, command_line: bool = False) -> int:
         # --config) means what it says.
         plan_to_clock = config["max_minutes"] > 0 and not {"num_epochs", "max_steps"} & resolved.given
         return train(config, started, resolved.given | resolved.preset, keep_freed, plan_to_clock,
-                     "dropout" in resolved.given)
+                     frozenset(resolved.given))
     except (ConfigError, DataError, CheckpointError, RunLockError, TokenizerError, OutOfMemory, RankFailed) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2 if isinstance(error, ConfigError) else 1

@@ -17,7 +17,7 @@ from checkpoint import MANIFEST, load_checkpoint
 from config import PRESETS, parse_config, runs_dir, weights_dir
 from optimizer import decay_start, lr_factor
 from synthetic_data import synthetic_pairs, write_hub_dataset
-from time_budget import plan_run, planned_dropout, validations_until
+from time_budget import plan_run, planned_dropout, planned_layers, validations_until
 from tokenizer import EOS_ID
 
 
@@ -51,6 +51,8 @@ def test_the_plan_fills_the_budget_with_steps_validations_and_checkpoints() -> N
     assert plan_run(15, 40, 900, 0.2, 5, 0.5, 112, 0, 0, 100, 0.1, dropout=0.15, dropout_epochs=61).dropout == \
         pytest.approx(0.15 * plan.epochs / 61, abs=1e-4)
     assert plan_run(15, 40, 900, 0.2, 5, 0.5, 112, 0, 0, 100, 0.1, dropout=0.15, dropout_epochs=21).dropout == 0.15
+    # The depth: one layer fewer under half the preset's epochs, never below one layer.
+    assert planned_layers(3, 7.5, 21) == 2 and planned_layers(3, 10.5, 21) == 3 and planned_layers(1, 0.5, 21) == 1
 
 
 def test_validations_are_counted_once_per_step() -> None:
@@ -185,6 +187,37 @@ def test_a_plan_scales_the_presets_dropout_and_a_resumed_run_follows_it(
     resumed = final_state(planned, tmp_path / "resumed")
     assert resumed["plan"] == plan
     for key, tensor in unbroken.items():
+        assert torch.equal(tensor, resumed["model"][key]), key
+
+
+def test_a_cpu_too_slow_for_half_the_presets_epochs_trains_one_layer_fewer_and_a_resume_keeps_it(
+        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """Planted: an epoch estimated at 1 s, so about 30 of the 0.5 minutes' epochs fit, under half
+    the preset's 600. The run trains 1 + 1 layers instead of 2 + 2; config.json (what translate.py
+    builds) and the checkpoint say so; a resumed run keeps that depth (bit for bit); --num_layers
+    given keeps its depth."""
+    monkeypatch.setitem(PRESETS["tiny"], "num_layers", 2)
+    monkeypatch.setitem(PRESETS["tiny"], "num_epochs", 600)
+    monkeypatch.setattr(train, "cpu_epoch_estimate", lambda *args: 1.0)
+    assert run(planned, tmp_path / "unbroken", CountingClock(), monkeypatch) == 0
+    assert "1 + 1 layers instead of 2 + 2" in capsys.readouterr().err
+    unbroken = final_state(planned, tmp_path / "unbroken")
+    assert unbroken["planned_layers"] == 1 and unbroken["config"]["num_layers"] == 1
+    folder = weights_dir(parse_config([*planned, "--model_folder", str(tmp_path / "unbroken" / "w")]))
+    assert json.loads((folder / "config.json").read_text())["num_layers"] == 1
+    assert not any(".layers.1." in key for key in unbroken["model"])
+
+    given = [*planned, "--num_layers", "2"]
+    assert run(given, tmp_path / "given", CountingClock(), monkeypatch) == 0
+    kept = final_state(given, tmp_path / "given")
+    assert kept["planned_layers"] is None and any(".layers.1." in key for key in kept["model"])
+
+    assert run(planned, tmp_path / "resumed", CountingClock(jump_at=JUMP_AFTER_RETIME), monkeypatch) == 0
+    assert final_state(planned, tmp_path / "resumed")["global_step"] < unbroken["plan"]["total_steps"]
+    assert run(planned, tmp_path / "resumed", CountingClock(), monkeypatch) == 0
+    resumed = final_state(planned, tmp_path / "resumed")
+    assert resumed["plan"] == unbroken["plan"] and resumed["global_step"] == unbroken["global_step"]
+    for key, tensor in unbroken["model"].items():
         assert torch.equal(tensor, resumed["model"][key]), key
 
 
