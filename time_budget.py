@@ -9,12 +9,12 @@ and with it the learning-rate schedule: the warmup keeps its length in steps (at
 run), the decay ends at the planned step. Where the dropout is the preset's (or the default),
 the plan scales it to the run's length (`planned_dropout`): a run of fewer epochs sees each pair
 fewer times and needs less. On a CPU whose rough epoch estimate (train.cpu_epoch_estimate, before
-the model is built) fits under half the preset's epochs, the run trains one layer fewer
-(`planned_layers`), unless --num_layers is given. The invocation that planned re-times the plan from the steps and
-validations it measured (a dozen steps and a young model's decoding are a small sample of a shared
-machine, and a GPU's first epoch pays once for each new batch shape): at every epoch end while the
-learning rate does not depend on the run's length (inverse square root; wsd until its decay), once
-for cosine (train.Trainer.retime). The plan is stored in every checkpoint and followed by a resumed
+the model is built) fits under half of num_epochs (a preset's, set for its depth), the run trains
+one layer fewer (`planned_layers`), unless --num_layers is given. The invocation that planned
+re-times the plan from the steps and validations it measured (a dozen steps and a young model's
+decoding are a small sample of a shared machine, and a GPU's first epoch pays once for each new
+batch shape): at every epoch end while the learning rate does not depend on the run's length
+(inverse square root; wsd until its decay), once for cosine (train.Trainer.retime). The plan is stored in every checkpoint and followed by a resumed
 run, so a resume stays bit-exact (it depends on the machine's speed: two runs of one seed on
 different machines differ).
 """

@@ -104,9 +104,11 @@ def cpu_epoch_estimate(config: dict[str, Any], batches: list[np.ndarray], datase
     return flops / ((0.5 if dtype is None else 0.35) * flops_per_second)
 
 
-def take_model_from(config: dict[str, Any], explicit: set[str]) -> dict[str, Any] | None:
+def take_model_from(config: dict[str, Any], explicit: set[str], given: frozenset[str] = frozenset()) \
+        -> dict[str, Any] | None:
     """For --init_from: the checkpoint's state, after copying its model keys (architecture,
-    tokenizers, language pair) into `config`; an explicit option that differs is refused."""
+    tokenizers, language pair) into `config`; an explicit option that differs is refused, except a
+    preset's depth where the checkpoint's plan chose one (`given`: the keys the command line gave)."""
     if not config["init_from"]:
         return None
     path = Path(config["init_from"])
@@ -121,8 +123,9 @@ def take_model_from(config: dict[str, Any], explicit: set[str]) -> dict[str, Any
                               f"version's train.py")
     source = {**config, **{key: saved[key] for key in MODEL_KEYS}}
     validate_config(source)
+    planned = {"num_layers"} if state.get("planned_layers") and "num_layers" not in given else set()
     for key in MODEL_KEYS:
-        if key in explicit and config[key] != source[key]:
+        if key in explicit - planned and config[key] != source[key]:
             raise ConfigError(f"--{key} {config[key]!r} conflicts with --init_from {path}, whose model has "
                               f"{source[key]!r}; the architecture, tokenizers and languages come from it")
     config.update(source)
@@ -382,7 +385,7 @@ class Trainer:
         # A plan scales the config's dropout to the run's length, unless --dropout was given; not when
         # compiling either (a new value would compile every graph again), but a resumed run follows it.
         self.dropout_given = "dropout" in given
-        # On a CPU too slow for half the preset's epochs it trains one layer fewer, unless
+        # On a CPU too slow for half of num_epochs (a preset's) it trains one layer fewer, unless
         # --num_layers was given (time_budget.planned_layers); a resumed run keeps the depth it started with.
         self.layers_given = "num_layers" in given
         self.planned_layers: int | None = None  # the depth the plan chose; None: the config's
@@ -472,17 +475,20 @@ class Trainer:
 
     def plan_depth(self) -> None:
         """Before the model is built, on a CPU: one layer fewer when rank 0's rough estimate of an
-        epoch (cpu_epoch_estimate) fits under half the preset's epochs in the budget."""
+        epoch (cpu_epoch_estimate) fits under half of num_epochs (a preset's, set for its depth) in the
+        budget."""
         config = self.config
         layers = None
         if self.ranks.is_main and self.device.type == "cpu":
+            # The estimate counts the epoch's batches of every rank; each rank trains its share.
             epoch_seconds = cpu_epoch_estimate(config, self.plan.epoch_batches(0), self.train_ds,
-                                               self.tok_tgt.get_vocab_size(), amp_dtype(config, self.device))
+                                               self.tok_tgt.get_vocab_size(), amp_dtype(config, self.device)) / \
+                self.ranks.world_size
             epochs = (60 * config["max_minutes"] - (clock() - self.started)) / max(epoch_seconds, 1e-9)
             layers = planned_layers(config["num_layers"], epochs, config["num_epochs"])
             if layers != config["num_layers"]:
                 log(f"plan: about {epochs:.1f} epochs fit --max_minutes {config['max_minutes']:g} at "
-                    f"{epoch_seconds:.0f} s an epoch, under half the preset's {config['num_epochs']}: "
+                    f"{epoch_seconds:.0f} s an epoch, under half of num_epochs {config['num_epochs']}: "
                     f"{layers} + {layers} layers instead of {config['num_layers']} + {config['num_layers']} "
                     f"(--num_layers keeps a depth)")
         layers = self.from_rank0(layers)
@@ -491,9 +497,13 @@ class Trainer:
 
     def adopt_planned_depth(self, state: dict[str, Any]) -> dict[str, Any]:
         """A checkpoint of a run whose plan chose its depth resumes at that depth, unless
-        --num_layers is given (then a different one is refused like any other model change)."""
-        if state.get("planned_layers") and not self.layers_given:
-            self.config["num_layers"] = self.planned_layers = state["planned_layers"]
+        --num_layers is given (then a different one is refused like any other model change; the
+        same one keeps the record, so a later resume without it still resumes)."""
+        if planned := state.get("planned_layers"):
+            if not self.layers_given:
+                self.config["num_layers"] = planned
+            if self.config["num_layers"] == planned:
+                self.planned_layers = planned
         return state
 
     def checkpoint_to_resume(self) -> tuple[Path | None, dict[str, Any] | None]:
@@ -1151,7 +1161,7 @@ def train(config: dict[str, Any], started: float | None = None, explicit: set[st
     to --max_minutes; `given`: the keys the command line gave, which the plan keeps: dropout and
     num_layers); the exit code."""
     started = clock() if started is None else started
-    initial = take_model_from(config, explicit)
+    initial = take_model_from(config, explicit, given)
     ranks = Ranks.from_environment()
     device = pick_device(config["device"], ranks.local_rank)
     if config["deterministic"]:

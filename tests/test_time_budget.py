@@ -193,32 +193,43 @@ def test_a_plan_scales_the_presets_dropout_and_a_resumed_run_follows_it(
 def test_a_cpu_too_slow_for_half_the_presets_epochs_trains_one_layer_fewer_and_a_resume_keeps_it(
         planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     """Planted: an epoch estimated at 1 s, so about 30 of the 0.5 minutes' epochs fit, under half
-    the preset's 600. The run trains 1 + 1 layers instead of 2 + 2; config.json (what translate.py
-    builds) and the checkpoint say so; a resumed run keeps that depth (bit for bit); --num_layers
-    given keeps its depth."""
+    the preset's 600. The run trains 1 + 1 layers instead of 2 + 2; config.json and the checkpoint's
+    config (what the other programs build from) say so; a run resumed with that depth given goes on
+    bit for bit and keeps the record, so a resume without it is not refused; --num_layers given keeps
+    its depth; --init_from with the preset takes the checkpoint's depth."""
     monkeypatch.setitem(PRESETS["tiny"], "num_layers", 2)
     monkeypatch.setitem(PRESETS["tiny"], "num_epochs", 600)
     monkeypatch.setattr(train, "cpu_epoch_estimate", lambda *args: 1.0)
-    assert run(planned, tmp_path / "unbroken", CountingClock(), monkeypatch) == 0
+    on_cpu = [*planned, "--device", "cpu"]
+    assert run(on_cpu, tmp_path / "unbroken", CountingClock(), monkeypatch) == 0
     assert "1 + 1 layers instead of 2 + 2" in capsys.readouterr().err
-    unbroken = final_state(planned, tmp_path / "unbroken")
+    unbroken = final_state(on_cpu, tmp_path / "unbroken")
     assert unbroken["planned_layers"] == 1 and unbroken["config"]["num_layers"] == 1
-    folder = weights_dir(parse_config([*planned, "--model_folder", str(tmp_path / "unbroken" / "w")]))
+    folder = weights_dir(parse_config([*on_cpu, "--model_folder", str(tmp_path / "unbroken" / "w")]))
     assert json.loads((folder / "config.json").read_text())["num_layers"] == 1
     assert not any(".layers.1." in key for key in unbroken["model"])
 
-    given = [*planned, "--num_layers", "2"]
+    given = [*on_cpu, "--num_layers", "2"]
     assert run(given, tmp_path / "given", CountingClock(), monkeypatch) == 0
     kept = final_state(given, tmp_path / "given")
     assert kept["planned_layers"] is None and any(".layers.1." in key for key in kept["model"])
 
-    assert run(planned, tmp_path / "resumed", CountingClock(jump_at=JUMP_AFTER_RETIME), monkeypatch) == 0
-    assert final_state(planned, tmp_path / "resumed")["global_step"] < unbroken["plan"]["total_steps"]
-    assert run(planned, tmp_path / "resumed", CountingClock(), monkeypatch) == 0
-    resumed = final_state(planned, tmp_path / "resumed")
+    started_from = [*on_cpu, "--num_epochs", "1", "--init_from", str(folder / json.loads(
+        (folder / MANIFEST).read_text())["latest"])]
+    assert run(started_from, tmp_path / "started_from", CountingClock(), monkeypatch) == 0
+    assert final_state(started_from, tmp_path / "started_from")["config"]["num_layers"] == 1
+
+    assert run(on_cpu, tmp_path / "resumed", CountingClock(jump_at=JUMP_AFTER_RETIME), monkeypatch) == 0
+    assert final_state(on_cpu, tmp_path / "resumed")["global_step"] < unbroken["plan"]["total_steps"]
+    same_depth = [*on_cpu, "--num_layers", "1"]
+    assert run(same_depth, tmp_path / "resumed", CountingClock(), monkeypatch) == 0
+    resumed = final_state(same_depth, tmp_path / "resumed")
+    assert resumed["planned_layers"] == 1  # kept: a later resume without --num_layers is not refused
     assert resumed["plan"] == unbroken["plan"] and resumed["global_step"] == unbroken["global_step"]
     for key, tensor in unbroken["model"].items():
         assert torch.equal(tensor, resumed["model"][key]), key
+    assert run(on_cpu, tmp_path / "resumed", CountingClock(), monkeypatch) == 0
+    assert "already trained the" in capsys.readouterr().err
 
 
 def test_an_explicit_length_means_what_it_says(planned: list[str], tmp_path: Path,
