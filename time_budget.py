@@ -14,9 +14,9 @@ one layer fewer (`planned_layers`), unless --num_layers is given. The invocation
 re-times the plan from the steps and validations it measured (a dozen steps and a young model's
 decoding are a small sample of a shared machine, and a GPU's first epoch pays once for each new
 batch shape): at every epoch end while the learning rate does not depend on the run's length
-(inverse square root; wsd until its decay), once for cosine (train.Trainer.retime). The plan is stored in every checkpoint and followed by a resumed
-run, so a resume stays bit-exact (it depends on the machine's speed: two runs of one seed on
-different machines differ).
+(inverse square root; wsd until its decay), once for cosine (train.Trainer.retime). The plan is
+stored in every checkpoint and followed by a resumed run, so a resume stays bit-exact (it depends
+on the machine's speed: two runs of one seed on different machines differ).
 """
 from __future__ import annotations
 
@@ -136,9 +136,10 @@ def planned_layers(num_layers: int, estimated_epochs: float, preset_epochs: int)
     takes more steps in the same time, and a run that short is limited by its steps, not by what
     the model can hold: seed 1 on a Zen 4, with the time of a 5-minute plan's 650 steps (5.8
     epochs), ended at validation loss 2.859 and greedy BLEU 21.55 with 3 + 3 layers, at 2.719 and
-    25.03 with 2 + 2 (940 steps). The estimate leaves validations out: a 5-minute run here is estimated
-    at 7.5 epochs and trains 5.8, so the share is half, not a third; at 15 minutes (about 20 epochs)
-    the preset's depth stays. Where between the two the smaller model stops winning is not measured."""
+    25.03 with 2 + 2 (940 steps). The estimate leaves validations out: 5-minute runs here were
+    estimated at 6.9-7.4 epochs of 3 + 3, which trained about 5.8, so the share is half, not a third;
+    at 15 minutes (about 24 estimated) the preset's depth stays. Where between the two the smaller
+    model stops winning is not measured."""
     if num_layers > 1 and preset_epochs > 0 and estimated_epochs < SHALLOW_SHARE * preset_epochs:
         return num_layers - 1
     return num_layers
