@@ -30,6 +30,7 @@ MARGIN_FRACTION = 0.02  # of the budget kept free for what the estimates miss (a
 MARGIN_S = 10.0
 FIT_SHARE = 0.1  # of the budget: a confidence fit estimated to cost more is left out of the run
 SHALLOW_SHARE = 0.5  # of the preset's epochs: a CPU run estimated to fit fewer trains one layer fewer
+VALIDATION_SHARE = 0.05  # of the budget: what a planned run's epoch-end validations may cost
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,16 @@ class Plan:
     final_seconds: float = 0.0  # the confidence fit's estimate; 0 in older plans
     confidence_fit: bool = True  # whether the run ends with the fit (FIT_SHARE)
     dropout: float | None = None  # the run's dropout (planned_dropout); None: the config's, as in older plans
+    validate_from: int = 0  # epoch ends before this step checkpoint without validating; 0: all validate
 
     @property
     def epochs(self) -> float:
         return self.total_steps / self.steps_per_epoch
+
+    @property
+    def validated_epoch_ends(self) -> int:
+        """The epoch ends after validate_from - 1 and before the last step."""
+        return max(0, (self.total_steps - 1) // self.steps_per_epoch - (self.validate_from - 1) // self.steps_per_epoch)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,16 +72,42 @@ class Plan:
                    if self.confidence_fit else f", no confidence fit (it would take {self.final_seconds:.1f} s, over "
                    f"{FIT_SHARE:.0%} of the budget; evaluate.py --fit_confidence fits one later)")
                 + ("" if self.dropout is None else f", dropout {self.dropout:g}")
+                + ("" if not self.validate_from else f", validating from step {self.validate_from} on "
+                   f"({self.validated_epoch_ends} epoch end{'' if self.validated_epoch_ends == 1 else 's'} and the "
+                   f"last step: {VALIDATION_SHARE:.0%} of the budget)")
                 + f"; expected to end {self.expected_end_s / 60:.1f} min after start")
 
 
-def validations_until(step: int, total: int, steps_per_epoch: int, every: int) -> int:
-    """Validations after `step` up to and including `total`: each epoch's end, every `every` steps
-    (0: none), and the run's end, each step counted once."""
-    at = set(range((step // steps_per_epoch + 1) * steps_per_epoch, total + 1, steps_per_epoch))
+def validations_until(step: int, total: int, steps_per_epoch: int, every: int, validate_from: int = 0) -> int:
+    """Validations after `step` up to and including `total`: each epoch's end from `validate_from`
+    on, every `every` steps (0: none), and the run's end, each step counted once."""
+    return len(check_steps(step, total, steps_per_epoch, every, validate_from))
+
+
+def check_steps(step: int, total: int, steps_per_epoch: int, every: int, validate_from: int = 0) -> set[int]:
+    """The steps after `step` up to and including `total` that validate (`validations_until`)."""
+    first_end = (max(step, validate_from - 1) // steps_per_epoch + 1) * steps_per_epoch
+    at = set(range(first_end, total + 1, steps_per_epoch))
     if every:
         at |= set(range((step // every + 1) * every, total + 1, every))
-    return len(at | {total})
+    return at | {total}
+
+
+def first_validated_step(total: int, steps_per_epoch: int, validation_seconds: float, budget_s: float) -> int:
+    """The first epoch end a planned run of `total` steps validates at: as many of its last epoch
+    ends as fit VALIDATION_SHARE of the budget with the last step's validation, 0 (all) where
+    they all fit. An epoch end before it still checkpoints. A validation decodes the subset to
+    pick the best checkpoint; a wsd or cosine run's best is one of its last (seeds 42/1/2 at 15
+    minutes: the last or the one before, of 19-21), and a young model's loops make the early ones
+    the dearest: 8.0 s for the first of a 2-minute run here, 4.0 for the next, 17% of its budget
+    in all, where the 5% kept gives two minutes' run only the last step's."""
+    if validation_seconds <= 0:
+        return 0
+    ends = math.floor(VALIDATION_SHARE * budget_s / validation_seconds) - 1
+    last_end = (total - 1) // steps_per_epoch * steps_per_epoch
+    if ends >= last_end // steps_per_epoch:
+        return 0
+    return last_end - (ends - 1) * steps_per_epoch if ends > 0 else total
 
 
 def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, validation_seconds: float,
@@ -82,12 +115,12 @@ def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, 
              warmup_steps: int, warmup_fraction: float, final_seconds: float = 0.0,
              dropout: float | None = None, dropout_epochs: int = 0) -> Plan:
     """The most steps whose cost fits what is left of `budget_s` after `elapsed_s`, a margin kept:
-    each remaining step at `step_seconds`, each validation still to come (with its checkpoint),
-    the checkpoints of `save_every`, and `final_seconds` of work after the last checkpoint (the
-    confidence fit), unless that is over FIT_SHARE of the budget: then the run leaves the fit out.
-    Never fewer than `step` + 1. The warmup: the config's `warmup_steps`, at most half the run;
-    where it is 0, `warmup_fraction` of the run. The dropout: `planned_dropout` of `dropout` (None:
-    the run keeps its config's)."""
+    each remaining step at `step_seconds`, each validation still to come (those
+    `first_validated_step` keeps), each epoch end's checkpoint and those of `save_every`, and
+    `final_seconds` of work after the last checkpoint (the confidence fit), unless that is over
+    FIT_SHARE of the budget: then the run leaves the fit out. Never fewer than `step` + 1. The
+    warmup: the config's `warmup_steps`, at most half the run; where it is 0, `warmup_fraction` of
+    the run. The dropout: `planned_dropout` of `dropout` (None: the run keeps its config's)."""
     left = budget_s - elapsed_s - max(MARGIN_S, MARGIN_FRACTION * budget_s)
     # A 2-minute run here counted 28.8 s for a fit (beam 5 over 500 sentences) that a model so young
     # cannot pass (every sentence below the chrF threshold): a quarter of the budget, steps not taken.
@@ -95,10 +128,12 @@ def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, 
     after_last = final_seconds if fit else 0.0
 
     def cost(total: int) -> float:
-        checks = validations_until(step, total, steps_per_epoch, validate_every)
+        checks = check_steps(step, total, steps_per_epoch, validate_every)  # each checkpoints
+        validated = validations_until(step, total, steps_per_epoch, validate_every,
+                                      first_validated_step(total, steps_per_epoch, validation_seconds, budget_s))
         saves = (total // save_every - step // save_every) if save_every else 0
-        return (total - step) * step_seconds + checks * (validation_seconds + checkpoint_seconds) + \
-            saves * checkpoint_seconds + after_last
+        return (total - step) * step_seconds + validated * validation_seconds + \
+            (len(checks) + saves) * checkpoint_seconds + after_last
 
     low, high = step + 1, step + 1 + max(1, int(left / max(step_seconds, 1e-9)))
     while low < high:  # the largest total whose cost fits; cost grows with total
@@ -115,7 +150,8 @@ def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, 
     warmup = min(warmup_steps, total // 2) if warmup_steps else round(warmup_fraction * total)
     return Plan(total, warmup, steps_per_epoch, step_seconds, validation_seconds, checkpoint_seconds, step,
                 budget_s, elapsed_s + cost(total), final_seconds, fit,
-                None if dropout is None else planned_dropout(dropout, total / steps_per_epoch, dropout_epochs))
+                None if dropout is None else planned_dropout(dropout, total / steps_per_epoch, dropout_epochs),
+                first_validated_step(total, steps_per_epoch, validation_seconds, budget_s))
 
 
 def planned_dropout(dropout: float, epochs: float, dropout_epochs: int) -> float:

@@ -1022,13 +1022,17 @@ class Trainer:
     # ------------------------------------------------------------------ 3. end of an epoch
 
     def end_of_epoch(self, stop: str | None, graceful: GracefulStop) -> str | None:
-        """Validation (unless a signal or non-finite steps stopped the run: a SIGTERM abandons it)
-        and a checkpoint, unless the step schedule has just done both; returns the stop reason,
-        which early stopping or a stop signal during validation may set."""
+        """Validation (unless a signal or non-finite steps stopped the run: a SIGTERM abandons it, or
+        the plan validates only later ones) and a checkpoint, unless the step schedule has just
+        done both; returns the stop reason, which early stopping or a stop signal during validation
+        may set."""
         if self.saved_step == self.global_step:
             return stop
         metrics = None
-        if stop not in ("signal", "nonfinite"):
+        plan = self.run_plan
+        # A planned run validates only its last epoch ends (time_budget.first_validated_step).
+        thinned = stop is None and plan is not None and self.global_step < min(plan.validate_from, plan.total_steps)
+        if stop not in ("signal", "nonfinite") and not thinned:
             metrics, stop = self.validate(graceful, stop)
         if stop is None:
             self.retime()

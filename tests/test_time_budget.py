@@ -26,11 +26,14 @@ def test_the_plan_fills_the_budget_with_steps_validations_and_checkpoints() -> N
                     checkpoint_seconds=0.5, steps_per_epoch=112, validate_every=0, save_every=0,
                     warmup_steps=100, warmup_fraction=0.1)
     left = 900 - 40 - 18  # the margin: 2% of the budget
-    cost = lambda total: (total - 15) * 0.2 + validations_until(15, total, 112, 0) * 5.5  # noqa: E731
+    # Validations (5 s) within 5% of the budget: the last step's and the last 8 epoch ends' (the run
+    # has 34); every epoch end checkpoints (0.5 s).
+    cost = lambda total: (total - 15) * 0.2 + 9 * 5.0 + validations_until(15, total, 112, 0) * 0.5  # noqa: E731
     assert cost(plan.total_steps) <= left < cost(plan.total_steps + 1)
+    assert plan.validate_from == ((plan.total_steps - 1) // 112 - 7) * 112 and plan.validated_epoch_ends == 8
     assert plan.expected_end_s == pytest.approx(40 + cost(plan.total_steps))
     assert plan.warmup_steps == 100  # the config's warmup, in steps, whatever the run's length
-    assert 30 < plan.epochs < 31
+    assert 34 < plan.epochs < 35
     # Work after the last checkpoint (the confidence fit) is planned too.
     fitted = plan_run(15, 40, 900, 0.2, 5.0, 0.5, 112, 0, 0, 100, 0.1, final_seconds=20.0)
     assert cost(fitted.total_steps) + 20 <= left < cost(fitted.total_steps + 1) + 20
@@ -59,6 +62,27 @@ def test_validations_are_counted_once_per_step() -> None:
     assert validations_until(0, 224, 112, 0) == 2  # two epoch ends, the second the run's end
     assert validations_until(0, 230, 112, 0) == 3  # ... and the run's end apart
     assert validations_until(0, 224, 112, 50) == 6  # 50, 100, 112, 150, 200, 224
+    # From step 560 on: 560, 672 and the end; every 100 steps still validates: 100 to 700.
+    assert validations_until(0, 784, 112, 0, validate_from=560) == 3
+    assert validations_until(0, 784, 112, 100, validate_from=560) == 10
+
+
+def test_a_short_plan_spends_its_validations_time_on_steps() -> None:
+    """2 minutes at 8 s a validation (5% of the budget is 6 s): only the last step validates, and the
+    three epoch ends' validations it skips are steps."""
+    short = plan_run(15, 10, 120, 0.25, 8.0, 0.5, 112, 0, 0, 100, 0.1)
+    assert short.validate_from == short.total_steps and short.validated_epoch_ends == 0
+    assert "validating from step" in short.describe()
+    left = 120 - 10 - 10  # the margin: 10 s
+    cost = lambda total: (total - 15) * 0.25 + 8.0 + validations_until(15, total, 112, 0) * 0.5  # noqa: E731
+    assert cost(short.total_steps) <= left < cost(short.total_steps + 1)
+    assert short.total_steps > 3 * 112  # where all validated: (100 - 3 * 8) / 0.25 + 15, about 300
+    # 5 minutes at 5 s: the last two epoch ends and the last step, 15 s.
+    five = plan_run(15, 10, 300, 0.29, 5.0, 0.5, 112, 0, 0, 100, 0.1)
+    assert five.validated_epoch_ends == 2 and five.validate_from == ((five.total_steps - 1) // 112 - 1) * 112
+    # Validations that all fit the share, or none to make, keep every epoch end's.
+    assert plan_run(15, 10, 300, 0.29, 0.5, 0.5, 112, 0, 0, 100, 0.1).validate_from == 0
+    assert plan_run(15, 10, 300, 0.29, 0.0, 0.5, 112, 0, 0, 100, 0.1).validate_from == 0
 
 
 JUMP_AFTER_RETIME = 70  # a clock reading after the re-time and before the planned end
@@ -98,6 +122,7 @@ def final_state(args: list[str], folder: Path) -> dict:
 
 def test_a_planned_run_ends_its_schedule_at_the_planned_step_and_resumes_bit_exactly(
         planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setattr(time_budget, "VALIDATION_SHARE", 0.04)  # of 30 s: fewer validations than epoch ends
     assert run(planned, tmp_path / "unbroken", CountingClock(), monkeypatch) == 0
     log = capsys.readouterr().err
     plan = final_state(planned, tmp_path / "unbroken")["plan"]
@@ -115,6 +140,14 @@ def test_a_planned_run_ends_its_schedule_at_the_planned_step_and_resumes_bit_exa
         config["lr"] * lr_factor(plan["total_steps"], config, plan["total_steps"], plan["warmup_steps"]))
     assert lr_factor(plan["total_steps"] - 1, config, plan["total_steps"], plan["warmup_steps"]) == \
         pytest.approx(config["min_lr"] / config["lr"])
+    # Validated: the last epoch ends that fit 4% of the budget, and the last step; every epoch end
+    # before them checkpointed without.
+    validated = [step for step, _ in scalars(planned, tmp_path / "unbroken", "val/loss")]
+    assert steps_per_epoch < plan["validate_from"] < plan["total_steps"] and plan["validate_from"] % steps_per_epoch == 0
+    assert validated == sorted(time_budget.check_steps(0, plan["total_steps"], steps_per_epoch, 0, plan["validate_from"]))
+    assert f"validating from step {plan['validate_from']} on" in log
+    assert f"saved {weights_dir(parse_config([*planned, '--model_folder', str(tmp_path / 'unbroken' / 'w')]))}" \
+        f"/ckpt_{steps_per_epoch:08d}.pt" in log
 
     # The plan was re-timed once, at the first epoch's end after it, from every step since.
     assert plan["planned_at_step"] % steps_per_epoch == 0 and plan["planned_at_step"] > steps_per_epoch
@@ -123,8 +156,10 @@ def test_a_planned_run_ends_its_schedule_at_the_planned_step_and_resumes_bit_exa
     assert log.count("re-timed plan for") == 1
 
     # The same run stopped by its clock after the re-time, then resumed on a fresh clock: it follows
-    # the stored plan bit for bit.
-    assert run(planned, tmp_path / "resumed", CountingClock(jump_at=JUMP_AFTER_RETIME), monkeypatch) == 0
+    # the stored plan bit for bit. The clock jumps at a reading after the re-time and before the
+    # planned end (earlier than JUMP_AFTER_RETIME: epoch ends before validate_from read the clock
+    # for no validation), so that the re-time's checkpoint is still kept.
+    assert run(planned, tmp_path / "resumed", CountingClock(jump_at=55), monkeypatch) == 0
     first = capsys.readouterr().err
     assert "re-timed plan for --max_minutes 0.5" in first and "reached --max_minutes 0.5" in first
     halfway = final_state(planned, tmp_path / "resumed")
@@ -307,11 +342,15 @@ def test_the_validation_estimate_times_a_decode_whose_shapes_it_has_seen(
     assert estimates["cold"] == estimates["warm"], estimates
 
 
-def plan_scalars(args: list[str], folder: Path, name: str) -> list[tuple[int, float]]:
+def scalars(args: list[str], folder: Path, tag: str) -> list[tuple[int, float]]:
     events = EventAccumulator(str(runs_dir(parse_config([*args, "--runs_folder", str(folder / "r")]))),
                               size_guidance={"scalars": 0})
     events.Reload()
-    return [(event.step, event.value) for event in events.Scalars(f"plan/{name}")]
+    return [(event.step, event.value) for event in events.Scalars(tag)]
+
+
+def plan_scalars(args: list[str], folder: Path, name: str) -> list[tuple[int, float]]:
+    return scalars(args, folder, f"plan/{name}")
 
 
 def test_a_wsd_plan_is_retimed_at_the_last_epoch_end_before_its_decay(
@@ -339,7 +378,10 @@ def test_an_inverse_sqrt_plan_is_retimed_at_every_epoch_end_from_the_first_epoch
         planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """After warmup the inverse square root does not depend on the run's length: re-timed at every
     epoch end. A first epoch pays once for each new batch shape (a GPU's first epoch ran 6x slower
-    than the next): slow clock readings before the first re-time inflate that one, not the last."""
+    than the next): slow clock readings before the first re-time inflate that one, not the last.
+    Every epoch end validates in both runs (the share at 100%), as the clock's readings would
+    differ between them otherwise."""
+    monkeypatch.setattr(time_budget, "VALIDATION_SHARE", 1.0)
     args = [*planned, "--lr_schedule", "inverse_sqrt", "--max_minutes", "1"]
     step_seconds = {}
     for name, clock in (("even", CountingClock()), ("slow first epochs", CountingClock(slow=range(35, 45)))):
