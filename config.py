@@ -238,7 +238,8 @@ OPTIONS: dict[str, Option] = {
     "runs_folder": O("runs", "TensorBoard logs (runs/<experiment>); evaluate.py writes its translations there",
                      "run", frozenset({TRAIN, EVALUATE})),
     # ---- validation
-    "validate_every_steps": O(0, "also validate and checkpoint every N optimizer steps; 0: at epoch ends only",
+    "validate_every_steps": O(0, "also validate and checkpoint every N optimizer steps; 0: at epoch ends only "
+                              "(a --max_minutes plan: only its last ones, within a share of its budget)",
                               "validation", range=NON_NEGATIVE),
     "val_max_sentences": O(0, "distinct validation sources decoded, a fixed subset drawn with the seed; 0: all",
                            "validation", range=NON_NEGATIVE),

@@ -26,8 +26,11 @@ from typing import Any
 
 PLAN_SKIP_STEPS = 3  # steps not timed: the first ones pay for allocation, caching and compiling
 PLAN_TIMED_STEPS = 12  # steps timed; the plan is made after PLAN_SKIP_STEPS + PLAN_TIMED_STEPS steps
-MARGIN_FRACTION = 0.02  # of the budget kept free for what the estimates miss (at least MARGIN_S)
-MARGIN_S = 10.0
+# Kept free of the budget for what the estimates miss (at least MARGIN_S). The last re-time is an
+# epoch from the end, and the last validation's and the fit's estimates (a young model's decoding,
+# run to the references' length) run long: 5-minute plans here ended 6 to 18 s before they expected.
+MARGIN_FRACTION = 0.02
+MARGIN_S = 3.0
 FIT_SHARE = 0.1  # of the budget: a confidence fit estimated to cost more is left out of the run
 SHALLOW_SHARE = 0.5  # of the preset's epochs: a CPU run estimated to fit fewer trains one layer fewer
 VALIDATION_SHARE = 0.05  # of the budget: what a planned run's epoch-end validations may cost
@@ -72,10 +75,16 @@ class Plan:
                    if self.confidence_fit else f", no confidence fit (it would take {self.final_seconds:.1f} s, over "
                    f"{FIT_SHARE:.0%} of the budget; evaluate.py --fit_confidence fits one later)")
                 + ("" if self.dropout is None else f", dropout {self.dropout:g}")
-                + ("" if not self.validate_from else f", validating from step {self.validate_from} on "
-                   f"({self.validated_epoch_ends} epoch end{'' if self.validated_epoch_ends == 1 else 's'} and the "
-                   f"last step: {VALIDATION_SHARE:.0%} of the budget)")
+                + self.describe_validations()
                 + f"; expected to end {self.expected_end_s / 60:.1f} min after start")
+
+    def describe_validations(self) -> str:
+        if not self.validate_from:
+            return ""
+        ends = self.validated_epoch_ends
+        which = "the last step only" if not ends else f"the last epoch end (step {self.validate_from}) and the last " \
+            "step" if ends == 1 else f"the last {ends} epoch ends (from step {self.validate_from}) and the last step"
+        return f", validating {which} (validations within {VALIDATION_SHARE:.0%} of the budget)"
 
 
 def validations_until(step: int, total: int, steps_per_epoch: int, every: int, validate_from: int = 0) -> int:

@@ -67,22 +67,24 @@ def test_validations_are_counted_once_per_step() -> None:
     assert validations_until(0, 784, 112, 100, validate_from=560) == 10
 
 
-def test_a_short_plan_spends_its_validations_time_on_steps() -> None:
+def test_a_short_plan_spends_its_validations_time_on_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """2 minutes at 8 s a validation (5% of the budget is 6 s): only the last step validates, and the
     three epoch ends' validations it skips are steps."""
     short = plan_run(15, 10, 120, 0.25, 8.0, 0.5, 112, 0, 0, 100, 0.1)
     assert short.validate_from == short.total_steps and short.validated_epoch_ends == 0
-    assert "validating from step" in short.describe()
-    left = 120 - 10 - 10  # the margin: 10 s
+    assert "validating the last step only (validations within 5% of the budget)" in short.describe()
+    left = 120 - 10 - 3  # the margin: 3 s
     cost = lambda total: (total - 15) * 0.25 + 8.0 + validations_until(15, total, 112, 0) * 0.5  # noqa: E731
     assert cost(short.total_steps) <= left < cost(short.total_steps + 1)
-    assert short.total_steps > 3 * 112  # where all validated: (100 - 3 * 8) / 0.25 + 15, about 300
     # 5 minutes at 5 s: the last two epoch ends and the last step, 15 s.
     five = plan_run(15, 10, 300, 0.29, 5.0, 0.5, 112, 0, 0, 100, 0.1)
     assert five.validated_epoch_ends == 2 and five.validate_from == ((five.total_steps - 1) // 112 - 1) * 112
     # Validations that all fit the share, or none to make, keep every epoch end's.
     assert plan_run(15, 10, 300, 0.29, 0.5, 0.5, 112, 0, 0, 100, 0.1).validate_from == 0
     assert plan_run(15, 10, 300, 0.29, 0.0, 0.5, 112, 0, 0, 100, 0.1).validate_from == 0
+    monkeypatch.setattr(time_budget, "VALIDATION_SHARE", 1.0)
+    everything = plan_run(15, 10, 120, 0.25, 8.0, 0.5, 112, 0, 0, 100, 0.1)  # 2 minutes with every epoch end's
+    assert everything.validate_from == 0 and short.total_steps - everything.total_steps >= 2 * 8.0 / 0.25
 
 
 JUMP_AFTER_RETIME = 70  # a clock reading after the re-time and before the planned end
@@ -145,7 +147,8 @@ def test_a_planned_run_ends_its_schedule_at_the_planned_step_and_resumes_bit_exa
     validated = [step for step, _ in scalars(planned, tmp_path / "unbroken", "val/loss")]
     assert steps_per_epoch < plan["validate_from"] < plan["total_steps"] and plan["validate_from"] % steps_per_epoch == 0
     assert validated == sorted(time_budget.check_steps(0, plan["total_steps"], steps_per_epoch, 0, plan["validate_from"]))
-    assert f"validating from step {plan['validate_from']} on" in log
+    assert re.search(rf"validating the last (\d+ epoch ends \(from step|epoch end \(step) {plan['validate_from']}\) "
+                     r"and the last step \(validations within 4% of the budget\)", log)
     assert f"saved {weights_dir(parse_config([*planned, '--model_folder', str(tmp_path / 'unbroken' / 'w')]))}" \
         f"/ckpt_{steps_per_epoch:08d}.pt" in log
 
