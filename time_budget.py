@@ -5,18 +5,20 @@ slow one, its learning rate still high; a schedule that decays to the budget's e
 short (Li et al., "Budgeted training", ICLR 2020). With `--max_minutes` and neither `--num_epochs`
 nor `--max_steps` given, train.py measures its first steps (after a few warm-up steps, and any
 compile), estimates a validation and a checkpoint, and `plan_run` fixes the run's length in steps,
-and with it the learning-rate schedule: the warmup keeps its length in steps (at most half the
-run), the decay ends at the planned step. Where the dropout is the preset's (or the default),
-the plan scales it to the run's length (`planned_dropout`): a run of fewer epochs sees each pair
-fewer times and needs less. On a CPU whose rough epoch estimate (train.cpu_epoch_estimate, before
-the model is built) fits under half of num_epochs (a preset's, set for its depth), the run trains
-one layer fewer (`planned_layers`), unless --num_layers is given. The invocation that planned
-re-times the plan from the steps and validations it measured (a dozen steps and a young model's
-decoding are a small sample of a shared machine, and a GPU's first epoch pays once for each new
-batch shape): at every epoch end while the learning rate does not depend on the run's length
-(inverse square root; wsd until its decay), once for cosine (train.Trainer.retime). The plan is
-stored in every checkpoint and followed by a resumed run, so a resume stays bit-exact (it depends
-on the machine's speed: two runs of one seed on different machines differ).
+and with it the learning-rate schedule: the warmup keeps its length in steps (at most half the run),
+the decay ends at the planned step. Where the dropout is the preset's (or the default), the plan
+scales it to the run's length (`planned_dropout`): a run of fewer epochs sees each pair fewer times
+and needs less. On a CPU whose rough epoch estimate (train.cpu_epoch_estimate, before the model is
+built) fits under half of num_epochs (a preset's, set for its depth), the run trains one layer fewer
+(`planned_layers`), unless --num_layers is given. Only the last epoch ends that fit VALIDATION_SHARE
+of the budget validate (`first_validated_step`); the others checkpoint, and their validations' time
+goes to steps. The invocation that planned re-times the plan from the steps and validations it
+measured (a dozen steps and a young model's decoding are a small sample of a shared machine, and a
+GPU's first epoch pays once for each new batch shape): at every epoch end while the learning rate
+does not depend on the run's length (inverse square root; wsd until its decay), once for cosine
+(train.Trainer.retime). The plan is stored in every checkpoint and followed by a resumed run, so a
+resume stays bit-exact (it depends on the machine's speed: two runs of one seed on different
+machines differ).
 """
 from __future__ import annotations
 
@@ -61,8 +63,9 @@ class Plan:
 
     @property
     def validated_epoch_ends(self) -> int:
-        """The epoch ends after validate_from - 1 and before the last step."""
-        return max(0, (self.total_steps - 1) // self.steps_per_epoch - (self.validate_from - 1) // self.steps_per_epoch)
+        """The epoch ends from validate_from (all where it is 0) before the last step that validate."""
+        before_last = (self.total_steps - 1) // self.steps_per_epoch
+        return before_last - max(self.validate_from - 1, 0) // self.steps_per_epoch
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,7 +97,8 @@ def validations_until(step: int, total: int, steps_per_epoch: int, every: int, v
 
 
 def check_steps(step: int, total: int, steps_per_epoch: int, every: int, validate_from: int = 0) -> set[int]:
-    """The steps after `step` up to and including `total` that validate (`validations_until`)."""
+    """The steps after `step` up to and including `total` that validate (`validations_until`); with
+    `validate_from` 0, the epoch ends, validations and the last step, each of which checkpoints."""
     first_end = (max(step, validate_from - 1) // steps_per_epoch + 1) * steps_per_epoch
     at = set(range(first_end, total + 1, steps_per_epoch))
     if every:

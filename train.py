@@ -826,8 +826,12 @@ class Trainer:
         # found_inf), so the step is applied with optimizer.step(): scaler.step() would read found_inf
         # back a second time.
         nonfinite = ~(torch.isfinite(step_loss) & torch.isfinite(grad_norm))
+        # The stop's validation is reserved: the last one's time, or before any the plan's estimate
+        # (a planned run may validate only at its end).
+        plan = self.run_plan
+        reserve = self.last_validation_seconds or (plan.validation_seconds if plan is not None else 0.0)
         out_of_time = self.ranks.is_main and bool(config["max_minutes"]) and \
-            clock() - self.started + self.last_validation_seconds >= 60 * config["max_minutes"]
+            clock() - self.started + reserve >= 60 * config["max_minutes"]
         nonfinite, signal_seen, out_of_time = self.on_any_rank(nonfinite, graceful.requested, out_of_time)
         if not nonfinite:
             self.optimizer.step()
@@ -1029,9 +1033,11 @@ class Trainer:
         if self.saved_step == self.global_step:
             return stop
         metrics = None
-        plan = self.run_plan
-        # A planned run validates only its last epoch ends (time_budget.first_validated_step).
-        thinned = stop is None and plan is not None and self.global_step < min(plan.validate_from, plan.total_steps)
+        plan, every = self.run_plan, self.config["validate_every_steps"]
+        # A planned run validates only its last epoch ends (time_budget.first_validated_step), and
+        # every validate_every_steps, which an epoch end on such a step leaves to this one.
+        thinned = stop is None and plan is not None and self.global_step < min(plan.validate_from, plan.total_steps) \
+            and not (every and self.global_step % every == 0)
         if stop not in ("signal", "nonfinite") and not thinned:
             metrics, stop = self.validate(graceful, stop)
         if stop is None:

@@ -80,7 +80,8 @@ def test_a_short_plan_spends_its_validations_time_on_steps(monkeypatch: pytest.M
     five = plan_run(15, 10, 300, 0.29, 5.0, 0.5, 112, 0, 0, 100, 0.1)
     assert five.validated_epoch_ends == 2 and five.validate_from == ((five.total_steps - 1) // 112 - 1) * 112
     # Validations that all fit the share, or none to make, keep every epoch end's.
-    assert plan_run(15, 10, 300, 0.29, 0.5, 0.5, 112, 0, 0, 100, 0.1).validate_from == 0
+    every_end = plan_run(15, 10, 300, 0.29, 0.5, 0.5, 112, 0, 0, 100, 0.1)
+    assert every_end.validate_from == 0 and every_end.validated_epoch_ends == (every_end.total_steps - 1) // 112
     assert plan_run(15, 10, 300, 0.29, 0.0, 0.5, 112, 0, 0, 100, 0.1).validate_from == 0
     monkeypatch.setattr(time_budget, "VALIDATION_SHARE", 1.0)
     everything = plan_run(15, 10, 120, 0.25, 8.0, 0.5, 112, 0, 0, 100, 0.1)  # 2 minutes with every epoch end's
@@ -101,6 +102,20 @@ class CountingClock:
         reading = next(self.readings)
         self.now += 1.0 if reading in self.slow else 0.2
         return self.now + (1e6 if self.jump_at is not None and reading >= self.jump_at else 0.0)
+
+
+class LeapingClock(CountingClock):
+    """A CountingClock whose reading `at` is `to` seconds (if it is behind), counting on from there."""
+
+    def __init__(self, at: int, to: float) -> None:
+        super().__init__()
+        self.at, self.to, self.taken = at, to, 0
+
+    def __call__(self) -> float:
+        if self.taken == self.at:
+            self.now = max(self.now, self.to - 0.2)
+        self.taken += 1
+        return super().__call__()
 
 
 @pytest.fixture
@@ -198,6 +213,29 @@ def test_a_plan_that_leaves_the_fit_out_ends_without_one(planned: list[str], tmp
     assert final_state(planned, tmp_path)["plan"]["confidence_fit"] is False
     assert "no confidence calibrator: the plan left the fit out" in log
     assert "warning: no confidence calibrator" not in log  # the fit was not tried
+
+
+def test_a_thinned_plan_still_validates_every_validate_every_steps_and_its_clock_stop_keeps_a_validations_time(
+        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """--validate_every_steps validates on its steps, an epoch end among them too; a plan that
+    validates only at its end has timed no validation when its clock runs out: the stop reserves
+    the plan's estimate of one, so that validation ends within the budget."""
+    monkeypatch.setattr(time_budget, "VALIDATION_SHARE", 0.04)
+    every = [*planned, "--validate_every_steps", "18"]  # every second epoch end (9 steps an epoch)
+    assert run(every, tmp_path / "every", CountingClock(), monkeypatch) == 0
+    plan = final_state(every, tmp_path / "every")["plan"]
+    assert plan["steps_per_epoch"] == 9 and 18 < plan["validate_from"] < plan["total_steps"]
+    validated = [step for step, _ in scalars(every, tmp_path / "every", "val/loss")]
+    assert validated == sorted(time_budget.check_steps(0, plan["total_steps"], 9, 18, plan["validate_from"]))
+    assert 18 in validated and 27 not in validated
+
+    monkeypatch.setattr(train.Trainer, "estimated_validation_seconds", lambda self: (10.0, 0.0))
+    clock = LeapingClock(at=35, to=0.2 + 25.0)  # after the plan: 25 s into the run, 5 before its end
+    capsys.readouterr()
+    assert run(planned, tmp_path / "late", clock, monkeypatch) == 0
+    log = capsys.readouterr().err
+    assert "validating the last step only" in log and "reached --max_minutes 0.5" in log
+    assert clock.now - 0.2 < 30  # the stop's validation and checkpoint within the budget
 
 
 def test_a_plan_scales_the_presets_dropout_and_a_resumed_run_follows_it(
