@@ -26,14 +26,14 @@ def test_the_plan_fills_the_budget_with_steps_validations_and_checkpoints() -> N
                     checkpoint_seconds=0.5, steps_per_epoch=112, validate_every=0, save_every=0,
                     warmup_steps=100, warmup_fraction=0.1)
     left = 900 - 40 - 18  # the margin: 2% of the budget
-    # Validations (5 s) within 5% of the budget: the last step's and the last 8 epoch ends' (the run
-    # has 34); every epoch end checkpoints (0.5 s).
-    cost = lambda total: (total - 15) * 0.2 + 9 * 5.0 + validations_until(15, total, 112, 0) * 0.5  # noqa: E731
+    # Validations (5 s) within 10% of the budget: the last step's and the last 17 epoch ends' (the run
+    # has 32); every epoch end checkpoints (0.5 s).
+    cost = lambda total: (total - 15) * 0.2 + 18 * 5.0 + validations_until(15, total, 112, 0) * 0.5  # noqa: E731
     assert cost(plan.total_steps) <= left < cost(plan.total_steps + 1)
-    assert plan.validate_from == ((plan.total_steps - 1) // 112 - 7) * 112 and plan.validated_epoch_ends == 8
+    assert plan.validate_from == ((plan.total_steps - 1) // 112 - 16) * 112 and plan.validated_epoch_ends == 17
     assert plan.expected_end_s == pytest.approx(40 + cost(plan.total_steps))
     assert plan.warmup_steps == 100  # the config's warmup, in steps, whatever the run's length
-    assert 34 < plan.epochs < 35
+    assert 32 < plan.epochs < 33
     # Work after the last checkpoint (the confidence fit) is planned too.
     fitted = plan_run(15, 40, 900, 0.2, 5.0, 0.5, 112, 0, 0, 100, 0.1, final_seconds=20.0)
     assert cost(fitted.total_steps) + 20 <= left < cost(fitted.total_steps + 1) + 20
@@ -68,17 +68,17 @@ def test_validations_are_counted_once_per_step() -> None:
 
 
 def test_a_short_plan_spends_its_validations_time_on_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    """2 minutes at 8 s a validation (5% of the budget is 6 s): only the last step validates, and the
+    """2 minutes at 8 s a validation (10% of the budget is 12 s): only the last step validates, and the
     three epoch ends' validations it skips are steps."""
     short = plan_run(15, 10, 120, 0.25, 8.0, 0.5, 112, 0, 0, 100, 0.1)
     assert short.validate_from == short.total_steps and short.validated_epoch_ends == 0
-    assert "validating the last step only (validations within 5% of the budget)" in short.describe()
+    assert "validating the last step only (validations within 10% of the budget)" in short.describe()
     left = 120 - 10 - 3  # the margin: 3 s
     cost = lambda total: (total - 15) * 0.25 + 8.0 + validations_until(15, total, 112, 0) * 0.5  # noqa: E731
     assert cost(short.total_steps) <= left < cost(short.total_steps + 1)
-    # 5 minutes at 5 s: the last two epoch ends and the last step, 15 s.
+    # 5 minutes at 5 s: the last five epoch ends and the last step, 30 s.
     five = plan_run(15, 10, 300, 0.29, 5.0, 0.5, 112, 0, 0, 100, 0.1)
-    assert five.validated_epoch_ends == 2 and five.validate_from == ((five.total_steps - 1) // 112 - 1) * 112
+    assert five.validated_epoch_ends == 5 and five.validate_from == ((five.total_steps - 1) // 112 - 4) * 112
     # Validations that all fit the share, or none to make, keep every epoch end's.
     every_end = plan_run(15, 10, 300, 0.29, 0.5, 0.5, 112, 0, 0, 100, 0.1)
     assert every_end.validate_from == 0 and every_end.validated_epoch_ends == (every_end.total_steps - 1) // 112
