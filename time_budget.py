@@ -67,6 +67,11 @@ class Plan:
         before_last = (self.total_steps - 1) // self.steps_per_epoch
         return before_last - max(self.validate_from - 1, 0) // self.steps_per_epoch
 
+    def validates_epoch_end(self, step: int, every: int) -> bool:
+        """Whether the epoch end at `step` validates (as `check_steps` counts it): from validate_from
+        on, at the last step, and on every `every`-th step (0: none)."""
+        return step >= min(self.validate_from, self.total_steps) or bool(every and step % every == 0)
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 

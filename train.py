@@ -1033,11 +1033,10 @@ class Trainer:
         if self.saved_step == self.global_step:
             return stop
         metrics = None
-        plan, every = self.run_plan, self.config["validate_every_steps"]
-        # A planned run validates only its last epoch ends (time_budget.first_validated_step), and
-        # every validate_every_steps, which an epoch end on such a step leaves to this one.
-        thinned = stop is None and plan is not None and self.global_step < min(plan.validate_from, plan.total_steps) \
-            and not (every and self.global_step % every == 0)
+        # A planned run validates only its last epoch ends (time_budget.first_validated_step) and
+        # those on a validate_every_steps step, which the step loop leaves to this one.
+        thinned = stop is None and self.run_plan is not None and \
+            not self.run_plan.validates_epoch_end(self.global_step, self.config["validate_every_steps"])
         if stop not in ("signal", "nonfinite") and not thinned:
             metrics, stop = self.validate(graceful, stop)
         if stop is None:
