@@ -58,6 +58,7 @@ from config import (IDENTITY_KEYS, MODEL_KEYS, TRAIN, ConfigError, OneLineParser
                     corpus_name, get_config, parse_args, runs_dir, validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
 from dataset import BatchPlan, BilingualDataset, CorpusMix, MicroBatches, padding_waste
+from decoding import max_output_tokens
 from diagnostics import log
 from device import pick_device
 from loss import loss_sum
@@ -73,7 +74,7 @@ from store import (DATA_RECORD, TextStore, TokenStore, data_changes, data_identi
                    token_stores, tokenizer_sample)
 from tokenizer import (EOS_ID, TokenizerError, encode_texts, load_tokenizers, save_tokenizers, tag_id,
                        tokenizer_from_json, train_tokenizers)
-from translator import DecodingOptions, TorchTranslator, TranslatorError
+from translator import DecodingOptions, TorchTranslator, TranslatorError, length_batches
 
 
 # ---------------------------------------------------------------------------- the parts of a run
@@ -305,6 +306,31 @@ class UnendingModel(torch.nn.Module):
 
     def new_cache(self) -> Any:
         return self.model.new_cache()
+
+
+def decoding_seconds(translator: TorchTranslator, sources: list[str], reference_lengths: list[int],
+                     options: DecodingOptions) -> float:
+    """What decoding `sources` costs, estimated before the model can translate them: in the batches
+    the translator makes (length_batches), each run to its longest reference (`reference_lengths`:
+    tokens, one per source) and its [EOS], never past the model's limit. Decoding costs by the step,
+    whatever the batch's size: the first batch (the longest sources, a full one) is decoded twice with
+    `translator`'s model (an UnendingModel, which writes to the length it is given), the second time
+    timed, and its cost per step counts every batch's steps. A sample scaled by sentences instead
+    counted a 15-minute plan 10.9 s a validation where they took about 4.5. The first decode pays
+    once for its new shapes (on an H200 a plan that timed it counted 54.8 s a validation where one
+    took 12 s)."""
+    if not sources:
+        return 0.0
+    encoded = translator.encode(sources, translator.source_tag(options.target_lang))
+    batches = length_batches(encoded, range(len(encoded)), options.batch_size)
+    steps = [min(max(reference_lengths[i] for i in batch) + 1, max_output_tokens(len(encoded[batch[0]].ids),
+                                                                                 translator.seq_len))
+             for batch in batches]
+    first = [encoded[i] for i in batches[0]]
+    translator.translate_batch(first, options, steps[0])
+    started = clock()
+    translator.translate_batch(first, options, steps[0])
+    return (clock() - started) / steps[0] * sum(steps)
 
 
 def validation_options(config: dict[str, Any]) -> DecodingOptions:
@@ -973,12 +999,8 @@ class Trainer:
 
     def estimated_validation_seconds(self) -> tuple[float, float]:
         """A validation's cost: the loss over this rank's share of the split, timed, and the decoding
-        of a sample of the sources, timed and scaled to the subset decoded; and the same for the
-        confidence fit after the last checkpoint (rank 0, the fit's sources with the decoding
-        options, 0 without a fit). The sample is decoded to the length of its longest reference and
-        never ends sooner (UnendingModel): a model this young writes anything from nothing to
-        endless repeats, and a validation costs what it costs once the model writes sentences of
-        the references' lengths."""
+        of its share of the sources (decoding_seconds); and the decoding of the confidence fit after
+        the last checkpoint (rank 0, the fit's sources with the decoding options, 0 without a fit)."""
         if not self.val_pairs:
             return 0.0, 0.0
         config, started = self.config, clock()
@@ -986,26 +1008,20 @@ class Trainer:
         model.eval()
         validation_loss(model, self.val_ds, config, self.device, self.ranks.rank, self.ranks.world_size)
         loss_seconds = clock() - started
-        sample = self.val_pairs[:32]
-        lang_tgt = corpora(config)[0].lang_tgt
         translator = TorchTranslator(UnendingModel(model), self.tok_src, self.tok_tgt, config)
-        sources = translator.encode([source for source, _ in sample], translator.source_tag(lang_tgt))
-        longest = max(len(e.ids) for e in encode_texts(self.tok_tgt, [target for _, target in sample], ids_only=True))
-
-        def per_sentence(options: DecodingOptions) -> float:
-            # Timed the second time: the first pays once for its new shapes (on an H200 a plan that
-            # timed it counted 54.8 s a validation, where one took 12 s and the next ones less).
-            translator.translate_batch(sources, options, longest + 1)  # the words and their [EOS]
-            decode_started = clock()
-            translator.translate_batch(sources, options, longest + 1)
-            return (clock() - decode_started) / len(sample)
-
-        validation = loss_seconds + per_sentence(validation_options(config)) * len(self.val_sources) / \
-            self.ranks.world_size
+        references = [target for _, target in self.val_pairs]
+        lengths = [len(e.ids) for e in encode_texts(self.tok_tgt, references, ids_only=True)]
+        longest: dict[str, int] = {}
+        for (source, _), length in zip(self.val_pairs, lengths):
+            longest[source] = max(longest.get(source, 0), length)
+        sources = self.val_sources[self.ranks.rank::self.ranks.world_size]
+        validation = loss_seconds + decoding_seconds(translator, sources, [longest[s] for s in sources],
+                                                     validation_options(config))
         fit = 0.0
         if config["confidence_sentences"] and self.ranks.is_main:
-            fit = per_sentence(DecodingOptions.from_config(config, target_lang=lang_tgt)) * \
-                min(config["confidence_sentences"], len(self.val_sources))
+            fitted = self.val_sources[:config["confidence_sentences"]]
+            fit = decoding_seconds(translator, fitted, [longest[s] for s in fitted],
+                                   DecodingOptions.from_config(config, target_lang=corpora(config)[0].lang_tgt))
         model.train()
         return validation, fit
 

@@ -14,11 +14,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import time_budget
 import train
 from checkpoint import MANIFEST, load_checkpoint
-from config import PRESETS, parse_config, runs_dir, weights_dir
+from config import PRESETS, get_config, parse_config, runs_dir, weights_dir
 from optimizer import decay_start, lr_factor
 from synthetic_data import synthetic_pairs, write_hub_dataset
 from time_budget import plan_run, planned_dropout, planned_layers, validations_until
 from tokenizer import EOS_ID
+from translator import DecodingOptions, TorchTranslator
 
 
 def test_the_plan_fills_the_budget_with_steps_validations_and_checkpoints() -> None:
@@ -56,6 +57,32 @@ def test_the_plan_fills_the_budget_with_steps_validations_and_checkpoints() -> N
     assert plan_run(15, 40, 900, 0.2, 5, 0.5, 112, 0, 0, 100, 0.1, dropout=0.15, dropout_epochs=21).dropout == 0.15
     # The depth: one layer fewer under half the preset's epochs, never below one layer.
     assert planned_layers(3, 7.5, 21) == 2 and planned_layers(3, 10.5, 21) == 3 and planned_layers(1, 0.5, 21) == 1
+
+
+def test_a_decodings_cost_is_estimated_by_the_step_in_the_batches_the_translator_makes(
+        toy_translator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: 10 ms a decoding step whatever the batch's size. Five sources of 4, 9, 6, 9 and 5
+    tokens, two to a batch, decode longest first: [1, 3], [2, 4], [0], each to its longest
+    reference and [EOS] (4, 13 capped at the model's 19, 8 steps). The first batch is decoded twice,
+    and its cost per step counts all 31 steps."""
+    now, batches = [0.0], []
+    decode = TorchTranslator.translate_batch
+
+    def timed(self, sources, options, max_tokens, constraints=None):
+        found = decode(self, sources, options, max_tokens, constraints)
+        batches.append((len(sources), max_tokens, {len(hypotheses[0][0]) for hypotheses in found}))
+        now[0] += 0.01 * max_tokens
+        return found
+
+    monkeypatch.setattr(TorchTranslator, "translate_batch", timed)
+    monkeypatch.setattr(train, "clock", lambda: now[0])
+    translator = TorchTranslator(train.UnendingModel(toy_translator.model), toy_translator.tok_src,
+                                 toy_translator.tok_tgt, dict(get_config(), seq_len=toy_translator.seq_len))
+    words = "one two three four five six seven eight".split()
+    sources = [" ".join(words[:count]) + "." for count in (3, 8, 5, 8, 4)]
+    seconds = train.decoding_seconds(translator, sources, [7, 2, 30, 3, 4], DecodingOptions(batch_size=2))
+    assert batches == [(2, 4, {4}), (2, 4, {4})]
+    assert seconds == pytest.approx(0.01 * (4 + 19 + 8))
 
 
 def test_validations_are_counted_once_per_step() -> None:
