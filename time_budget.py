@@ -56,6 +56,7 @@ class Plan:
     confidence_fit: bool = True  # whether the run ends with the fit (FIT_SHARE)
     dropout: float | None = None  # the run's dropout (planned_dropout); None: the config's, as in older plans
     validate_from: int = 0  # epoch ends before this step checkpoint without validating; 0: all validate
+    young_validation_seconds: float = 0.0  # a young model's validation (plan_run); 0 in older plans
 
     @property
     def epochs(self) -> float:
@@ -79,6 +80,8 @@ class Plan:
         return (f"plan for --max_minutes {self.budget_s / 60:g}: {self.total_steps} steps ({self.epochs:.1f} epochs of "
                 f"{self.steps_per_epoch}), warmup {self.warmup_steps}, at {self.step_seconds:.3f} s a step and "
                 f"{self.validation_seconds:.1f} s a validation"
+                + (f" ({self.young_validation_seconds:.1f} s a young model's)"
+                   if self.young_validation_seconds > self.validation_seconds else "")
                 + ("" if not self.final_seconds else f", {self.final_seconds:.1f} s for the confidence fit"
                    if self.confidence_fit else f", no confidence fit (it would take {self.final_seconds:.1f} s, over "
                    f"{FIT_SHARE:.0%} of the budget; evaluate.py --fit_confidence fits one later)")
@@ -119,9 +122,8 @@ def first_validated_step(total: int, steps_per_epoch: int, validation_seconds: f
     minutes: the last or the one before, of 19-21), and a young model's loops make the early ones
     the dearest: 8.0 s for the first of a 2-minute run here, 4.0 for the next, a sixth of its
     budget in all. The share keeps a 15-minute run's validations from before the decay, whose
-    measured cost corrects the estimate's (a 32-sentence sample decoded to its longest reference:
-    10.9 s, where they take about 4.5): at 5% only its last 3 epoch ends validated, and the run
-    ended 63 s early."""
+    measured cost corrects the estimate's: at 5% (with an estimate 2.5 times too long) only its
+    last 3 epoch ends validated, and the run ended 63 s early."""
     if validation_seconds <= 0:
         return 0
     ends = math.floor(VALIDATION_SHARE * budget_s / validation_seconds) - 1
@@ -134,12 +136,16 @@ def first_validated_step(total: int, steps_per_epoch: int, validation_seconds: f
 def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, validation_seconds: float,
              checkpoint_seconds: float, steps_per_epoch: int, validate_every: int, save_every: int,
              warmup_steps: int, warmup_fraction: float, final_seconds: float = 0.0,
-             dropout: float | None = None, dropout_epochs: int = 0) -> Plan:
+             dropout: float | None = None, dropout_epochs: int = 0, young_validation_seconds: float = 0.0) -> Plan:
     """The most steps whose cost fits what is left of `budget_s` after `elapsed_s`, a margin kept:
     each remaining step at `step_seconds`, each validation still to come (those
     `first_validated_step` keeps), each epoch end's checkpoint and those of `save_every`, and
     `final_seconds` of work after the last checkpoint (the confidence fit), unless that is over
-    FIT_SHARE of the budget: then the run leaves the fit out. Never fewer than `step` + 1. The
+    FIT_SHARE of the budget: then the run leaves the fit out. Which epoch ends validate is decided
+    at `young_validation_seconds` where that is more (a model too young to end its sentences decodes
+    each to the model's limit: 5.4 s for a 5-minute plan's first validation here, 2.0 for its last
+    ones), what they cost at `validation_seconds`: the kept ones are the last, of a trained model.
+    Never fewer than `step` + 1. The
     warmup: the config's `warmup_steps`, at most half the run; where it is 0, `warmup_fraction` of
     the run. The dropout: `planned_dropout` of `dropout` (None: the run keeps its config's)."""
     left = budget_s - elapsed_s - max(MARGIN_S, MARGIN_FRACTION * budget_s)
@@ -147,11 +153,12 @@ def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, 
     # cannot pass (every sentence below the chrF threshold): a quarter of the budget, steps not taken.
     fit = final_seconds <= FIT_SHARE * budget_s
     after_last = final_seconds if fit else 0.0
+    thinning_seconds = max(validation_seconds, young_validation_seconds)
 
     def cost(total: int) -> float:
         checks = check_steps(step, total, steps_per_epoch, validate_every)  # each checkpoints
         validated = validations_until(step, total, steps_per_epoch, validate_every,
-                                      first_validated_step(total, steps_per_epoch, validation_seconds, budget_s))
+                                      first_validated_step(total, steps_per_epoch, thinning_seconds, budget_s))
         saves = (total // save_every - step // save_every) if save_every else 0
         return (total - step) * step_seconds + validated * validation_seconds + \
             (len(checks) + saves) * checkpoint_seconds + after_last
@@ -172,7 +179,7 @@ def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, 
     return Plan(total, warmup, steps_per_epoch, step_seconds, validation_seconds, checkpoint_seconds, step,
                 budget_s, elapsed_s + cost(total), final_seconds, fit,
                 None if dropout is None else planned_dropout(dropout, total / steps_per_epoch, dropout_epochs),
-                first_validated_step(total, steps_per_epoch, validation_seconds, budget_s))
+                first_validated_step(total, steps_per_epoch, thinning_seconds, budget_s), young_validation_seconds)
 
 
 def planned_dropout(dropout: float, epochs: float, dropout_epochs: int) -> float:
