@@ -11,8 +11,8 @@ scales it to the run's length (`planned_dropout`): a run of fewer epochs sees ea
 and needs less. On a CPU whose rough epoch estimate (train.cpu_epoch_estimate, before the model is
 built) fits under half of num_epochs (a preset's, set for its depth), the run trains one layer fewer
 (`planned_layers`), unless --num_layers is given. Only the last epoch ends that fit VALIDATION_SHARE
-of the budget validate (`first_validated_step`); the others checkpoint, and their validations' time
-goes to steps. The invocation that planned re-times the plan from the steps and validations it
+of the budget validate (`first_validated_step`), at a young model's cost until one is measured; the
+others checkpoint, and their validations' time goes to steps. The invocation that planned re-times the plan from the steps and validations it
 measured (a dozen steps and a young model's decoding are a small sample of a shared machine, and a
 GPU's first epoch pays once for each new batch shape): at every epoch end while the learning rate
 does not depend on the run's length (inverse square root; wsd until its decay), once for cosine
@@ -56,7 +56,12 @@ class Plan:
     confidence_fit: bool = True  # whether the run ends with the fit (FIT_SHARE)
     dropout: float | None = None  # the run's dropout (planned_dropout); None: the config's, as in older plans
     validate_from: int = 0  # epoch ends before this step checkpoint without validating; 0: all validate
-    young_validation_seconds: float = 0.0  # a young model's validation (plan_run); 0 in older plans
+    young_validation_seconds: float = 0.0  # the first estimate of a validation (plan_run); 0 in older plans
+
+    @property
+    def fit_seconds(self) -> float:
+        """The confidence fit's time (`plan_run`)."""
+        return fit_seconds(self.final_seconds, self.validation_seconds, self.young_validation_seconds)
 
     @property
     def epochs(self) -> float:
@@ -80,10 +85,8 @@ class Plan:
         return (f"plan for --max_minutes {self.budget_s / 60:g}: {self.total_steps} steps ({self.epochs:.1f} epochs of "
                 f"{self.steps_per_epoch}), warmup {self.warmup_steps}, at {self.step_seconds:.3f} s a step and "
                 f"{self.validation_seconds:.1f} s a validation"
-                + (f" ({self.young_validation_seconds:.1f} s a young model's)"
-                   if self.young_validation_seconds > self.validation_seconds else "")
-                + ("" if not self.final_seconds else f", {self.final_seconds:.1f} s for the confidence fit"
-                   if self.confidence_fit else f", no confidence fit (it would take {self.final_seconds:.1f} s, over "
+                + ("" if not self.final_seconds else f", {self.fit_seconds:.1f} s for the confidence fit"
+                   if self.confidence_fit else f", no confidence fit (it would take {self.fit_seconds:.1f} s, over "
                    f"{FIT_SHARE:.0%} of the budget; evaluate.py --fit_confidence fits one later)")
                 + ("" if self.dropout is None else f", dropout {self.dropout:g}")
                 + self.describe_validations()
@@ -122,8 +125,8 @@ def first_validated_step(total: int, steps_per_epoch: int, validation_seconds: f
     minutes: the last or the one before, of 19-21), and a young model's loops make the early ones
     the dearest: 8.0 s for the first of a 2-minute run here, 4.0 for the next, a sixth of its
     budget in all. The share keeps a 15-minute run's validations from before the decay, whose
-    measured cost corrects the estimate's: at 5% (with an estimate 2.5 times too long) only its
-    last 3 epoch ends validated, and the run ended 63 s early."""
+    measured cost replaces the estimate (a young model's, 2.5 times a trained one's): at 5% only
+    its last 3 epoch ends validated, and the run ended 63 s early."""
     if validation_seconds <= 0:
         return 0
     ends = math.floor(VALIDATION_SHARE * budget_s / validation_seconds) - 1
@@ -141,24 +144,23 @@ def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, 
     each remaining step at `step_seconds`, each validation still to come (those
     `first_validated_step` keeps), each epoch end's checkpoint and those of `save_every`, and
     `final_seconds` of work after the last checkpoint (the confidence fit), unless that is over
-    FIT_SHARE of the budget: then the run leaves the fit out. Which epoch ends validate is decided
-    at `young_validation_seconds` where that is more (a model too young to end its sentences decodes
-    each to the model's limit: 5.4 s for a 5-minute plan's first validation here, 2.0 for its last
-    ones), what they cost at `validation_seconds`: the kept ones are the last, of a trained model.
-    Never fewer than `step` + 1. The
+    FIT_SHARE of the budget: then the run leaves the fit out. Until a validation is measured,
+    `validation_seconds` and `final_seconds` are a young model's (train.decoding_seconds); with
+    `young_validation_seconds`, the first plan's validation estimate, the fit is scaled as the
+    validations measured since (`fit_seconds`). Never fewer than `step` + 1. The
     warmup: the config's `warmup_steps`, at most half the run; where it is 0, `warmup_fraction` of
     the run. The dropout: `planned_dropout` of `dropout` (None: the run keeps its config's)."""
     left = budget_s - elapsed_s - max(MARGIN_S, MARGIN_FRACTION * budget_s)
     # A 2-minute run here counted 28.8 s for a fit (beam 5 over 500 sentences) that a model so young
     # cannot pass (every sentence below the chrF threshold): a quarter of the budget, steps not taken.
-    fit = final_seconds <= FIT_SHARE * budget_s
-    after_last = final_seconds if fit else 0.0
-    thinning_seconds = max(validation_seconds, young_validation_seconds)
+    fitting = fit_seconds(final_seconds, validation_seconds, young_validation_seconds)
+    fit = fitting <= FIT_SHARE * budget_s
+    after_last = fitting if fit else 0.0
 
     def cost(total: int) -> float:
         checks = check_steps(step, total, steps_per_epoch, validate_every)  # each checkpoints
         validated = validations_until(step, total, steps_per_epoch, validate_every,
-                                      first_validated_step(total, steps_per_epoch, thinning_seconds, budget_s))
+                                      first_validated_step(total, steps_per_epoch, validation_seconds, budget_s))
         saves = (total // save_every - step // save_every) if save_every else 0
         return (total - step) * step_seconds + validated * validation_seconds + \
             (len(checks) + saves) * checkpoint_seconds + after_last
@@ -179,7 +181,20 @@ def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, 
     return Plan(total, warmup, steps_per_epoch, step_seconds, validation_seconds, checkpoint_seconds, step,
                 budget_s, elapsed_s + cost(total), final_seconds, fit,
                 None if dropout is None else planned_dropout(dropout, total / steps_per_epoch, dropout_epochs),
-                first_validated_step(total, steps_per_epoch, thinning_seconds, budget_s), young_validation_seconds)
+                first_validated_step(total, steps_per_epoch, validation_seconds, budget_s), young_validation_seconds)
+
+
+def fit_seconds(young_fit_seconds: float, validation_seconds: float, young_validation_seconds: float) -> float:
+    """The confidence fit's time: `young_fit_seconds`, estimated as a young model's (each sentence
+    decoded to the model's limit), scaled by what a validation costs (`validation_seconds`, once
+    measured) against its estimate as a young model's; unscaled without that estimate (0) and never
+    raised. A 5-minute plan here estimated the fit at 13.9 s and it took about 5: validations of a
+    model that ends its sentences cost 2.0 s against a young one's 5.4. A 2-minute run's model is
+    still young at its end (greedy BLEU 3, its outputs 3 times the references' length), and its
+    validations are measured only there, so the plan keeps the young cost and leaves the fit out."""
+    if young_validation_seconds <= 0:
+        return young_fit_seconds
+    return young_fit_seconds * min(1.0, validation_seconds / young_validation_seconds)
 
 
 def planned_dropout(dropout: float, epochs: float, dropout_epochs: int) -> float:

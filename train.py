@@ -72,7 +72,7 @@ from scoring import corpus_scores, grouped_scores, improves
 from sources import DataError
 from store import (DATA_RECORD, TextStore, TokenStore, data_changes, data_identity, data_record, text_stores,
                    token_stores, tokenizer_sample)
-from tokenizer import (EOS_ID, TokenizerError, encode_texts, load_tokenizers, save_tokenizers, tag_id,
+from tokenizer import (EOS_ID, TokenizerError, load_tokenizers, save_tokenizers, tag_id,
                        tokenizer_from_json, train_tokenizers)
 from translator import DecodingOptions, TorchTranslator, TranslatorError, length_batches
 
@@ -308,30 +308,30 @@ class UnendingModel(torch.nn.Module):
         return self.model.new_cache()
 
 
-def decoding_seconds(translator: TorchTranslator, sources: list[str], reference_lengths: list[int],
-                     options: DecodingOptions) -> tuple[float, float]:
-    """What decoding `sources` costs, estimated before the model can translate them: in the batches
-    the translator makes (length_batches), each run to its longest reference (`reference_lengths`:
-    tokens, one per source) and its [EOS], never past the model's limit; and each run to that limit,
-    as a model too young to end its sentences decodes them. Decoding costs by the step,
-    whatever the batch's size: the first batch (the longest sources, a full one) is decoded twice with
-    `translator`'s model (an UnendingModel, which writes to the length it is given), the second time
-    timed, and its cost per step counts every batch's steps. A sample scaled by sentences instead
-    counted a 15-minute plan 10.9 s a validation where they took about 4.5. The first decode pays
-    once for its new shapes (on an H200 a plan that timed it counted 54.8 s a validation where one
-    took 12 s)."""
+TIMED_DECODING_STEPS = 32  # at most, of the batch decoding_seconds times: a plan's estimates cost it time
+
+
+def decoding_seconds(translator: TorchTranslator, sources: list[str], options: DecodingOptions) -> float:
+    """What decoding `sources` costs a model too young to end its sentences, estimated before it can
+    translate them: in the batches the translator makes (length_batches), each run to the model's
+    limit (decoding.max_output_tokens), as a young model's repeats run (a 5-minute plan's first
+    validation here took 5.4 s, its last ones, of a model that ends its sentences, 2.0: the plan
+    measures those). Decoding costs by the step, whatever the batch's size: the first batch (the
+    longest sources, a full one) is decoded twice with `translator`'s model (an UnendingModel, which
+    writes to the length it is given), for at most TIMED_DECODING_STEPS, the second time timed, and
+    its cost per step counts every batch's steps. The first decode pays once for its new shapes (on an H200 a
+    plan that timed it counted 54.8 s a validation where one took 12 s)."""
     if not sources:
-        return 0.0, 0.0
+        return 0.0
     encoded = translator.encode(sources, translator.source_tag(options.target_lang))
     batches = length_batches(encoded, range(len(encoded)), options.batch_size)
-    limits = [max_output_tokens(len(encoded[batch[0]].ids), translator.seq_len) for batch in batches]
-    steps = [min(max(reference_lengths[i] for i in batch) + 1, limit) for batch, limit in zip(batches, limits)]
+    steps = [max_output_tokens(len(encoded[batch[0]].ids), translator.seq_len) for batch in batches]
+    timed = min(steps[0], TIMED_DECODING_STEPS)
     first = [encoded[i] for i in batches[0]]
-    translator.translate_batch(first, options, steps[0])
+    translator.translate_batch(first, options, timed)
     started = clock()
-    translator.translate_batch(first, options, steps[0])
-    per_step = (clock() - started) / steps[0]
-    return per_step * sum(steps), per_step * sum(limits)
+    translator.translate_batch(first, options, timed)
+    return (clock() - started) / timed * sum(steps)
 
 
 def validation_options(config: dict[str, Any]) -> DecodingOptions:
@@ -944,8 +944,8 @@ class Trainer:
         skip = min(PLAN_SKIP_STEPS, len(self.step_times) - 2)
         (first, started, validated), (last, ended, validated_end) = self.step_times[skip], self.step_times[-1]
         step_seconds = max(ended - started - (validated_end - validated), 0.0) / max(last - first, 1)
-        validation_seconds, young_seconds, fit_seconds = self.estimated_validation_seconds()
-        return self.planned(step_seconds, validation_seconds, young_seconds, self.estimated_checkpoint_seconds(),
+        validation_seconds, fit_seconds = self.estimated_validation_seconds()
+        return self.planned(step_seconds, validation_seconds, validation_seconds, self.estimated_checkpoint_seconds(),
                             fit_seconds, "")
 
     def retime(self) -> None:
@@ -972,10 +972,9 @@ class Trainer:
             validated = self.validation_seconds - mark[2]
             step_seconds = max(clock() - mark[1] - validated, 0.0) / (self.global_step - mark[0])
             validations = self.validations - mark[3]
-            # Validations measured replace both estimates: the next ones decode an older model.
-            measured = (validated / validations,) * 2 if validations else \
-                (plan.validation_seconds, plan.young_validation_seconds)
-            retimed = self.planned(step_seconds, *measured, plan.checkpoint_seconds, plan.final_seconds, "re-timed ")
+            retimed = self.planned(step_seconds, validated / validations if validations else plan.validation_seconds,
+                                   plan.young_validation_seconds, plan.checkpoint_seconds, plan.final_seconds,
+                                   "re-timed ")
         if not again:
             self.plan_mark = None
         elif not self.retimed:
@@ -983,16 +982,17 @@ class Trainer:
         self.retimed = True
         self.follow(plan_from_dict(self.from_rank0(retimed.as_dict() if retimed is not None else None)))
 
-    def planned(self, step_seconds: float, validation_seconds: float, young_seconds: float,
+    def planned(self, step_seconds: float, validation_seconds: float, young_validation_seconds: float,
                 checkpoint_seconds: float, fit_seconds: float, label: str) -> Plan:
-        """The plan for what is left of the clock from here, logged and recorded in TensorBoard."""
+        """The plan for what is left of the clock from here, logged and recorded in TensorBoard;
+        `young_validation_seconds` and `fit_seconds` are the first plan's estimates (plan_run)."""
         config = self.config
         plan = plan_run(self.global_step, clock() - self.started, 60 * config["max_minutes"], step_seconds,
                         validation_seconds, checkpoint_seconds, self.steps_per_epoch,
                         config["validate_every_steps"], config["save_every_steps"], config["warmup_steps"],
                         config["warmup_fraction"], fit_seconds,
                         None if self.dropout_given or config["compile"] else config["dropout"], config["num_epochs"],
-                        young_seconds)
+                        young_validation_seconds)
         log(label + plan.describe())
         self.writer.add_text("plan", label + plan.describe(), self.global_step)
         for name in ("total_steps", "warmup_steps", "step_seconds", "validation_seconds", "expected_end_s"):
@@ -1002,34 +1002,27 @@ class Trainer:
         self.writer.add_scalar("plan/epochs", plan.epochs, self.global_step)
         return plan
 
-    def estimated_validation_seconds(self) -> tuple[float, float, float]:
+    def estimated_validation_seconds(self) -> tuple[float, float]:
         """A validation's cost: the loss over this rank's share of the split, timed, and the decoding
-        of its share of the sources (decoding_seconds), once to the references' lengths and once as
-        a young model's; and the decoding of the confidence fit after the last checkpoint (rank 0,
-        the fit's sources with the decoding options, 0 without a fit)."""
+        of its share of the sources; and the decoding of the confidence fit after the last checkpoint
+        (rank 0, the fit's sources with the decoding options, 0 without a fit); both as a young
+        model decodes (decoding_seconds)."""
         if not self.val_pairs:
-            return 0.0, 0.0, 0.0
+            return 0.0, 0.0
         config, started = self.config, clock()
         model = self.raw_model
         model.eval()
         validation_loss(model, self.val_ds, config, self.device, self.ranks.rank, self.ranks.world_size)
         loss_seconds = clock() - started
         translator = TorchTranslator(UnendingModel(model), self.tok_src, self.tok_tgt, config)
-        references = [target for _, target in self.val_pairs]
-        lengths = [len(e.ids) for e in encode_texts(self.tok_tgt, references, ids_only=True)]
-        longest: dict[str, int] = {}
-        for (source, _), length in zip(self.val_pairs, lengths):
-            longest[source] = max(longest.get(source, 0), length)
-        sources = self.val_sources[self.ranks.rank::self.ranks.world_size]
-        validation, young = decoding_seconds(translator, sources, [longest[s] for s in sources],
-                                             validation_options(config))
+        validation = loss_seconds + decoding_seconds(translator, self.val_sources[self.ranks.rank::self.ranks.world_size],
+                                                     validation_options(config))
         fit = 0.0
         if config["confidence_sentences"] and self.ranks.is_main:
-            fitted = self.val_sources[:config["confidence_sentences"]]
-            fit, _ = decoding_seconds(translator, fitted, [longest[s] for s in fitted],
-                                      DecodingOptions.from_config(config, target_lang=corpora(config)[0].lang_tgt))
+            fit = decoding_seconds(translator, self.val_sources[:config["confidence_sentences"]],
+                                   DecodingOptions.from_config(config, target_lang=corpora(config)[0].lang_tgt))
         model.train()
-        return loss_seconds + validation, loss_seconds + young, fit
+        return validation, fit
 
     def estimated_checkpoint_seconds(self) -> float:
         """A checkpoint's cost: the model's and optimizer's state serialised once in memory, doubled
@@ -1140,7 +1133,7 @@ class Trainer:
             if self.run_plan is None or self.run_plan.confidence_fit:
                 self.fit_confidence()
             else:
-                log(f"no confidence calibrator: the plan left the fit out ({self.run_plan.final_seconds:.0f} s, over "
+                log(f"no confidence calibrator: the plan left the fit out ({self.run_plan.fit_seconds:.0f} s, over "
                     f"{FIT_SHARE:.0%} of --max_minutes); evaluate.py --fit_confidence fits one")
         if self.ranks.is_main:
             command = " ".join(["python", "train.py", *sys.argv[1:]])
