@@ -308,7 +308,7 @@ class UnendingModel(torch.nn.Module):
         return self.model.new_cache()
 
 
-TIMED_DECODING_STEPS = 32  # at most, of the batch decoding_seconds times: a plan's estimates cost it time
+WARMUP_DECODING_STEPS = 4  # of decoding_seconds' untimed first decode: enough to meet every kernel
 
 
 def decoding_seconds(translator: TorchTranslator, sources: list[str], options: DecodingOptions) -> float:
@@ -316,22 +316,23 @@ def decoding_seconds(translator: TorchTranslator, sources: list[str], options: D
     translate them: in the batches the translator makes (length_batches), each run to the model's
     limit (decoding.max_output_tokens), as a young model's repeats run (a 5-minute plan's first
     validation here took 5.4 s, its last ones, of a model that ends its sentences, 2.0: the plan
-    measures those). Decoding costs by the step, whatever the batch's size: the first batch (the
-    longest sources, a full one) is decoded twice with `translator`'s model (an UnendingModel, which
-    writes to the length it is given), for at most TIMED_DECODING_STEPS, the second time timed, and
-    its cost per step counts every batch's steps. The first decode pays once for its new shapes (on an H200 a
-    plan that timed it counted 54.8 s a validation where one took 12 s)."""
+    measures those). Decoding costs by the step, whatever the batch's size, and more as the step's
+    cache grows (timed for its first 32 steps, a 2-minute plan here counted 4.5 s a validation that
+    took about 8): the first batch (the longest sources, a full one) is decoded with `translator`'s
+    model (an UnendingModel, which writes to the length it is given) to its limit, timed, and its
+    cost per step counts every batch's steps. A short untimed decode before it pays once for the new
+    shapes (on an H200 a plan that timed its first decode counted 54.8 s a validation where one took
+    12 s)."""
     if not sources:
         return 0.0
     encoded = translator.encode(sources, translator.source_tag(options.target_lang))
     batches = length_batches(encoded, range(len(encoded)), options.batch_size)
     steps = [max_output_tokens(len(encoded[batch[0]].ids), translator.seq_len) for batch in batches]
-    timed = min(steps[0], TIMED_DECODING_STEPS)
     first = [encoded[i] for i in batches[0]]
-    translator.translate_batch(first, options, timed)
+    translator.translate_batch(first, options, min(steps[0], WARMUP_DECODING_STEPS))
     started = clock()
-    translator.translate_batch(first, options, timed)
-    return (clock() - started) / timed * sum(steps)
+    translator.translate_batch(first, options, steps[0])
+    return (clock() - started) / steps[0] * sum(steps)
 
 
 def validation_options(config: dict[str, Any]) -> DecodingOptions:

@@ -64,7 +64,7 @@ def test_a_young_models_decoding_is_estimated_by_the_step_in_the_batches_the_tra
     """Planted: 10 ms a decoding step whatever the batch's size. Five sources of 4, 9, 6, 9 and 5
     tokens, two to a batch, decode longest first: [1, 3], [2, 4], [0], each to the model's limit
     (19, 19 and 18 steps: twice the source and 10, at most seq_len - 1). The first batch is decoded
-    twice for the 8 steps timed, and its cost per step counts all 56 steps."""
+    for 4 steps untimed, then to its limit timed, and its cost per step counts all 56 steps."""
     now, batches = [0.0], []
     decode = TorchTranslator.translate_batch
 
@@ -76,13 +76,12 @@ def test_a_young_models_decoding_is_estimated_by_the_step_in_the_batches_the_tra
 
     monkeypatch.setattr(TorchTranslator, "translate_batch", timed)
     monkeypatch.setattr(train, "clock", lambda: now[0])
-    monkeypatch.setattr(train, "TIMED_DECODING_STEPS", 8)
     translator = TorchTranslator(train.UnendingModel(toy_translator.model), toy_translator.tok_src,
                                  toy_translator.tok_tgt, dict(get_config(), seq_len=toy_translator.seq_len))
     words = "one two three four five six seven eight".split()
     sources = [" ".join(words[:count]) + "." for count in (3, 8, 5, 8, 4)]
     seconds = train.decoding_seconds(translator, sources, DecodingOptions(batch_size=2))
-    assert batches == [(2, 8, {8}), (2, 8, {8})]  # the toy model would end these sentences sooner
+    assert batches == [(2, 4, {4}), (2, 19, {19})]  # the toy model would end these sentences sooner
     assert seconds == pytest.approx(0.01 * (19 + 19 + 18))
 
 
@@ -375,8 +374,9 @@ def test_a_model_that_ends_every_sentence_at_once_is_timed_as_if_it_ran_to_the_l
     monkeypatch.setattr(Transformer, "project", ends_at_once)
     monkeypatch.setattr(TorchTranslator, "translate_batch", recorded)
     assert run(planned, tmp_path, CountingClock(), monkeypatch) == 0
-    # The plan's decodes come first, each twice (the second timed): validation's, then the fit's.
-    assert len({bound for bound, _ in ran[:4]}) == 1 and all(lengths == {bound} for bound, lengths in ran[:4]), ran
+    # The plan's decodes come first, each a short one and one to the limit (timed): validation's, then the fit's.
+    assert [bound for bound, _ in ran[:4]] == [4, ran[1][0], 4, ran[3][0]] and ran[1][0] > 4, ran
+    assert all(lengths == {bound} for bound, lengths in ran[:4]), ran
     assert ran[4][1] == {1}, ran[4]  # validation itself: the model ends every sentence at once
 
 
