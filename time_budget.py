@@ -11,8 +11,8 @@ scales it to the run's length (`planned_dropout`): a run of fewer epochs sees ea
 and needs less. On a CPU whose rough epoch estimate (train.cpu_epoch_estimate, before the model is
 built) fits under half of num_epochs (a preset's, set for its depth), the run trains one layer fewer
 (`planned_layers`), unless --num_layers is given. Only the last epoch ends that fit VALIDATION_SHARE
-of the budget validate (`first_validated_step`), at a young model's cost until one is measured; the
-others checkpoint, and their validations' time goes to steps. The invocation that planned re-times the plan from the steps and validations it
+of the budget validate (`first_validated_step`); the others checkpoint, and their validations' time
+goes to steps. The invocation that planned re-times the plan from the steps and validations it
 measured (a dozen steps and a young model's decoding are a small sample of a shared machine, and a
 GPU's first epoch pays once for each new batch shape): at every epoch end while the learning rate
 does not depend on the run's length (inverse square root; wsd until its decay), once for cosine
@@ -56,12 +56,12 @@ class Plan:
     confidence_fit: bool = True  # whether the run ends with the fit (FIT_SHARE)
     dropout: float | None = None  # the run's dropout (planned_dropout); None: the config's, as in older plans
     validate_from: int = 0  # epoch ends before this step checkpoint without validating; 0: all validate
-    young_validation_seconds: float = 0.0  # the first estimate of a validation (plan_run); 0 in older plans
+    first_validation_seconds: float = 0.0  # the first plan's validation_seconds (fit_seconds); 0 in older plans
 
     @property
     def fit_seconds(self) -> float:
         """The confidence fit's time (`plan_run`)."""
-        return fit_seconds(self.final_seconds, self.validation_seconds, self.young_validation_seconds)
+        return fit_seconds(self.final_seconds, self.validation_seconds, self.first_validation_seconds)
 
     @property
     def epochs(self) -> float:
@@ -125,8 +125,9 @@ def first_validated_step(total: int, steps_per_epoch: int, validation_seconds: f
     minutes: the last or the one before, of 19-21), and a young model's loops make the early ones
     the dearest: 8.0 s for the first of a 2-minute run here, 4.0 for the next, a sixth of its
     budget in all. The share keeps a 15-minute run's validations from before the decay, whose
-    measured cost replaces the estimate (a young model's, 2.5 times a trained one's): at 5% only
-    its last 3 epoch ends validated, and the run ended 63 s early."""
+    measured cost corrects the estimate's (a 32-sentence sample decoded to its longest reference:
+    10.9 s, where they take about 4.5): at 5% only its last 3 epoch ends validated, and the run
+    ended 63 s early."""
     if validation_seconds <= 0:
         return 0
     ends = math.floor(VALIDATION_SHARE * budget_s / validation_seconds) - 1
@@ -139,21 +140,19 @@ def first_validated_step(total: int, steps_per_epoch: int, validation_seconds: f
 def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, validation_seconds: float,
              checkpoint_seconds: float, steps_per_epoch: int, validate_every: int, save_every: int,
              warmup_steps: int, warmup_fraction: float, final_seconds: float = 0.0,
-             dropout: float | None = None, dropout_epochs: int = 0, young_validation_seconds: float = 0.0) -> Plan:
+             dropout: float | None = None, dropout_epochs: int = 0, first_validation_seconds: float = 0.0) -> Plan:
     """The most steps whose cost fits what is left of `budget_s` after `elapsed_s`, a margin kept:
     each remaining step at `step_seconds`, each validation still to come (those
     `first_validated_step` keeps), each epoch end's checkpoint and those of `save_every`, and
     `final_seconds` of work after the last checkpoint (the confidence fit), unless that is over
-    FIT_SHARE of the budget: then the run leaves the fit out. Until a validation is measured,
-    `validation_seconds` and `final_seconds` are a young model's (train.decoding_seconds); with
-    `young_validation_seconds`, the first plan's validation estimate, the fit is scaled as the
-    validations measured since (`fit_seconds`). Never fewer than `step` + 1. The
-    warmup: the config's `warmup_steps`, at most half the run; where it is 0, `warmup_fraction` of
-    the run. The dropout: `planned_dropout` of `dropout` (None: the run keeps its config's)."""
+    FIT_SHARE of the budget: then the run leaves the fit out; with `first_validation_seconds`, the
+    fit's estimate is scaled as the validations measured since (`fit_seconds`). Never fewer than
+    `step` + 1. The warmup: the config's `warmup_steps`, at most half the run; where it is 0,
+    `warmup_fraction` of the run. The dropout: `planned_dropout` of `dropout` (None: the run keeps its config's)."""
     left = budget_s - elapsed_s - max(MARGIN_S, MARGIN_FRACTION * budget_s)
     # A 2-minute run here counted 28.8 s for a fit (beam 5 over 500 sentences) that a model so young
     # cannot pass (every sentence below the chrF threshold): a quarter of the budget, steps not taken.
-    fitting = fit_seconds(final_seconds, validation_seconds, young_validation_seconds)
+    fitting = fit_seconds(final_seconds, validation_seconds, first_validation_seconds)
     fit = fitting <= FIT_SHARE * budget_s
     after_last = fitting if fit else 0.0
 
@@ -181,20 +180,20 @@ def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, 
     return Plan(total, warmup, steps_per_epoch, step_seconds, validation_seconds, checkpoint_seconds, step,
                 budget_s, elapsed_s + cost(total), final_seconds, fit,
                 None if dropout is None else planned_dropout(dropout, total / steps_per_epoch, dropout_epochs),
-                first_validated_step(total, steps_per_epoch, validation_seconds, budget_s), young_validation_seconds)
+                first_validated_step(total, steps_per_epoch, validation_seconds, budget_s), first_validation_seconds)
 
 
-def fit_seconds(young_fit_seconds: float, validation_seconds: float, young_validation_seconds: float) -> float:
-    """The confidence fit's time: `young_fit_seconds`, estimated as a young model's (each sentence
-    decoded to the model's limit), scaled by what a validation costs (`validation_seconds`, once
-    measured) against its estimate as a young model's; unscaled without that estimate (0) and never
-    raised. A 5-minute plan here estimated the fit at 13.9 s and it took about 5: validations of a
-    model that ends its sentences cost 2.0 s against a young one's 5.4. A 2-minute run's model is
-    still young at its end (greedy BLEU 3, its outputs 3 times the references' length), and its
-    validations are measured only there, so the plan keeps the young cost and leaves the fit out."""
-    if young_validation_seconds <= 0:
-        return young_fit_seconds
-    return young_fit_seconds * min(1.0, validation_seconds / young_validation_seconds)
+def fit_seconds(estimated_fit_seconds: float, validation_seconds: float, first_validation_seconds: float) -> float:
+    """The confidence fit's time: its estimate (train.Trainer.estimated_validation_seconds, made
+    with the validation's, `first_validation_seconds`) scaled as validations measured since came
+    out (`validation_seconds`); unscaled without a first estimate (0), never raised. Both estimates
+    decode a sample to its longest reference, in one batch: a 5-minute plan here counted 5.3 s a
+    validation and 13.9 s for the fit, and measured validations took 2.1, so the fit, about 5 s,
+    left 9 s of the budget unused. A 2-minute plan measures its one validation at its end, and keeps
+    the estimate: a model that young loops to the limit, and its fit (16 s) is left out."""
+    if first_validation_seconds <= 0:
+        return estimated_fit_seconds
+    return estimated_fit_seconds * min(1.0, validation_seconds / first_validation_seconds)
 
 
 def planned_dropout(dropout: float, epochs: float, dropout_epochs: int) -> float:

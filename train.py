@@ -58,7 +58,6 @@ from config import (IDENTITY_KEYS, MODEL_KEYS, TRAIN, ConfigError, OneLineParser
                     corpus_name, get_config, parse_args, runs_dir, validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
 from dataset import BatchPlan, BilingualDataset, CorpusMix, MicroBatches, padding_waste
-from decoding import max_output_tokens
 from diagnostics import log
 from device import pick_device
 from loss import loss_sum
@@ -72,9 +71,9 @@ from scoring import corpus_scores, grouped_scores, improves
 from sources import DataError
 from store import (DATA_RECORD, TextStore, TokenStore, data_changes, data_identity, data_record, text_stores,
                    token_stores, tokenizer_sample)
-from tokenizer import (EOS_ID, TokenizerError, load_tokenizers, save_tokenizers, tag_id,
+from tokenizer import (EOS_ID, TokenizerError, encode_texts, load_tokenizers, save_tokenizers, tag_id,
                        tokenizer_from_json, train_tokenizers)
-from translator import DecodingOptions, TorchTranslator, TranslatorError, length_batches
+from translator import DecodingOptions, TorchTranslator, TranslatorError
 
 
 # ---------------------------------------------------------------------------- the parts of a run
@@ -306,33 +305,6 @@ class UnendingModel(torch.nn.Module):
 
     def new_cache(self) -> Any:
         return self.model.new_cache()
-
-
-WARMUP_DECODING_STEPS = 4  # of decoding_seconds' untimed first decode: enough to meet every kernel
-
-
-def decoding_seconds(translator: TorchTranslator, sources: list[str], options: DecodingOptions) -> float:
-    """What decoding `sources` costs a model too young to end its sentences, estimated before it can
-    translate them: in the batches the translator makes (length_batches), each run to the model's
-    limit (decoding.max_output_tokens), as a young model's repeats run (a 5-minute plan's first
-    validation here took 5.4 s, its last ones, of a model that ends its sentences, 2.0: the plan
-    measures those). Decoding costs by the step, whatever the batch's size, and more as the step's
-    cache grows (timed for its first 32 steps, a 2-minute plan here counted 4.5 s a validation that
-    took about 8): the first batch (the longest sources, a full one) is decoded with `translator`'s
-    model (an UnendingModel, which writes to the length it is given) to its limit, timed, and its
-    cost per step counts every batch's steps. A short untimed decode before it pays once for the new
-    shapes (on an H200 a plan that timed its first decode counted 54.8 s a validation where one took
-    12 s)."""
-    if not sources:
-        return 0.0
-    encoded = translator.encode(sources, translator.source_tag(options.target_lang))
-    batches = length_batches(encoded, range(len(encoded)), options.batch_size)
-    steps = [max_output_tokens(len(encoded[batch[0]].ids), translator.seq_len) for batch in batches]
-    first = [encoded[i] for i in batches[0]]
-    translator.translate_batch(first, options, min(steps[0], WARMUP_DECODING_STEPS))
-    started = clock()
-    translator.translate_batch(first, options, steps[0])
-    return (clock() - started) / steps[0] * sum(steps)
 
 
 def validation_options(config: dict[str, Any]) -> DecodingOptions:
@@ -974,7 +946,7 @@ class Trainer:
             step_seconds = max(clock() - mark[1] - validated, 0.0) / (self.global_step - mark[0])
             validations = self.validations - mark[3]
             retimed = self.planned(step_seconds, validated / validations if validations else plan.validation_seconds,
-                                   plan.young_validation_seconds, plan.checkpoint_seconds, plan.final_seconds,
+                                   plan.first_validation_seconds, plan.checkpoint_seconds, plan.final_seconds,
                                    "re-timed ")
         if not again:
             self.plan_mark = None
@@ -983,17 +955,17 @@ class Trainer:
         self.retimed = True
         self.follow(plan_from_dict(self.from_rank0(retimed.as_dict() if retimed is not None else None)))
 
-    def planned(self, step_seconds: float, validation_seconds: float, young_validation_seconds: float,
+    def planned(self, step_seconds: float, validation_seconds: float, first_validation_seconds: float,
                 checkpoint_seconds: float, fit_seconds: float, label: str) -> Plan:
         """The plan for what is left of the clock from here, logged and recorded in TensorBoard;
-        `young_validation_seconds` and `fit_seconds` are the first plan's estimates (plan_run)."""
+        `first_validation_seconds` and `fit_seconds` are the first plan's estimates (plan_run)."""
         config = self.config
         plan = plan_run(self.global_step, clock() - self.started, 60 * config["max_minutes"], step_seconds,
                         validation_seconds, checkpoint_seconds, self.steps_per_epoch,
                         config["validate_every_steps"], config["save_every_steps"], config["warmup_steps"],
                         config["warmup_fraction"], fit_seconds,
                         None if self.dropout_given or config["compile"] else config["dropout"], config["num_epochs"],
-                        young_validation_seconds)
+                        first_validation_seconds)
         log(label + plan.describe())
         self.writer.add_text("plan", label + plan.describe(), self.global_step)
         for name in ("total_steps", "warmup_steps", "step_seconds", "validation_seconds", "expected_end_s"):
@@ -1005,9 +977,12 @@ class Trainer:
 
     def estimated_validation_seconds(self) -> tuple[float, float]:
         """A validation's cost: the loss over this rank's share of the split, timed, and the decoding
-        of its share of the sources; and the decoding of the confidence fit after the last checkpoint
-        (rank 0, the fit's sources with the decoding options, 0 without a fit); both as a young
-        model decodes (decoding_seconds)."""
+        of a sample of the sources, timed and scaled to the subset decoded; and the same for the
+        confidence fit after the last checkpoint (rank 0, the fit's sources with the decoding
+        options, 0 without a fit). The sample is decoded to the length of its longest reference and
+        never ends sooner (UnendingModel): a model this young writes anything from nothing to
+        endless repeats, and a validation costs what it costs once the model writes sentences of
+        the references' lengths."""
         if not self.val_pairs:
             return 0.0, 0.0
         config, started = self.config, clock()
@@ -1015,13 +990,26 @@ class Trainer:
         model.eval()
         validation_loss(model, self.val_ds, config, self.device, self.ranks.rank, self.ranks.world_size)
         loss_seconds = clock() - started
+        sample = self.val_pairs[:32]
+        lang_tgt = corpora(config)[0].lang_tgt
         translator = TorchTranslator(UnendingModel(model), self.tok_src, self.tok_tgt, config)
-        validation = loss_seconds + decoding_seconds(translator, self.val_sources[self.ranks.rank::self.ranks.world_size],
-                                                     validation_options(config))
+        sources = translator.encode([source for source, _ in sample], translator.source_tag(lang_tgt))
+        longest = max(len(e.ids) for e in encode_texts(self.tok_tgt, [target for _, target in sample], ids_only=True))
+
+        def per_sentence(options: DecodingOptions) -> float:
+            # Timed the second time: the first pays once for its new shapes (on an H200 a plan that
+            # timed it counted 54.8 s a validation, where one took 12 s and the next ones less).
+            translator.translate_batch(sources, options, longest + 1)  # the words and their [EOS]
+            decode_started = clock()
+            translator.translate_batch(sources, options, longest + 1)
+            return (clock() - decode_started) / len(sample)
+
+        validation = loss_seconds + per_sentence(validation_options(config)) * len(self.val_sources) / \
+            self.ranks.world_size
         fit = 0.0
         if config["confidence_sentences"] and self.ranks.is_main:
-            fit = decoding_seconds(translator, self.val_sources[:config["confidence_sentences"]],
-                                   DecodingOptions.from_config(config, target_lang=corpora(config)[0].lang_tgt))
+            fit = per_sentence(DecodingOptions.from_config(config, target_lang=lang_tgt)) * \
+                min(config["confidence_sentences"], len(self.val_sources))
         model.train()
         return validation, fit
 

@@ -284,14 +284,6 @@ class Tokenized:
         return [self.encoded[text] for text in texts]
 
 
-def length_batches(sources: Sequence[Source], indices: Sequence[int], batch_size: int) -> list[list[int]]:
-    """The `indices` of `sources` in the batches a translator decodes them in: longest source first
-    (ties in index order), `batch_size` at a time. Every batch decodes until its last sentence ends,
-    so batching sentences of similar length wastes the fewest steps."""
-    order = sorted(indices, key=lambda i: len(sources[i].ids), reverse=True)
-    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
-
-
 class Translator(ABC):
     """A loaded model with its tokenizers and training config. `describe()` says what it is;
     `translate` returns each sentence's hypotheses, best first (`n_best` of them)."""
@@ -428,14 +420,17 @@ class Translator(ABC):
         limit = self.max_source_tokens
         if any(len(source.ids) > limit for source in sources):
             raise TranslatorError(f"a source over the model's limit of {limit} tokens: segment it first")
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i].ids), reverse=True)
         results: list[list[Hypothesis]] = [[] for _ in sources]
         # The pieces holding a term are searched apart, with their wider beam; the others as without a glossary.
-        held = {i for i in range(len(sources)) if constraints is not None and constraints[i]}
-        searches = [([i for i in range(len(sources)) if i not in held], options, False)]
+        held = {i for i in order if constraints is not None and constraints[i]}
+        searches = [([i for i in order if i not in held], options, False)]
         if held:
-            searches.append((sorted(held), options.replace(beam_size=options.constrained_beam_size), True))
+            searches.append(([i for i in order if i in held], options.replace(beam_size=options.constrained_beam_size),
+                             True))
         for indices, search, constrained in searches:
-            for chunk in length_batches(sources, indices, search.batch_size):
+            for start in range(0, len(indices), search.batch_size):
+                chunk = indices[start:start + search.batch_size]
                 batch = [sources[i] for i in chunk]
                 found = self.translate_batch(batch, search, max_output_tokens(len(batch[0].ids), self.seq_len),
                                              [constraints[i] for i in chunk] if constrained else None)

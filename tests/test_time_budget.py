@@ -14,12 +14,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import time_budget
 import train
 from checkpoint import MANIFEST, load_checkpoint
-from config import PRESETS, get_config, parse_config, runs_dir, weights_dir
+from config import PRESETS, parse_config, runs_dir, weights_dir
 from optimizer import decay_start, lr_factor
 from synthetic_data import synthetic_pairs, write_hub_dataset
 from time_budget import plan_run, planned_dropout, planned_layers, validations_until
 from tokenizer import EOS_ID
-from translator import DecodingOptions, TorchTranslator
 
 
 def test_the_plan_fills_the_budget_with_steps_validations_and_checkpoints() -> None:
@@ -59,32 +58,6 @@ def test_the_plan_fills_the_budget_with_steps_validations_and_checkpoints() -> N
     assert planned_layers(3, 7.5, 21) == 2 and planned_layers(3, 10.5, 21) == 3 and planned_layers(1, 0.5, 21) == 1
 
 
-def test_a_young_models_decoding_is_estimated_by_the_step_in_the_batches_the_translator_makes(
-        toy_translator, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Planted: 10 ms a decoding step whatever the batch's size. Five sources of 4, 9, 6, 9 and 5
-    tokens, two to a batch, decode longest first: [1, 3], [2, 4], [0], each to the model's limit
-    (19, 19 and 18 steps: twice the source and 10, at most seq_len - 1). The first batch is decoded
-    for 4 steps untimed, then to its limit timed, and its cost per step counts all 56 steps."""
-    now, batches = [0.0], []
-    decode = TorchTranslator.translate_batch
-
-    def timed(self, sources, options, max_tokens, constraints=None):
-        found = decode(self, sources, options, max_tokens, constraints)
-        batches.append((len(sources), max_tokens, {len(hypotheses[0][0]) for hypotheses in found}))
-        now[0] += 0.01 * max_tokens
-        return found
-
-    monkeypatch.setattr(TorchTranslator, "translate_batch", timed)
-    monkeypatch.setattr(train, "clock", lambda: now[0])
-    translator = TorchTranslator(train.UnendingModel(toy_translator.model), toy_translator.tok_src,
-                                 toy_translator.tok_tgt, dict(get_config(), seq_len=toy_translator.seq_len))
-    words = "one two three four five six seven eight".split()
-    sources = [" ".join(words[:count]) + "." for count in (3, 8, 5, 8, 4)]
-    seconds = train.decoding_seconds(translator, sources, DecodingOptions(batch_size=2))
-    assert batches == [(2, 4, {4}), (2, 19, {19})]  # the toy model would end these sentences sooner
-    assert seconds == pytest.approx(0.01 * (19 + 19 + 18))
-
-
 def test_validations_are_counted_once_per_step() -> None:
     assert validations_until(0, 224, 112, 0) == 2  # two epoch ends, the second the run's end
     assert validations_until(0, 230, 112, 0) == 3  # ... and the run's end apart
@@ -110,16 +83,17 @@ def test_a_short_plan_spends_its_validations_time_on_steps(monkeypatch: pytest.M
     every_end = plan_run(15, 10, 300, 0.29, 0.5, 0.5, 112, 0, 0, 100, 0.1)
     assert every_end.validate_from == 0 and every_end.validated_epoch_ends == (every_end.total_steps - 1) // 112
     assert plan_run(15, 10, 300, 0.29, 0.0, 0.5, 112, 0, 0, 100, 0.1).validate_from == 0
-    # The fit, estimated as a young model's (15 s, over 10% of 2 minutes), is left out until validations
-    # measured say the model ends its sentences: then scaled as they are (2 s against 5 s: 6 s), never raised.
-    young = plan_run(15, 10, 120, 0.25, 5.0, 0.5, 112, 0, 0, 100, 0.1, final_seconds=15.0, young_validation_seconds=5.0)
-    assert not young.confidence_fit and "no confidence fit (it would take 15.0 s" in young.describe()
-    measured = plan_run(15, 10, 300, 0.29, 2.0, 0.5, 112, 0, 0, 100, 0.1, final_seconds=15.0,
-                        young_validation_seconds=5.0)
-    unscaled = plan_run(15, 10, 300, 0.29, 2.0, 0.5, 112, 0, 0, 100, 0.1, final_seconds=6.0)
-    assert measured.confidence_fit and measured.fit_seconds == pytest.approx(6.0)
-    assert measured.total_steps == unscaled.total_steps and "6.0 s for the confidence fit" in measured.describe()
-    assert time_budget.fit_seconds(15.0, 8.0, 5.0) == 15.0
+    # The fit's estimate is scaled as validations measured since the first estimate came out (2.1 s
+    # against 5.3: 13.9 s become 5.5), never raised; a fit over 10% of the budget is left out.
+    measured = plan_run(15, 10, 300, 0.29, 2.1, 0.5, 112, 0, 0, 100, 0.1, final_seconds=13.9,
+                        first_validation_seconds=5.3)
+    assert measured.fit_seconds == pytest.approx(13.9 * 2.1 / 5.3) and "5.5 s for the confidence fit" in measured.describe()
+    unscaled = plan_run(15, 10, 300, 0.29, 2.1, 0.5, 112, 0, 0, 100, 0.1, final_seconds=13.9 * 2.1 / 5.3)
+    assert measured.total_steps == unscaled.total_steps > plan_run(15, 10, 300, 0.29, 2.1, 0.5, 112, 0, 0, 100, 0.1,
+                                                                   final_seconds=13.9).total_steps
+    assert time_budget.fit_seconds(16.0, 8.0, 6.8) == 16.0
+    assert not plan_run(15, 10, 120, 0.25, 6.8, 0.5, 112, 0, 0, 100, 0.1, final_seconds=16.0,
+                        first_validation_seconds=6.8).confidence_fit
     monkeypatch.setattr(time_budget, "VALIDATION_SHARE", 1.0)
     everything = plan_run(15, 10, 120, 0.25, 8.0, 0.5, 112, 0, 0, 100, 0.1)  # 2 minutes with every epoch end's
     assert everything.validate_from == 0 and short.total_steps - everything.total_steps >= 2 * 8.0 / 0.25
@@ -185,6 +159,7 @@ def test_a_planned_run_ends_its_schedule_at_the_planned_step_and_resumes_bit_exa
     assert plan["total_steps"] > 2 * steps_per_epoch
     assert f"plan for --max_minutes 0.5: {plan['total_steps']} steps" in log
     assert plan["final_seconds"] > 0  # the confidence fit after the last checkpoint is in the plan
+    assert plan["first_validation_seconds"] > 0  # kept through the re-time: what the fit's estimate scales by
     assert f"finished the plan: {plan['total_steps']} steps" in log
     unbroken = final_state(planned, tmp_path / "unbroken")
     assert unbroken["global_step"] == plan["total_steps"]
@@ -353,11 +328,29 @@ def test_an_explicit_length_means_what_it_says(planned: list[str], tmp_path: Pat
     assert state["plan"] is None and state["epoch"] == 2
 
 
-def test_a_model_that_ends_every_sentence_at_once_is_timed_as_if_it_ran_to_the_limit(
+def test_the_validation_estimate_decodes_to_the_references_length_not_the_cap(
         planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A young model may end every sentence at its first step and decode the estimate's batch in a
-    moment; validations later run to the references' length or, looping, to the limit. The plan's
-    decodes run to the bound they are given whatever the model writes."""
+    """A young model rarely ends a sentence: decoded to the cap, a validation's estimate would be
+    several times what validations cost later, and the plan would leave much of its budget unused."""
+    from decoding import max_output_tokens
+    from translator import TorchTranslator
+    calls, decode = [], TorchTranslator.translate_batch
+
+    def recorded(self, sources, options, max_tokens, *constraints):
+        calls.append((max_tokens, max_output_tokens(max(len(source.ids) for source in sources), self.seq_len)))
+        return decode(self, sources, options, max_tokens, *constraints)
+
+    monkeypatch.setattr(TorchTranslator, "translate_batch", recorded)
+    assert run(planned, tmp_path, CountingClock(), monkeypatch) == 0
+    assert any(bound < cap for bound, cap in calls), calls  # the estimate's, below the cap validation decodes to
+
+
+
+def test_a_sample_that_ends_at_once_is_timed_as_if_it_ran_to_the_references_length(
+        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A young model may end every sentence at its first step and decode the estimate's sample in
+    a moment; validations later run to the references' length. The plan's decodes run to the bound
+    they are given whatever the model writes."""
     from model import Transformer
     from translator import TorchTranslator
     project, decode, ran = Transformer.project, TorchTranslator.translate_batch, []
@@ -374,16 +367,15 @@ def test_a_model_that_ends_every_sentence_at_once_is_timed_as_if_it_ran_to_the_l
     monkeypatch.setattr(Transformer, "project", ends_at_once)
     monkeypatch.setattr(TorchTranslator, "translate_batch", recorded)
     assert run(planned, tmp_path, CountingClock(), monkeypatch) == 0
-    # The plan's decodes come first, each a short one and one to the limit (timed): validation's, then the fit's.
-    assert [bound for bound, _ in ran[:4]] == [4, ran[1][0], 4, ran[3][0]] and ran[1][0] > 4, ran
-    assert all(lengths == {bound} for bound, lengths in ran[:4]), ran
+    # The plan's decodes come first, each twice (the second timed): validation's, then the fit's.
+    assert len({bound for bound, _ in ran[:4]}) == 1 and all(lengths == {bound} for bound, lengths in ran[:4]), ran
     assert ran[4][1] == {1}, ran[4]  # validation itself: the model ends every sentence at once
 
 
 def test_the_validation_estimate_times_a_decode_whose_shapes_it_has_seen(
         planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     """A first decode pays once for its new shapes (on a GPU: kernels loaded, memory allocated), which
-    a validation pays once, not once per batch: the plan times the batch's second decode."""
+    a validation pays once, not once per batch: the plan times the sample's second decode."""
     from translator import TorchTranslator
     decode, estimates = TorchTranslator.translate_batch, {}
     for first in ("cold", "warm"):
