@@ -87,7 +87,8 @@ def test_a_short_plan_spends_its_validations_time_on_steps(monkeypatch: pytest.M
     # against 5.3: 13.9 s become 5.5), never raised; a fit over 10% of the budget is left out.
     measured = plan_run(15, 10, 300, 0.29, 2.1, 0.5, 112, 0, 0, 100, 0.1, final_seconds=13.9,
                         first_validation_seconds=5.3)
-    assert measured.fit_seconds == pytest.approx(13.9 * 2.1 / 5.3) and "5.5 s for the confidence fit" in measured.describe()
+    assert measured.fit_seconds == pytest.approx(13.9 * 2.1 / 5.3)
+    assert "5.5 s for the confidence fit" in measured.describe()
     unscaled = plan_run(15, 10, 300, 0.29, 2.1, 0.5, 112, 0, 0, 100, 0.1, final_seconds=13.9 * 2.1 / 5.3)
     assert measured.total_steps == unscaled.total_steps > plan_run(15, 10, 300, 0.29, 2.1, 0.5, 112, 0, 0, 100, 0.1,
                                                                    final_seconds=13.9).total_steps
