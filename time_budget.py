@@ -148,7 +148,8 @@ def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, 
     FIT_SHARE of the budget: then the run leaves the fit out; with `first_validation_seconds`, the
     fit's estimate is scaled as the validations measured since (`fit_seconds`). Never fewer than
     `step` + 1. The warmup: the config's `warmup_steps`, at most half the run; where it is 0,
-    `warmup_fraction` of the run. The dropout: `planned_dropout` of `dropout` (None: the run keeps its config's)."""
+    `warmup_fraction` of the run. The dropout: `planned_dropout` of `dropout` (None: the run keeps
+    its config's)."""
     left = budget_s - elapsed_s - max(MARGIN_S, MARGIN_FRACTION * budget_s)
     # A 2-minute run here counted 28.8 s for a fit (beam 5 over 500 sentences) that a model so young
     # cannot pass (every sentence below the chrF threshold): a quarter of the budget, steps not taken.
