@@ -45,13 +45,19 @@ def decay_start(config: dict[str, Any], total_steps: int, warmup: int) -> int:
     return total_steps - max(1, round(config["decay_fraction"] * (total_steps - warmup)))
 
 
-def length_free(config: dict[str, Any], step: int, total_steps: int, warmup: int) -> bool:
-    """Whether the run's length can change after `step` without a jump in the learning rate, its
-    warmup aside: the inverse square root never depends on it, wsd not before its decay; cosine
-    spreads its decay over the whole run."""
+def length_free_until(config: dict[str, Any], total_steps: int, warmup: int) -> int | None:
+    """The step from which the run's length can no longer change without a jump in the learning
+    rate, its warmup aside: wsd's decay start, the run's end for the inverse square root (which
+    never depends on it); None for cosine, which spreads its decay over the whole run."""
     if config["lr_schedule"] == "inverse_sqrt":
-        return True
-    return config["lr_schedule"] == "wsd" and step < decay_start(config, total_steps, warmup)
+        return total_steps
+    return decay_start(config, total_steps, warmup) if config["lr_schedule"] == "wsd" else None
+
+
+def length_free(config: dict[str, Any], step: int, total_steps: int, warmup: int) -> bool:
+    """Whether the run's length can change after `step` without a jump in the learning rate."""
+    until = length_free_until(config, total_steps, warmup)
+    return until is not None and step < until
 
 
 def lr_factor(step: int, config: dict[str, Any], total_steps: int, warmup: int | None = None) -> float:

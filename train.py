@@ -62,8 +62,9 @@ from diagnostics import log
 from device import pick_device
 from loss import loss_sum
 from model import Transformer, build_model, set_dropout, train_flops
-from optimizer import build_optimizer, decay_start, length_free, lr_factor, warmup_steps
-from time_budget import FIT_SHARE, PLAN_SKIP_STEPS, PLAN_TIMED_STEPS, Plan, plan_from_dict, plan_run, planned_layers
+from optimizer import build_optimizer, decay_start, length_free, length_free_until, lr_factor, warmup_steps
+from time_budget import (FIT_SHARE, PLAN_SKIP_STEPS, PLAN_TIMED_STEPS, Plan, halfway_retime_step, plan_from_dict,
+                         plan_run, planned_layers)
 from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
 from ranks import GracefulStop, RankFailed, Ranks, RankWatch, StopRequested, join_ranks
 from run_lock import RunLock, RunLockError
@@ -392,6 +393,7 @@ class Trainer:
         self.step_times: list[tuple[int, float, float]] = []  # (step, clock, validation seconds so far)
         self.plan_mark: tuple[int, float, float, int] | None = None  # the same and validations, once planned here
         self.retimed = False  # re-timed since planning: later re-times measure from the first
+        self.halfway_retime: int | None = None  # a re-time between epoch ends (time_budget.halfway_retime_step)
         self.validations = 0  # in this invocation
         self.validation_seconds = 0.0
         self.watch = watch  # under torchrun: how the ranks wait on rank 0 and stop together (ranks.py)
@@ -787,13 +789,17 @@ class Trainer:
                     break
                 if self.step_in_epoch >= epoch_steps:
                     continue  # the epoch's end validates and saves
+                halfway = self.global_step == self.halfway_retime
+                if halfway:
+                    progress.clear()
+                    self.retime(epoch_end=False)  # the checkpoint below holds the plan
                 if config["validate_every_steps"] and self.global_step % config["validate_every_steps"] == 0:
                     progress.clear()  # validation's and the checkpoint's lines start on a line of their own
                     metrics, stop = self.validate(graceful)
                     self.save(metrics)
                     if stop:
                         break
-                elif config["save_every_steps"] and self.global_step % config["save_every_steps"] == 0:
+                elif halfway or config["save_every_steps"] and self.global_step % config["save_every_steps"] == 0:
                     self.save()
         finally:
             progress.close()
@@ -910,6 +916,7 @@ class Trainer:
         plan = self.make_plan() if self.ranks.is_main else None
         self.follow(plan_from_dict(self.from_rank0(plan.as_dict() if plan is not None else None)))
         self.plan_mark = (self.global_step, clock(), self.validation_seconds, self.validations)
+        self.schedule_halfway_retime()
 
     def make_plan(self) -> Plan:
         """The plan from the timed steps (the first PLAN_SKIP_STEPS left out where there are more),
@@ -921,7 +928,7 @@ class Trainer:
         return self.planned(step_seconds, validation_seconds, validation_seconds, self.estimated_checkpoint_seconds(),
                             fit_seconds, "")
 
-    def retime(self) -> None:
+    def retime(self, epoch_end: bool = True) -> None:
         """At an epoch end, by the invocation that planned: the plan again from the steps and
         validations measured, the checkpoint's and the fit's estimates kept. Where the learning rate
         does not depend on the run's length (inverse square root; wsd until its decay), at every
@@ -930,8 +937,10 @@ class Trainer:
         from it, a 2-minute run ended at 1.2). Cosine, whose every step depends on the length: once,
         at the last epoch end before warmup's end. On a shared machine a dozen steps and a young
         model's decoding misjudge a run too (a 15-minute plan came out 5.5% too long and the clock
-        cut its schedule). Made before the epoch's checkpoint, which holds it: a run resumed from
-        there follows it bit for bit and keeps it (only the invocation that planned re-times)."""
+        cut its schedule). Where the plan's length is fixed before the next epoch end, once more
+        halfway there (`epoch_end` False; time_budget.halfway_retime_step). Made before a
+        checkpoint, which holds it: a run resumed from there follows it bit for bit and keeps it
+        (only the invocation that planned re-times)."""
         plan, mark, config = self.run_plan, self.plan_mark, self.config
         if plan is None or mark is None or self.global_step - mark[0] < PLAN_TIMED_STEPS or \
                 self.global_step >= plan.total_steps:
@@ -954,6 +963,15 @@ class Trainer:
             self.plan_mark = (self.global_step, clock(), self.validation_seconds, self.validations)
         self.retimed = True
         self.follow(plan_from_dict(self.from_rank0(retimed.as_dict() if retimed is not None else None)))
+        self.halfway_retime = None
+        if epoch_end:
+            self.schedule_halfway_retime()
+
+    def schedule_halfway_retime(self) -> None:
+        """After the plan or an epoch end's re-time: the step between epoch ends to re-time at, if any."""
+        plan = self.run_plan
+        free_until = length_free_until(self.config, plan.total_steps, plan.warmup_steps)
+        self.halfway_retime = halfway_retime_step(self.global_step, free_until, self.steps_per_epoch)
 
     def planned(self, step_seconds: float, validation_seconds: float, first_validation_seconds: float,
                 checkpoint_seconds: float, fit_seconds: float, label: str) -> Plan:

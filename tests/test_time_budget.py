@@ -447,3 +447,32 @@ def test_an_inverse_sqrt_plan_is_retimed_at_every_epoch_end_from_the_first_epoch
     even, slow = step_seconds["even"], step_seconds["slow first epochs"]
     assert even[1][0] == slow[1][0] and slow[1][1] > 2 * even[1][1], (even, slow)  # the first re-time saw them
     torch.testing.assert_close(slow[2], even[2])  # the next did not: measured from the first re-time on
+
+
+def test_a_plan_whose_length_is_fixed_before_the_next_epoch_end_is_retimed_halfway_there() -> None:
+    """The epoch end's re-time comes too late where the plan ends (or wsd's decay begins) first."""
+    assert time_budget.halfway_retime_step(36, 62, 36) == 49
+    assert time_budget.halfway_retime_step(36, 72, 36) == 54  # the epoch end's re-time would be at the run's end
+    assert time_budget.halfway_retime_step(36, 73, 36) is None  # the epoch end re-times
+    assert time_budget.halfway_retime_step(36, 58, 36) is None  # 11 steps: too few to time
+    assert time_budget.halfway_retime_step(36, None, 36) is None  # cosine: its length is fixed from the start
+
+
+def test_a_first_epoch_of_slow_steps_is_corrected_by_a_retime_before_the_plan_ends(
+        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU's first epoch pays for every new batch shape: re-timed at its end, the plan ends
+    before the next epoch end, and only a re-time halfway there measures the warm steps; the
+    checkpoint written with it holds the plan it made."""
+    monkeypatch.setattr(time_budget, "VALIDATION_SHARE", 1.0)
+    args = [*planned, "--lr_schedule", "inverse_sqrt", "--batch_tokens", "64"]
+    assert run(args, tmp_path, CountingClock(slow=range(50, 54)), monkeypatch) == 0  # slow steps in epoch 0
+    spe = final_state(args, tmp_path)["plan"]["steps_per_epoch"]
+    totals = plan_scalars(args, tmp_path, "total_steps")
+    step_seconds = dict(plan_scalars(args, tmp_path, "step_seconds"))
+    (epoch_end, short), (halfway, longer) = totals[1], totals[2]
+    assert epoch_end == spe and short < 2 * spe, totals  # the first epoch's end planned to end inside the next
+    assert halfway == time_budget.halfway_retime_step(spe, short, spe), totals
+    assert longer > short and step_seconds[halfway] < 0.7 * step_seconds[epoch_end], (totals, step_seconds)
+    config = parse_config([*args, "--model_folder", str(tmp_path / "w")])
+    assert load_checkpoint(weights_dir(config) / f"ckpt_{halfway:08d}.pt")["plan"]["planned_at_step"] == halfway
+    assert final_state(args, tmp_path)["global_step"] == totals[-1][1] > short
