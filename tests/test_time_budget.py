@@ -476,3 +476,18 @@ def test_a_first_epoch_of_slow_steps_is_corrected_by_a_retime_before_the_plan_en
     config = parse_config([*args, "--model_folder", str(tmp_path / "w")])
     assert load_checkpoint(weights_dir(config) / f"ckpt_{halfway:08d}.pt")["plan"]["planned_at_step"] == halfway
     assert final_state(args, tmp_path)["global_step"] == totals[-1][1] > short
+
+
+def test_a_wsd_plan_whose_validations_all_follow_its_decay_measures_one_at_its_last_retime(
+        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without it the plan would count every later validation at the first estimate to its end."""
+    monkeypatch.setattr(time_budget, "VALIDATION_SHARE", 0.03)  # of 60 s: only epoch ends after the decay validate
+    args = [*planned, "--lr_schedule", "wsd", "--max_minutes", "1"]
+    assert run(args, tmp_path, CountingClock(), monkeypatch) == 0
+    plan, config = final_state(args, tmp_path)["plan"], parse_config(args)
+    last_retime, spe = plan["planned_at_step"], plan["steps_per_epoch"]
+    assert last_retime % spe == 0
+    assert last_retime < decay_start(config, plan["total_steps"], plan["warmup_steps"]) <= last_retime + spe
+    validated = [step for step, _ in scalars(args, tmp_path, "val/loss")]
+    assert validated[0] == last_retime, validated  # the first validation, which the re-time measured
+    assert plan["validation_seconds"] < plan["first_validation_seconds"]  # measured: less than the estimate
