@@ -25,8 +25,10 @@ wanted() { [[ "$legs" == *" $1 "* ]]; }
 # second half of the run, skipped steps, the last fp16 loss scale.
 summary() {
     $python - "$1" <<'EOF'
-import statistics, sys
+import os, statistics, sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+if not os.path.isdir(sys.argv[1]):
+    sys.exit(f"{sys.argv[1]}: no TensorBoard run (the leg failed before its first step)")
 events = EventAccumulator(sys.argv[1]); events.Reload()
 values = lambda tag: [s.value for s in events.Scalars(tag)] if tag in events.Tags()["scalars"] else []
 loss, speed = values("train/loss"), values("train/tokens_per_second")
