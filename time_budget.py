@@ -15,10 +15,12 @@ of the budget validate (`first_validated_step`); the others checkpoint, and thei
 goes to steps. The invocation that planned re-times the plan from the steps and validations it
 measured (a dozen steps and a young model's decoding are a small sample of a shared machine, and a
 GPU's first epoch pays once for each new batch shape): at every epoch end while the learning rate
-does not depend on the run's length (inverse square root; wsd until its decay), once for cosine
-(train.Trainer.retime). The plan is stored in every checkpoint and followed by a resumed run, so a
-resume stays bit-exact (it depends on the machine's speed: two runs of one seed on different
-machines differ).
+does not depend on the run's length (inverse square root; wsd until its decay), and once halfway
+where the run's end or the decay comes before the next epoch end (`halfway_retime_step`); once for
+cosine (train.Trainer.retime). A wsd plan whose kept validations all follow its decay validates the
+last epoch end it re-times at, so that the re-time measures one. The plan is stored in every
+checkpoint and followed by a resumed run, so a resume stays bit-exact (it depends on the machine's
+speed: two runs of one seed on different machines differ).
 """
 from __future__ import annotations
 
