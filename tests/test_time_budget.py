@@ -478,10 +478,11 @@ def test_a_first_epoch_of_slow_steps_is_corrected_by_a_retime_before_the_plan_en
     assert final_state(args, tmp_path)["global_step"] == totals[-1][1] > short
 
 
+@pytest.mark.parametrize("share", [0.03, 0.001])  # of 60 s: epoch ends after the decay validate; the last step only
 def test_a_wsd_plan_whose_validations_all_follow_its_decay_measures_one_at_its_last_retime(
-        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, share: float) -> None:
     """Without it the plan would count every later validation at the first estimate to its end."""
-    monkeypatch.setattr(time_budget, "VALIDATION_SHARE", 0.03)  # of 60 s: only epoch ends after the decay validate
+    monkeypatch.setattr(time_budget, "VALIDATION_SHARE", share)
     args = [*planned, "--lr_schedule", "wsd", "--max_minutes", "1"]
     assert run(args, tmp_path, CountingClock(), monkeypatch) == 0
     plan, config = final_state(args, tmp_path)["plan"], parse_config(args)
