@@ -970,12 +970,16 @@ class Trainer:
     def last_retime_measures_a_validation(self) -> bool:
         """Whether this epoch end validates though the plan thins it: the last epoch end to re-time
         before the plan's length is fixed, where no validation has been measured since the plan (or
-        its first re-time). Without it such a plan counts its later validations, and scales the fit,
-        at the first estimate to its end: a 5-minute plan here counted 8.4 s a validation (they took
-        2.6-4.6) and ended at 4.5 minutes; a 15-minute one, validating its last step only, counted
-        45.7 s and 70.1 s for the fit and ended at 12.8. The re-time after it plans the rest."""
+        its first re-time) and the plan counts the estimate more than one validation's worth after
+        it (a validated epoch end besides the last step, or a fit that costs more than one). Without
+        it the estimate stands to the end: a 5-minute plan here counted 8.4 s a validation (they
+        took 2.6-4.6) and ended at 4.5 minutes; a 15-minute one, validating its last step only,
+        counted 45.7 s and 70.1 s for the fit and ended at 12.8. A 2-minute plan that validates its
+        last step only and leaves the fit out keeps its steps. The re-time after it plans the rest."""
         plan, mark = self.run_plan, self.plan_mark
         if mark is None or self.validations > mark[3]:
+            return False
+        if not plan.validated_epoch_ends and not (plan.confidence_fit and plan.fit_seconds > plan.validation_seconds):
             return False
         free_until = length_free_until(self.config, plan.total_steps, plan.warmup_steps)
         return free_until is not None and self.global_step < free_until <= self.global_step + self.steps_per_epoch

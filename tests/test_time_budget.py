@@ -478,11 +478,19 @@ def test_a_first_epoch_of_slow_steps_is_corrected_by_a_retime_before_the_plan_en
     assert final_state(args, tmp_path)["global_step"] == totals[-1][1] > short
 
 
-@pytest.mark.parametrize("share", [0.03, 0.001])  # of 60 s: epoch ends after the decay validate; the last step only
+@pytest.mark.parametrize("share, fit, measured", [
+    (0.03, None, True),  # of 60 s: only epoch ends after the decay validate
+    (0.001, 0.8, True),  # the last step only, and a fit estimated at twice a validation
+    (0.001, 0.2, False),  # the last step only, a fit under one validation: the estimate is counted once
+])
 def test_a_wsd_plan_whose_validations_all_follow_its_decay_measures_one_at_its_last_retime(
-        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, share: float) -> None:
-    """Without it the plan would count every later validation at the first estimate to its end."""
+        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, share: float, fit: float | None,
+        measured: bool) -> None:
+    """Where the plan counts the first estimate more than once after its last re-time, that re-time's
+    epoch end validates; otherwise the estimate would stand to the run's end."""
     monkeypatch.setattr(time_budget, "VALIDATION_SHARE", share)
+    if fit is not None:  # a validation estimated at 0.4 s, the fit at `fit`
+        monkeypatch.setattr(train.Trainer, "estimated_validation_seconds", lambda self: (0.4, fit))
     args = [*planned, "--lr_schedule", "wsd", "--max_minutes", "1"]
     assert run(args, tmp_path, CountingClock(), monkeypatch) == 0
     plan, config = final_state(args, tmp_path)["plan"], parse_config(args)
@@ -490,5 +498,8 @@ def test_a_wsd_plan_whose_validations_all_follow_its_decay_measures_one_at_its_l
     assert last_retime % spe == 0
     assert last_retime < decay_start(config, plan["total_steps"], plan["warmup_steps"]) <= last_retime + spe
     validated = [step for step, _ in scalars(args, tmp_path, "val/loss")]
+    if not measured:
+        assert validated == [plan["total_steps"]], validated
+        return
     assert validated[0] == last_retime, validated  # the first validation, which the re-time measured
     assert plan["validation_seconds"] < plan["first_validation_seconds"]  # measured: less than the estimate
