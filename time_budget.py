@@ -18,9 +18,10 @@ GPU's first epoch pays once for each new batch shape): at every epoch end while 
 does not depend on the run's length (inverse square root; wsd until its decay), and once halfway
 where the run's end or the decay comes before the next epoch end (`halfway_retime_step`); once for
 cosine (train.Trainer.retime). A wsd plan whose kept validations all follow its decay validates the
-last epoch end it re-times at, so that the re-time measures one. The plan is stored in every
-checkpoint and followed by a resumed run, so a resume stays bit-exact (it depends on the machine's
-speed: two runs of one seed on different machines differ).
+last epoch end it re-times at where its estimate counts more than once after it, so that the
+re-time measures one. The plan is stored in every checkpoint and followed by a resumed run, so a
+resume stays bit-exact (it depends on the machine's speed: two runs of one seed on different
+machines differ).
 """
 from __future__ import annotations
 
@@ -124,7 +125,7 @@ def halfway_retime_step(step: int, free_until: int | None, steps_per_epoch: int)
     `free_until` (the step from which its length is fixed: optimizer.length_free_until) where that
     comes before the next epoch end, whose re-time would then be too late; None where it does not,
     or where fewer than PLAN_TIMED_STEPS steps would be timed. On an H200 a paper-base first epoch
-    (every batch a new shape) cost 0.82 s a step, where warm steps take about 0.05: re-timed at
+    (every batch a new shape) cost 0.82 s a step (another H200's later epochs: 0.05): re-timed at
     its end, a 2-minute plan ended at step 71, inside the second epoch, after 1.7 minutes."""
     if free_until is None or free_until > (step // steps_per_epoch + 1) * steps_per_epoch:
         return None
