@@ -191,7 +191,8 @@ OPTIONS: dict[str, Option] = {
     "tie_embeddings": O(False, "share the embeddings and the output projection; needs joint_vocab", "model",
                         model=True, identity=True),
     # ---- optimisation
-    "batch_tokens": O(4096, "token budget of one batch (padded; source or target, whichever is larger)",
+    "batch_tokens": O(4096, "token budget of one batch (padded; source or target, whichever is larger); a "
+                            "--max_minutes plan on a CPU too slow for num_epochs takes smaller ones unless given",
                       "optimisation", range=AT_LEAST_ONE),
     "accum_steps": O(1, "batches accumulated into one optimizer step", "optimisation", range=AT_LEAST_ONE),
     "lr": O(7e-4, "peak learning rate, reached at the end of warmup (7e-4: the paper's d_model**-0.5 x 4000**-0.5)",

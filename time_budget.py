@@ -10,18 +10,19 @@ the decay ends at the planned step. Where the dropout is the preset's (or the de
 scales it to the run's length (`planned_dropout`): a run of fewer epochs sees each pair fewer times
 and needs less. On a CPU whose rough epoch estimate (train.cpu_epoch_estimate, before the model is
 built) fits under half of num_epochs (a preset's, set for its depth), the run trains one layer fewer
-(`planned_layers`), unless --num_layers is given. Only the last epoch ends that fit VALIDATION_SHARE
-of the budget validate (`first_validated_step`); the others checkpoint, and their validations' time
-goes to steps. The invocation that planned re-times the plan from the steps and validations it
-measured (a dozen steps and a young model's decoding are a small sample of a shared machine, and a
-GPU's first epoch pays once for each new batch shape): at every epoch end while the learning rate
-does not depend on the run's length (inverse square root; wsd until its decay), and once halfway
-where the run's end or the decay comes before the next epoch end (`halfway_retime_step`); once for
-cosine (train.Trainer.retime). A wsd plan whose kept validations all follow its decay validates the
-last epoch end it re-times at where its estimate counts more than once after it, so that the
-re-time measures one. The plan is stored in every checkpoint and followed by a resumed run, so a
-resume stays bit-exact (it depends on the machine's speed: two runs of one seed on different
-machines differ).
+(`planned_layers`), unless --num_layers is given; under all of them, on smaller batches
+(`planned_batch_tokens`), unless --batch_tokens is given. Only the last epoch ends that fit
+VALIDATION_SHARE of the budget validate (`first_validated_step`); the others checkpoint, and their
+validations' time goes to steps. The invocation that planned re-times the plan from the steps and
+validations it measured (a dozen steps and a young model's decoding are a small sample of a shared
+machine, and a GPU's first epoch pays once for each new batch shape): at every epoch end while the
+learning rate does not depend on the run's length (inverse square root; wsd until its decay), and
+once halfway where the run's end or the decay comes before the next epoch end
+(`halfway_retime_step`); once for cosine (train.Trainer.retime). A wsd plan whose kept validations
+all follow its decay validates the last epoch end it re-times at where its estimate counts more than
+once after it, so that the re-time measures one. The plan is stored in every checkpoint and followed
+by a resumed run, so a resume stays bit-exact (it depends on the machine's speed: two runs of one
+seed on different machines differ).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ MARGIN_FRACTION = 0.02
 MARGIN_S = 3.0
 FIT_SHARE = 0.1  # of the budget: a confidence fit estimated to cost more is left out of the run
 SHALLOW_SHARE = 0.5  # of the preset's epochs: a CPU run estimated to fit fewer trains one layer fewer
+BATCH_FLOOR = 0.5  # of the preset's batch: the smallest a CPU run's planned batch gets (planned_batch_tokens)
 VALIDATION_SHARE = 0.1  # of the budget: what a planned run's epoch-end validations may cost
 
 
@@ -238,6 +240,24 @@ def planned_layers(num_layers: int, estimated_epochs: float, preset_epochs: int)
     if num_layers > 1 and preset_epochs > 0 and estimated_epochs < SHALLOW_SHARE * preset_epochs:
         return num_layers - 1
     return num_layers
+
+
+def planned_batch_tokens(batch_tokens: int, estimated_epochs: float, preset_epochs: int) -> int:
+    """The batch of a run of about `estimated_epochs` epochs: `batch_tokens`, set for the
+    `preset_epochs` of a preset, times the square root of the share of them that fits, at least
+    BATCH_FLOOR of it; never raised. Early in training a gradient's noise is small against its
+    signal, so a smaller batch takes more steps from the same tokens without wasting them (the
+    critical batch grows as the loss falls: McCandlish et al. 2018); a long run needs the large batch
+    late. On a 2-core Zen 4, 2-minute plans (3.4 epochs estimated) with batches of 1,500 / 1,000 /
+    700 / 500 tokens took 446 / 659 / 893 / 1,032 steps (seed 42) and ended at validation loss
+    3.146 / 3.020 / 2.982 / 3.147, greedy BLEU 10.74 / 13.74 / 19.30 / 14.24; seed 1: 3.268 /
+    3.022 / 3.166 / 3.049, BLEU 8.03 / 13.60 / 12.41 / 14.32. Under 700 a step costs more per token
+    (1,032 steps of 500 against 893 of 700). This rule gives 750; the square root is a choice
+    between the two ends, not a measured law."""
+    if preset_epochs <= 0:
+        return batch_tokens
+    share = max(BATCH_FLOOR, min(1.0, math.sqrt(max(estimated_epochs, 0.0) / preset_epochs)))
+    return round(batch_tokens * share)
 
 
 def plan_from_dict(state: dict[str, Any] | None) -> Plan | None:

@@ -64,7 +64,7 @@ from loss import loss_sum
 from model import Transformer, build_model, set_dropout, train_flops
 from optimizer import build_optimizer, decay_start, length_free, length_free_until, lr_factor, warmup_steps
 from time_budget import (FIT_SHARE, PLAN_SKIP_STEPS, PLAN_TIMED_STEPS, Plan, halfway_retime_step, plan_from_dict,
-                         plan_run, planned_layers)
+                         plan_run, planned_batch_tokens, planned_layers)
 from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
 from ranks import GracefulStop, RankFailed, Ranks, RankWatch, StopRequested, join_ranks
 from run_lock import RunLock, RunLockError
@@ -386,10 +386,12 @@ class Trainer:
         # A plan scales the config's dropout to the run's length, unless --dropout was given; not when
         # compiling either (a new value would compile every graph again), but a resumed run follows it.
         self.dropout_given = "dropout" in given
-        # On a CPU too slow for half of num_epochs (a preset's) it trains one layer fewer, unless
-        # --num_layers was given (time_budget.planned_layers); a resumed run keeps the depth it started with.
-        self.layers_given = "num_layers" in given
+        # On a CPU too slow for half of num_epochs (a preset's) it trains one layer fewer, and on one too
+        # slow for all of them smaller batches, unless --num_layers or --batch_tokens was given
+        # (time_budget.planned_layers, planned_batch_tokens); a resumed run keeps what it started with.
+        self.layers_given, self.batch_given = "num_layers" in given, "batch_tokens" in given
         self.planned_layers: int | None = None  # the depth the plan chose; None: the config's
+        self.planned_batch_tokens: int | None = None  # the batch the plan chose; None: the config's
         self.step_times: list[tuple[int, float, float]] = []  # (step, clock, validation seconds so far)
         self.plan_mark: tuple[int, float, float, int] | None = None  # the same and validations, once planned here
         self.retimed = False  # re-timed since planning: later re-times measure from the first
@@ -436,11 +438,10 @@ class Trainer:
         self.val_sources = list(dict.fromkeys(source for source, _ in self.val_pairs))
         if len(self.train_ds) == 0:
             raise DataError(f"no training pairs fit in --seq_len {config['seq_len']}")
-        self.plan = BatchPlan(self.train_ds, config["batch_tokens"], config["seed"], ranks.world_size, ranks.rank,
-                              config["accum_steps"], [corpus.weight for corpus in corpora(config)])
-        if self.planning and resume is None and self.initial is None and not self.layers_given \
-                and config["num_layers"] > 1:
-            self.plan_depth()
+        self.plan = self.batch_plan()
+        plannable = not (self.layers_given or config["num_layers"] == 1) or not self.batch_given
+        if self.planning and resume is None and self.initial is None and plannable:
+            self.plan_size()
         if ranks.is_main:
             self.folder.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(self.folder / "config.json", json.dumps(config, indent=1).encode("utf-8"))
@@ -475,37 +476,58 @@ class Trainer:
         if ranks.is_main and self.finished_already() is None:  # no TensorBoard run for one that trains nothing
             self.start_logging(steps_per_epoch)
 
-    def plan_depth(self) -> None:
-        """Before the model is built, on a CPU: one layer fewer when rank 0's rough estimate of an
-        epoch (cpu_epoch_estimate) fits under half of num_epochs (a preset's, set for its depth) in the
-        budget."""
+    def batch_plan(self) -> BatchPlan:
+        """This rank's batches of every epoch, from the config's batch settings."""
+        config, ranks = self.config, self.ranks
+        return BatchPlan(self.train_ds, config["batch_tokens"], config["seed"], ranks.world_size, ranks.rank,
+                         config["accum_steps"], [corpus.weight for corpus in corpora(config)])
+
+    def plan_size(self) -> None:
+        """Before the model is built, on a CPU, from rank 0's rough estimate of an epoch
+        (cpu_epoch_estimate) against num_epochs (a preset's, set for its depth and batch): one layer
+        fewer when under half of them fit the budget, smaller batches when fewer than all of them do
+        (time_budget.planned_layers, planned_batch_tokens); what was given is kept."""
         config = self.config
-        layers = None
+        size = None
         if self.ranks.is_main and self.device.type == "cpu":
             # The estimate counts the epoch's batches of every rank; each rank trains its share.
             epoch_seconds = cpu_epoch_estimate(config, self.plan.epoch_batches(0), self.train_ds,
                                                self.tok_tgt.get_vocab_size(), amp_dtype(config, self.device)) / \
                 self.ranks.world_size
             epochs = (60 * config["max_minutes"] - (clock() - self.started)) / max(epoch_seconds, 1e-9)
-            layers = planned_layers(config["num_layers"], epochs, config["num_epochs"])
-            if layers != config["num_layers"]:
-                log(f"plan: about {epochs:.1f} epochs fit --max_minutes {config['max_minutes']:g} at "
-                    f"{epoch_seconds:.0f} s an epoch, under half of num_epochs {config['num_epochs']}: "
-                    f"{layers} + {layers} layers instead of {config['num_layers']} + {config['num_layers']} "
-                    f"(--num_layers keeps a depth)")
-        layers = self.from_rank0(layers)
-        if layers is not None and layers != config["num_layers"]:
-            config["num_layers"] = self.planned_layers = layers
-
-    def adopt_planned_depth(self, state: dict[str, Any]) -> dict[str, Any]:
-        """A checkpoint of a run whose plan chose its depth resumes at that depth, unless
-        --num_layers is given (then a different one is refused like any other model change; the
-        same one keeps the record, so a later resume without it still resumes)."""
-        if planned := state.get("planned_layers"):
+            layers, batch = config["num_layers"], config["batch_tokens"]
             if not self.layers_given:
-                self.config["num_layers"] = planned
-            if self.config["num_layers"] == planned:
-                self.planned_layers = planned
+                layers = planned_layers(layers, epochs, config["num_epochs"])
+            if not self.batch_given:
+                batch = planned_batch_tokens(batch, epochs, config["num_epochs"])
+            changes = ([f"{layers} + {layers} layers instead of {config['num_layers']} + {config['num_layers']}"]
+                       if layers != config["num_layers"] else []) + \
+                ([f"batches of {batch} tokens instead of {config['batch_tokens']}"]
+                 if batch != config["batch_tokens"] else [])
+            if changes:
+                log(f"plan: about {epochs:.1f} epochs fit --max_minutes {config['max_minutes']:g} at "
+                    f"{epoch_seconds:.0f} s an epoch, of num_epochs {config['num_epochs']}: {' and '.join(changes)} "
+                    f"(--num_layers, --batch_tokens keep theirs)")
+            size = layers, batch
+        size = self.from_rank0(size)
+        if size is not None and size[0] != config["num_layers"]:
+            config["num_layers"] = self.planned_layers = size[0]
+        if size is not None and size[1] != config["batch_tokens"]:
+            config["batch_tokens"] = self.planned_batch_tokens = size[1]
+            self.plan = self.batch_plan()
+
+    def adopt_planned_size(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint of a run whose plan chose its depth or batch resumes with them, unless
+        --num_layers or --batch_tokens is given (then a different depth is refused like any other model
+        change, a different batch starts the next epoch; the same keeps the record, so a later resume
+        without it still resumes)."""
+        for key, given, attribute in (("num_layers", self.layers_given, "planned_layers"),
+                                      ("batch_tokens", self.batch_given, "planned_batch_tokens")):
+            if planned := state.get(attribute):
+                if not given:
+                    self.config[key] = planned
+                if self.config[key] == planned:
+                    setattr(self, attribute, planned)
         return state
 
     def checkpoint_to_resume(self) -> tuple[Path | None, dict[str, Any] | None]:
@@ -520,7 +542,7 @@ class Trainer:
         path, state = None, None
         if config["preload"] == "latest":
             found = adopt_unlisted(self.folder, config,
-                                   lambda unlisted, where: check_resumable(self.adopt_planned_depth(unlisted),
+                                   lambda unlisted, where: check_resumable(self.adopt_planned_size(unlisted),
                                                                            config, where))
             try:
                 found = found or load_latest(self.folder)
@@ -539,7 +561,7 @@ class Trainer:
             path = Path(config["preload"])
             state = load_checkpoint(path)
         if state is not None:
-            check_resumable(self.adopt_planned_depth(state), config, path)
+            check_resumable(self.adopt_planned_size(state), config, path)
             check_unlisted_above(self.folder, state["global_step"])
             if self.ranks.is_main:
                 self.held_out_from = self.check_data(state, path)
@@ -1123,7 +1145,8 @@ class Trainer:
         """Rank 0 writes a checkpoint while the others wait."""
         if self.ranks.is_main:
             state = {key: self.resume_value(key) for key in (*RESUME_KEYS, "plan")} | {
-                "metrics": metrics or {}, "data": self.data_record, "planned_layers": self.planned_layers}
+                "metrics": metrics or {}, "data": self.data_record, "planned_layers": self.planned_layers,
+                "planned_batch_tokens": self.planned_batch_tokens}
             path = save_checkpoint(self.folder, state, self.global_step, self.config["keep_checkpoints"], metrics,
                                    self.config["best_metric"])
             log(f"saved {path}")

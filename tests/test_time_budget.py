@@ -17,7 +17,7 @@ from checkpoint import MANIFEST, load_checkpoint
 from config import PRESETS, parse_config, runs_dir, weights_dir
 from optimizer import decay_start, lr_factor
 from synthetic_data import synthetic_pairs, write_hub_dataset
-from time_budget import plan_run, planned_dropout, planned_layers, validations_until
+from time_budget import plan_run, planned_batch_tokens, planned_dropout, planned_layers, validations_until
 from tokenizer import EOS_ID
 
 
@@ -56,6 +56,10 @@ def test_the_plan_fills_the_budget_with_steps_validations_and_checkpoints() -> N
     assert plan_run(15, 40, 900, 0.2, 5, 0.5, 112, 0, 0, 100, 0.1, dropout=0.15, dropout_epochs=21).dropout == 0.15
     # The depth: one layer fewer under half the preset's epochs, never below one layer.
     assert planned_layers(3, 7.5, 21) == 2 and planned_layers(3, 10.5, 21) == 3 and planned_layers(1, 0.5, 21) == 1
+    # The batch: the preset's times the square root of the share of its epochs that fits, at least
+    # half of it, never raised.
+    assert planned_batch_tokens(1500, 21 * 0.64, 21) == 1200 and planned_batch_tokens(1500, 3.4, 21) == 750
+    assert planned_batch_tokens(1500, 30, 21) == 1500 and planned_batch_tokens(1500, 3.4, 0) == 1500
 
 
 def test_validations_are_counted_once_per_step() -> None:
@@ -319,6 +323,42 @@ def test_a_cpu_too_slow_for_half_the_presets_epochs_trains_one_layer_fewer_and_a
         assert torch.equal(tensor, resumed["model"][key]), key
     assert run(on_cpu, tmp_path / "resumed", CountingClock(), monkeypatch) == 0
     assert "already trained the" in capsys.readouterr().err
+
+
+def test_a_cpu_too_slow_for_the_presets_epochs_plans_smaller_batches_and_a_resume_keeps_them(
+        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """Planted: an epoch estimated at 1 s, so about 30 of the 0.5 minutes' epochs fit, a twentieth of
+    the preset's 600: the tiny preset's 512-token batches become 256 (the floor, half), recorded in
+    config.json and the checkpoint; a run resumed without --batch_tokens takes the same batches and
+    goes on bit for bit; --batch_tokens given keeps its batch."""
+    monkeypatch.setitem(PRESETS["tiny"], "num_epochs", 600)
+    monkeypatch.setattr(train, "cpu_epoch_estimate", lambda *args: 1.0)
+    preset_batch = planned[:planned.index("--batch_tokens")] + planned[planned.index("--batch_tokens") + 2:]
+    on_cpu = [*preset_batch, "--device", "cpu"]
+    assert run(on_cpu, tmp_path / "unbroken", CountingClock(), monkeypatch) == 0
+    assert "batches of 256 tokens instead of 512" in capsys.readouterr().err
+    unbroken = final_state(on_cpu, tmp_path / "unbroken")
+    assert unbroken["planned_batch_tokens"] == 256 and unbroken["config"]["batch_tokens"] == 256
+    assert unbroken["batch_settings"]["batch_tokens"] == 256
+    folder = weights_dir(parse_config([*on_cpu, "--model_folder", str(tmp_path / "unbroken" / "w")]))
+    assert json.loads((folder / "config.json").read_text())["batch_tokens"] == 256
+
+    given = [*on_cpu, "--batch_tokens", "512"]
+    assert run(given, tmp_path / "given", CountingClock(), monkeypatch) == 0
+    kept = final_state(given, tmp_path / "given")
+    assert kept["planned_batch_tokens"] is None and kept["config"]["batch_tokens"] == 512
+    assert kept["plan"]["steps_per_epoch"] < unbroken["plan"]["steps_per_epoch"]
+
+    assert run(on_cpu, tmp_path / "resumed", CountingClock(jump_at=JUMP_AFTER_RETIME), monkeypatch) == 0
+    assert final_state(on_cpu, tmp_path / "resumed")["global_step"] < unbroken["plan"]["total_steps"]
+    capsys.readouterr()
+    assert run(on_cpu, tmp_path / "resumed", CountingClock(), monkeypatch) == 0
+    assert "--batch_tokens 256 -> 512" not in capsys.readouterr().err
+    resumed = final_state(on_cpu, tmp_path / "resumed")
+    assert resumed["planned_batch_tokens"] == 256
+    assert resumed["plan"] == unbroken["plan"] and resumed["global_step"] == unbroken["global_step"]
+    for key, tensor in unbroken["model"].items():
+        assert torch.equal(tensor, resumed["model"][key]), key
 
 
 def test_an_explicit_length_means_what_it_says(planned: list[str], tmp_path: Path,
