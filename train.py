@@ -500,10 +500,11 @@ class Trainer:
                 layers = planned_layers(layers, epochs, config["num_epochs"])
             if not self.batch_given:
                 batch = planned_batch_tokens(batch, epochs, config["num_epochs"])
-            changes = ([f"{layers} + {layers} layers instead of {config['num_layers']} + {config['num_layers']}"]
-                       if layers != config["num_layers"] else []) + \
-                ([f"batches of {batch} tokens instead of {config['batch_tokens']}"]
-                 if batch != config["batch_tokens"] else [])
+            changes = []
+            if layers != config["num_layers"]:
+                changes.append(f"{layers} + {layers} layers instead of {config['num_layers']} + {config['num_layers']}")
+            if batch != config["batch_tokens"]:
+                changes.append(f"batches of {batch} tokens instead of {config['batch_tokens']}")
             if changes:
                 log(f"plan: about {epochs:.1f} epochs fit --max_minutes {config['max_minutes']:g} at "
                     f"{epoch_seconds:.0f} s an epoch, of num_epochs {config['num_epochs']}: {' and '.join(changes)} "
