@@ -5,6 +5,10 @@ that is not there is refused with one line (ConfigError, which the programs prin
 never a silent fall back to the CPU. A machine with an NVIDIA driver whose GPU torch cannot use (a
 CPU-only torch build, or a driver older than the CUDA version torch was built for) is named in one
 line on stderr, with the likely cause, before `auto` settles on the CPU.
+
+On CUDA, attention runs on FlashAttention and the memory-efficient kernel, never on cuDNN's
+(`use_shape_free_attention`): cuDNN builds a plan for every new shape, and this project's shapes are
+almost all new (token-budget batches, a longer key at every decoded token).
 """
 from __future__ import annotations
 
@@ -56,6 +60,14 @@ def warn_unusable_gpu() -> None:
         print(f"warning: {reason}; running on the CPU", file=sys.stderr, flush=True)
 
 
+def use_shape_free_attention() -> None:
+    """Take cuDNN's attention out of `scaled_dot_product_attention`'s choices, for the whole process.
+    cuDNN builds and caches an execution plan per (batch, heads, lengths) shape, which takes hundreds
+    of milliseconds; FlashAttention and the memory-efficient kernel need no plan, and between them
+    take every form model.py asks for (causal, no mask, a source padding mask; dropout)."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def pick_device(choice: str, local_rank: int = 0) -> torch.device:
     """The torch.device for the `device` config value; under torchrun, CUDA device `local_rank`."""
     if choice == "auto":
@@ -71,6 +83,7 @@ def pick_device(choice: str, local_rank: int = 0) -> torch.device:
             reason = unusable_gpu_reason()
             raise ConfigError("--device cuda: CUDA is not available" + (f": {reason}" if reason else
                                                                          " (use --device cpu or auto)"))
+        use_shape_free_attention()
         return torch.device("cuda", local_rank)
     if choice == "mps":
         if not torch.backends.mps.is_available():

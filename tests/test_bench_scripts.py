@@ -4,18 +4,20 @@ train only, distinct pairs), a bench_translate child measures and reports what t
 translated, bench_translate times every set-up `auto` chooses among and misses its target when
 auto's is 10% below the fastest, bench_segmentation counts boundaries as its docstring defines
 them, bench_glossary finds word pairs, takes constraints from the references and decodes as the
-translator does, and bench_paragraphs scores the three ways it translates paragraphs against the
-joined references."""
+translator does, bench_paragraphs scores the three ways it translates paragraphs against the
+joined references, and bench_new_shapes times steps of shapes it has not seen before."""
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from benchmarks import bench_data, bench_glossary, bench_paragraphs, bench_segmentation, bench_translate
+from benchmarks import (bench_data, bench_glossary, bench_new_shapes, bench_paragraphs, bench_segmentation,
+                        bench_translate)
 from config import Resolved, get_config
 from ct2_model import CpuInfo
 from scoring import corpus_scores
@@ -219,3 +221,19 @@ def test_idle_connections_passes_serve_py_only_its_options() -> None:
     argv = ["--connections", "5", "--checkpoint", "x.pt", "--seconds=3", "--tls", "--serve_header_timeout_s", "2"]
     idle_connections.argument_parser().parse_args(argv)  # serve.py's flags are known to the check
     assert idle_connections.serve_arguments(argv) == ["--checkpoint", "x.pt", "--serve_header_timeout_s", "2"]
+
+
+def test_bench_new_shapes_times_each_shape_on_first_sight_and_again() -> None:
+    lengths = argparse.Namespace(src_lens=np.array([5, 5, 7, 5]), tgt_lens=np.array([4, 4, 4, 4]))
+    batches = [np.array([0]), np.array([1]), np.array([2]), np.array([0, 3])]  # the second repeats the first's shape
+    assert [b.tolist() for b in bench_new_shapes.distinct_shapes(lengths, batches, 3)] == [[0], [2], [0, 3]]
+    args = bench_new_shapes.argument_parser().parse_args(["--quick", "--device", "cpu", "--steps", "3"])
+    result = bench_new_shapes.measure("torch default", args)
+    shapes = [tuple(shape) for shape in result["shapes"]]
+    assert result["steps"] == len(set(shapes)) == 3, shapes  # (sentences, target width, source width) all differ
+    assert all(ms > 0 for ms in result["first_ms"] + result["again_ms"]) and len(result["again_ms"]) == 3
+    assert result["decode_first_ms"] > 0 and result["decode_again_ms"] > 0
+    assert result["cudnn_attention"] is None and result["busiest_per_step"][0]["self_cpu_ms"] > 0
+    lines = bench_new_shapes.table([result, {**result, "setting": "project"}], quick=True).splitlines()
+    assert [line.split(" | ")[0] for line in lines if line.startswith("| ") and " | - | " in line] == \
+        ["| torch default", "| project"]

@@ -99,3 +99,17 @@ def test_no_word_without_an_nvidia_driver(tmp_path, monkeypatch: pytest.MonkeyPa
     assert capsys.readouterr().err == ""
     with pytest.raises(ConfigError, match=r"^--device cuda: CUDA is not available \(use --device cpu or auto\)$"):
         pick_device("cuda")
+
+
+def test_cuda_takes_attention_off_cudnn_whose_plans_are_built_per_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an H200, cuDNN's attention made a training step of a new shape cost 342 ms instead of 40
+    (benchmarks/bench_new_shapes.py, docs/speed.md): CUDA leaves it out; the CPU touches nothing."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        assert pick_device("cpu") == torch.device("cpu") and torch.backends.cuda.cudnn_sdp_enabled()
+        assert pick_device("cuda", 1) == torch.device("cuda", 1)
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
