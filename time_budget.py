@@ -126,9 +126,10 @@ def halfway_retime_step(step: int, free_until: int | None, steps_per_epoch: int)
     """The step between epoch ends at which a plan made at `step` is re-timed once more: halfway to
     `free_until` (the step from which its length is fixed: optimizer.length_free_until) where that
     comes before the next epoch end, whose re-time would then be too late; None where it does not,
-    or where fewer than PLAN_TIMED_STEPS steps would be timed. On an H200 a paper-base first epoch
-    (every batch a new shape) cost 0.82 s a step (another H200's later epochs: 0.05): re-timed at
-    its end, a 2-minute plan ended at step 71, inside the second epoch, after 1.7 minutes."""
+    or where fewer than PLAN_TIMED_STEPS steps would be timed. On an H200 with cuDNN's attention
+    (device.py turns it off since) a paper-base first epoch (every batch a new shape) cost 0.82 s a
+    step (another H200's later epochs: 0.05): re-timed at its end, a 2-minute plan ended at step 71,
+    inside the second epoch, after 1.7 minutes."""
     if free_until is None or free_until > (step // steps_per_epoch + 1) * steps_per_epoch:
         return None
     halfway = step + (free_until - step) // 2

@@ -956,14 +956,14 @@ class Trainer:
         validations measured, the checkpoint's and the fit's estimates kept. Where the learning rate
         does not depend on the run's length (inverse square root; wsd until its decay), at every
         epoch end, from the first epoch's end on: a first epoch pays once for each new batch shape
-        (on an H200 a paper-base epoch of tatoeba took 17.5 s and the next ones 1.9 and 1.6; planned
-        from it, a 2-minute run ended at 1.2). Cosine, whose every step depends on the length: once,
-        at the last epoch end before warmup's end. On a shared machine a dozen steps and a young
-        model's decoding misjudge a run too (a 15-minute plan came out 5.5% too long and the clock
-        cut its schedule). Where the plan's length is fixed before the next epoch end, once more
-        halfway there (`epoch_end` False; time_budget.halfway_retime_step). Made before a
-        checkpoint, which holds it: a run resumed from there follows it bit for bit and keeps it
-        (only the invocation that planned re-times)."""
+        (on an H200 with cuDNN's attention, off since, a paper-base epoch of tatoeba took 17.5 s and
+        the next ones 1.9 and 1.6; planned from it, a 2-minute run ended at 1.2). Cosine, whose every
+        step depends on the length: once, at the last epoch end before warmup's end. On a shared
+        machine a dozen steps and a young model's decoding misjudge a run too (a 15-minute plan came
+        out 5.5% too long and the clock cut its schedule). Where the plan's length is fixed before
+        the next epoch end, once more halfway there (`epoch_end` False;
+        time_budget.halfway_retime_step). Made before a checkpoint, which holds it: a run resumed
+        from there follows it bit for bit and keeps it (only the invocation that planned re-times)."""
         plan, mark, config = self.run_plan, self.plan_mark, self.config
         if plan is None or mark is None or self.global_step - mark[0] < PLAN_TIMED_STEPS or \
                 self.global_step >= plan.total_steps:
@@ -1055,8 +1055,8 @@ class Trainer:
         longest = max(len(e.ids) for e in encode_texts(self.tok_tgt, [target for _, target in sample], ids_only=True))
 
         def per_sentence(options: DecodingOptions) -> float:
-            # Timed the second time: the first pays once for its new shapes (on an H200 a plan that
-            # timed it counted 54.8 s a validation, where one took 12 s and the next ones less).
+            # Timed the second time: the first pays once for its new shapes (on an H200 with cuDNN's
+            # attention, off since, a plan that timed it counted 54.8 s a validation, where one took 12 s).
             translator.translate_batch(sources, options, longest + 1)  # the words and their [EOS]
             decode_started = clock()
             translator.translate_batch(sources, options, longest + 1)
