@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# The GPU proof in one short run: bench.py on CUDA; the paper-base recipe on the shipped data,
-# planned to a clock and scored with beam 5 on both engines; then the CUDA paths the suite only
-# rehearses: fp16 with its loss scaler, torchrun over NCCL, and --compile (inductor) to a run's
-# end. Every leg has its own time limit and log, and a failing leg does not stop the next one.
+# The GPU proof in one short run: bench.py on CUDA; bench_new_shapes.py (a batch shape's first
+# step against the same step again, cuDNN's attention off and on); the paper-base recipe on the
+# shipped data, planned to a clock and scored with beam 5 on both engines; then the CUDA paths the
+# suite only rehearses: fp16 with its loss scaler, torchrun over NCCL, and --compile (inductor) to a
+# run's end. Every leg has its own time limit and log, and a failing leg does not stop the next one.
 #
 #     bash benchmarks/gpu_check.sh [OUT_FOLDER] [TRAIN_MINUTES]
 #
-# LEGS (default: all, in this order) names the legs to run: "bench train eval fp16 torchrun compile".
+# LEGS (default: all, in this order) names the legs to run: "bench shapes train eval fp16 torchrun compile".
 # DEVICE (default cuda) lets the script itself be rehearsed on a machine without a GPU.
 # Python packages the GPU machine lacks can be given as wheels in $WHEELS (a folder); they are
 # installed into a folder of their own, never over the machine's packages.
 set -u
 out="${1:-${OUT:-gpu_check}}"
 minutes="${2:-2}"
-legs=" ${LEGS:-bench train eval fp16 torchrun compile} "
+legs=" ${LEGS:-bench shapes train eval fp16 torchrun compile} "
 device="${DEVICE:-cuda}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -58,6 +59,13 @@ if wanted bench; then
     timeout 240 $python -m benchmarks.bench --device "$device" --datasource "$data" --json >"$out/bench.json" \
         2>"$out/bench.log"
     echo "exit $?" >>"$out/bench.log"
+fi
+
+if wanted shapes; then
+    step "bench_new_shapes.py --device $device"
+    timeout 180 $python -m benchmarks.bench_new_shapes --device "$device" --datasource "$data" >"$out/shapes.txt" \
+        2>"$out/shapes.log"
+    echo "exit $?" >>"$out/shapes.log"
 fi
 
 if wanted train; then
