@@ -22,8 +22,9 @@ with attention dropout on CPU takes SDPA's math path, which keeps those weights 
 such tensor per attention layer, the largest activation at long lengths. The mask-free forms
 above are what CUDA's fastest kernel needs: FlashAttention takes no mask tensor (is_causal only), so
 causal self-attention and unpadded batches run on it. A padded batch's src_mask stays the broadcast
-(B, 1, 1, S) boolean, which the memory-efficient and cuDNN kernels take under any autocast dtype
-(SDPA turns it into an additive B x S mask per call; no (B, h, Lq, Lk) copy is made).
+(B, 1, 1, S) boolean, which the memory-efficient kernel takes under any autocast dtype (SDPA turns
+it into an additive B x S mask per call; no (B, h, Lq, Lk) copy is made). cuDNN's kernel, which
+builds a plan per shape, is off on CUDA (device.py).
 
 `decode(..., cache=KVCache)` decodes incrementally: self-attention keys/values are appended per
 step and cross-attention keys/values are computed once per sentence.
