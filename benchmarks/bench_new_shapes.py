@@ -19,6 +19,7 @@ pick_device leaves them) and "torch default" (cuDNN's attention turned back on, 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -75,10 +76,8 @@ def measure(setting: str, args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     model = build_model(config, *vocab).to(device).train()
     optimizer = build_optimizer(model, config)
-
-    def step(batch: dict[str, torch.Tensor]) -> None:
-        project_step(model, optimizer, batch, config, amp_dtype(config, device), device)
-
+    step = functools.partial(project_step, model, optimizer, config=config, dtype=amp_dtype(config, device),
+                             device=device)
     for batch in warmups:
         step(batch)
     first = [timed(device, lambda: step(batch))[0] for batch in timed_batches]
