@@ -40,7 +40,8 @@ from device import pick_device  # noqa: E402
 from model import build_model  # noqa: E402
 from optimizer import build_optimizer  # noqa: E402
 from precision import amp_dtype  # noqa: E402
-from tokenizer import EOS_ID, PAD_ID  # noqa: E402
+from sources import DataError  # noqa: E402
+from tokenizer import EOS_ID, PAD_ID, TokenizerError  # noqa: E402
 
 SETTINGS = ("project", "torch default")
 PROFILED_BATCHES = 4
@@ -131,7 +132,7 @@ def table(results: list[dict[str, Any]], quick: bool) -> str:
 
 
 def argument_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="bench_new_shapes.py", description=__doc__.splitlines()[0])
     parser.add_argument("--datasource", default=None, help="local dataset folder in Hub layout (default: "
                                                            "synthetic opus_books-like lengths)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -144,13 +145,16 @@ def argument_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = argument_parser().parse_args(argv)
+    parser = argument_parser()
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be at least 1, got {args.steps}")
     try:
         if args.setting:
             print(json.dumps(measure(args.setting, args)), flush=True)
             return 0
         pick_device(args.device)  # a device the machine lacks is refused here, once
-    except ConfigError as error:
+    except (ConfigError, DataError, TokenizerError) as error:
         print(f"bench_new_shapes.py: error: {error}", file=sys.stderr)
         return 2
     results = []
@@ -158,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         command = [sys.executable, "-m", "benchmarks.bench_new_shapes", "--setting", setting,
                    *(argv if argv is not None else sys.argv[1:])]
         done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+        if done.returncode == 2:  # bad input, which the process has named in one line
+            return 2
         if done.returncode != 0:
             print(f"bench_new_shapes.py: error: the {setting!r} process exited {done.returncode}", file=sys.stderr)
             return 1

@@ -237,3 +237,15 @@ def test_bench_new_shapes_times_each_shape_on_first_sight_and_again() -> None:
     lines = bench_new_shapes.table([result, {**result, "setting": "project"}], quick=True).splitlines()
     assert [line.split(" | ")[0] for line in lines if line.startswith("| ") and " | - | " in line] == \
         ["| torch default", "| project"]
+
+
+def test_bench_new_shapes_refuses_bad_input_in_one_line(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    assert bench_new_shapes.main(["--quick", "--device", "cpu", "--datasource", str(tmp_path / "none")]) == 2
+    assert capfd.readouterr().err.splitlines() == [
+        f"bench_new_shapes.py: error: datasource {str(tmp_path / 'none')!r} does not exist: tried the folder "
+        f"{tmp_path / 'none'}, {tmp_path / 'none'}.tsv and {tmp_path / 'none'}.en + {tmp_path / 'none'}.it "
+        f"(each also .gz, .bz2, .xz)"]
+    with pytest.raises(SystemExit) as stopped:
+        bench_new_shapes.main(["--quick", "--device", "cpu", "--steps", "0"])
+    assert stopped.value.code == 2 and capfd.readouterr().err.splitlines()[-1] == \
+        "bench_new_shapes.py: error: --steps must be at least 1, got 0"
