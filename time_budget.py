@@ -13,7 +13,8 @@ built) fits under half of num_epochs (a preset's, set for its depth), the run tr
 (`planned_layers`), unless --num_layers is given; under all of them, on smaller batches
 (`planned_batch_tokens`), unless --batch_tokens is given. Only the last epoch ends that fit
 VALIDATION_SHARE of the budget validate (`first_validated_step`); the others checkpoint, and their
-validations' time goes to steps. The invocation that planned re-times the plan from the steps and
+validations' time goes to steps; of those, as many as fit CHECKPOINT_SHARE of the budget, evenly
+spread (`checkpoint_interval`). The invocation that planned re-times the plan from the steps and
 validations it measured (a dozen steps and a young model's decoding are a small sample of a shared
 machine, and a GPU's first epoch pays once for each new batch shape): at every epoch end while the
 learning rate does not depend on the run's length (inverse square root; wsd until its decay), and
@@ -41,6 +42,7 @@ FIT_SHARE = 0.1  # of the budget: a confidence fit estimated to cost more is lef
 SHALLOW_SHARE = 0.5  # of the preset's epochs: a CPU run estimated to fit fewer trains one layer fewer
 BATCH_FLOOR = 0.5  # of the preset's batch: the smallest a CPU run's planned batch gets (planned_batch_tokens)
 VALIDATION_SHARE = 0.1  # of the budget: what a planned run's epoch-end validations may cost
+CHECKPOINT_SHARE = 0.05  # of the budget: what the checkpoints of epoch ends that do not validate may cost
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class Plan:
     dropout: float | None = None  # the run's dropout (planned_dropout); None: the config's, as in older plans
     validate_from: int = 0  # epoch ends before this step checkpoint without validating; 0: all validate
     first_validation_seconds: float = 0.0  # the first plan's validation_seconds (fit_seconds); 0 in older plans
+    checkpoint_every: int = 1  # of the epoch ends that do not validate, every this-many-th checkpoints; 1 in older plans
 
     @property
     def fit_seconds(self) -> float:
@@ -83,6 +86,11 @@ class Plan:
         on, at the last step, and on every `every`-th step (0: none)."""
         return step >= min(self.validate_from, self.total_steps) or bool(every and step % every == 0)
 
+    def checkpoints_epoch_end(self, step: int, every: int) -> bool:
+        """Whether the epoch end at `step` checkpoints: one that validates, or every
+        `checkpoint_every`-th of the others (`checkpoint_interval`)."""
+        return self.validates_epoch_end(step, every) or step // self.steps_per_epoch % self.checkpoint_every == 0
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -95,6 +103,9 @@ class Plan:
                    f"{FIT_SHARE:.0%} of the budget; evaluate.py --fit_confidence fits one later)")
                 + ("" if self.dropout is None else f", dropout {self.dropout:g}")
                 + self.describe_validations()
+                + ("" if self.checkpoint_every == 1 else f", checkpointing every {self.checkpoint_every} epoch "
+                   f"ends where it does not validate (at {self.checkpoint_seconds:.1f} s a checkpoint, within "
+                   f"{CHECKPOINT_SHARE:.0%} of the budget)")
                 + f"; expected to end {self.expected_end_s / 60:.1f} min after start")
 
     def describe_validations(self) -> str:
@@ -136,6 +147,29 @@ def halfway_retime_step(step: int, free_until: int | None, steps_per_epoch: int)
     return halfway if halfway - step >= PLAN_TIMED_STEPS else None
 
 
+def checkpoint_steps(step: int, total: int, steps_per_epoch: int, every: int, validate_from: int,
+                     checkpoint_every: int) -> set[int]:
+    """The steps after `step` up to and including `total` that checkpoint at an epoch end or a
+    validation: those that validate (`check_steps`), and every `checkpoint_every`-th epoch end."""
+    first_end = (step // steps_per_epoch + 1) * steps_per_epoch
+    ends = {end for end in range(first_end, total + 1, steps_per_epoch) if end // steps_per_epoch % checkpoint_every == 0}
+    return check_steps(step, total, steps_per_epoch, every, validate_from) | ends
+
+
+def checkpoint_interval(total: int, steps_per_epoch: int, checkpoint_seconds: float, budget_s: float) -> int:
+    """Every how many epoch ends a planned run of `total` steps checkpoints where it does not
+    validate: 1 (every one) where all of them fit CHECKPOINT_SHARE of the budget, else evenly
+    spread, at least one. A checkpoint is what a killed run resumes from, so they keep coming
+    through the run; but a paper-base one (58.5M parameters and AdamW's moments, about 700 MB) took
+    2.8 s to hash, write and fsync on a 2-core Zen 4, where an H200 trains a tatoeba epoch (38 steps)
+    in 1.6 s. A validated epoch end checkpoints whatever this says: it may be the best."""
+    ends = (total - 1) // steps_per_epoch
+    if checkpoint_seconds <= 0 or ends <= 0:
+        return 1
+    affordable = max(1, math.floor(CHECKPOINT_SHARE * budget_s / checkpoint_seconds))
+    return max(1, math.ceil(ends / affordable))
+
+
 def first_validated_step(total: int, steps_per_epoch: int, validation_seconds: float, budget_s: float) -> int:
     """The first epoch end a planned run of `total` steps validates at: as many of its last epoch
     ends as fit VALIDATION_SHARE of the budget with the last step's validation, 0 (all) where
@@ -162,7 +196,8 @@ def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, 
              dropout: float | None = None, dropout_epochs: int = 0, first_validation_seconds: float = 0.0) -> Plan:
     """The most steps whose cost fits what is left of `budget_s` after `elapsed_s`, a margin kept:
     each remaining step at `step_seconds`, each validation still to come (those
-    `first_validated_step` keeps), each epoch end's checkpoint and those of `save_every`, and
+    `first_validated_step` keeps), the checkpoints of those and of the epoch ends
+    `checkpoint_interval` keeps, those of `save_every`, and
     `final_seconds` of work after the last checkpoint (the confidence fit), unless that is over
     FIT_SHARE of the budget: then the run leaves the fit out; with `first_validation_seconds`, the
     fit's estimate is scaled as the validations measured since (`fit_seconds`). Never fewer than
@@ -177,15 +212,18 @@ def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, 
     after_last = fitting if fit else 0.0
 
     def cost(total: int) -> float:
-        checks = check_steps(step, total, steps_per_epoch, validate_every)  # each checkpoints
-        validated = validations_until(step, total, steps_per_epoch, validate_every,
-                                      first_validated_step(total, steps_per_epoch, validation_seconds, budget_s))
+        validate_from = first_validated_step(total, steps_per_epoch, validation_seconds, budget_s)
+        validated = validations_until(step, total, steps_per_epoch, validate_every, validate_from)
+        checkpoints = checkpoint_steps(step, total, steps_per_epoch, validate_every, validate_from,
+                                       checkpoint_interval(total, steps_per_epoch, checkpoint_seconds, budget_s))
         saves = (total // save_every - step // save_every) if save_every else 0
         return (total - step) * step_seconds + validated * validation_seconds + \
-            (len(checks) + saves) * checkpoint_seconds + after_last
+            (len(checkpoints) + saves) * checkpoint_seconds + after_last
 
     low, high = step + 1, step + 1 + max(1, int(left / max(step_seconds, 1e-9)))
-    while low < high:  # the largest total whose cost fits; cost grows with total
+    # The largest total whose cost fits: cost grows with total, but for the checkpoints' spacing,
+    # which can drop one or two as the run lengthens (a few seconds: at most CHECKPOINT_SHARE).
+    while low < high:
         middle = (low + high + 1) // 2
         if cost(middle) <= left:
             low = middle
@@ -200,7 +238,8 @@ def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, 
     return Plan(total, warmup, steps_per_epoch, step_seconds, validation_seconds, checkpoint_seconds, step,
                 budget_s, elapsed_s + cost(total), final_seconds, fit,
                 None if dropout is None else planned_dropout(dropout, total / steps_per_epoch, dropout_epochs),
-                first_validated_step(total, steps_per_epoch, validation_seconds, budget_s), first_validation_seconds)
+                first_validated_step(total, steps_per_epoch, validation_seconds, budget_s), first_validation_seconds,
+                checkpoint_interval(total, steps_per_epoch, checkpoint_seconds, budget_s))
 
 
 def fit_seconds(estimated_fit_seconds: float, validation_seconds: float, first_validation_seconds: float) -> float:

@@ -38,7 +38,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -372,6 +372,18 @@ def run_validation(model: Transformer, val_ds: BilingualDataset, pairs: list[tup
 
 # ---------------------------------------------------------------------------- the run
 
+class PlanMark(NamedTuple):
+    """Where a plan's timing starts (time_budget.py): the step, the clock, and the validations' and
+    checkpoints' seconds and counts so far, which the steps' time leaves out."""
+
+    step: int
+    clock: float
+    validation_seconds: float
+    validations: int
+    checkpoint_seconds: float
+    checkpoints: int
+
+
 class Trainer:
     """One training run, phase by phase (see the module docstring)."""
 
@@ -393,11 +405,13 @@ class Trainer:
         self.planned_layers: int | None = None  # the depth the plan chose; None: the config's
         self.planned_batch_tokens: int | None = None  # the batch the plan chose; None: the config's
         self.step_times: list[tuple[int, float, float]] = []  # (step, clock, validation seconds so far)
-        self.plan_mark: tuple[int, float, float, int] | None = None  # the same and validations, once planned here
+        self.plan_mark: PlanMark | None = None  # where the plan's (or first re-time's) timing starts
         self.retimed = False  # re-timed since planning: later re-times measure from the first
         self.halfway_retime: int | None = None  # a re-time between epoch ends (time_budget.halfway_retime_step)
         self.validations = 0  # in this invocation
         self.validation_seconds = 0.0
+        self.checkpoints = 0  # written (or waited for) in this invocation
+        self.checkpoint_seconds = 0.0
         self.watch = watch  # under torchrun: how the ranks wait on rank 0 and stop together (ranks.py)
         self.keep_freed = keep_freed  # apply cpu_kernels.keep_freed_memory once the data is ready
         self.initial = initial  # the --init_from checkpoint, if any
@@ -938,7 +952,7 @@ class Trainer:
             return
         plan = self.make_plan() if self.ranks.is_main else None
         self.follow(plan_from_dict(self.from_rank0(plan.as_dict() if plan is not None else None)))
-        self.plan_mark = (self.global_step, clock(), self.validation_seconds, self.validations)
+        self.plan_mark = self.mark()
         self.schedule_halfway_retime()
 
     def make_plan(self) -> Plan:
@@ -965,7 +979,7 @@ class Trainer:
         time_budget.halfway_retime_step). Made before a checkpoint, which holds it: a run resumed
         from there follows it bit for bit and keeps it (only the invocation that planned re-times)."""
         plan, mark, config = self.run_plan, self.plan_mark, self.config
-        if plan is None or mark is None or self.global_step - mark[0] < PLAN_TIMED_STEPS or \
+        if plan is None or mark is None or self.global_step - mark.step < PLAN_TIMED_STEPS or \
                 self.global_step >= plan.total_steps:
             return
         again = length_free(config, self.global_step, plan.total_steps, plan.warmup_steps)
@@ -974,16 +988,20 @@ class Trainer:
             return
         retimed = None
         if self.ranks.is_main:
-            validated = self.validation_seconds - mark[2]
-            step_seconds = max(clock() - mark[1] - validated, 0.0) / (self.global_step - mark[0])
-            validations = self.validations - mark[3]
+            validated, saved = self.validation_seconds - mark.validation_seconds, \
+                self.checkpoint_seconds - mark.checkpoint_seconds
+            step_seconds = max(clock() - mark.clock - validated - saved, 0.0) / (self.global_step - mark.step)
+            validations, checkpoints = self.validations - mark.validations, self.checkpoints - mark.checkpoints
+            # The checkpoints measured replace the estimate, a serialisation in memory: writing and
+            # fsyncing depend on the disk.
             retimed = self.planned(step_seconds, validated / validations if validations else plan.validation_seconds,
-                                   plan.first_validation_seconds, plan.checkpoint_seconds, plan.final_seconds,
+                                   plan.first_validation_seconds,
+                                   saved / checkpoints if checkpoints else plan.checkpoint_seconds, plan.final_seconds,
                                    "re-timed ")
         if not again:
             self.plan_mark = None
         elif not self.retimed:
-            self.plan_mark = (self.global_step, clock(), self.validation_seconds, self.validations)
+            self.plan_mark = self.mark()
         self.retimed = True
         self.follow(plan_from_dict(self.from_rank0(retimed.as_dict() if retimed is not None else None)))
         self.halfway_retime = None
@@ -1000,12 +1018,16 @@ class Trainer:
         counted 45.7 s and 70.1 s for the fit and ended at 12.8. A 2-minute plan that validates its
         last step only and leaves the fit out keeps its steps. The re-time after it plans the rest."""
         plan, mark = self.run_plan, self.plan_mark
-        if mark is None or self.validations > mark[3]:
+        if mark is None or self.validations > mark.validations:
             return False
         if not plan.validated_epoch_ends and not (plan.confidence_fit and plan.fit_seconds > plan.validation_seconds):
             return False
         free_until = length_free_until(self.config, plan.total_steps, plan.warmup_steps)
         return free_until is not None and self.global_step < free_until <= self.global_step + self.steps_per_epoch
+
+    def mark(self) -> PlanMark:
+        return PlanMark(self.global_step, clock(), self.validation_seconds, self.validations, self.checkpoint_seconds,
+                        self.checkpoints)
 
     def schedule_halfway_retime(self) -> None:
         """After the plan or an epoch end's re-time: the step between epoch ends to re-time at, if any."""
@@ -1104,7 +1126,10 @@ class Trainer:
             metrics, stop = self.validate(graceful, stop)
         if stop is None:
             self.retime()
-        self.save(metrics)
+        # ... and of the epoch ends it does not validate, only those that fit the plan's share
+        # (time_budget.checkpoint_interval); a stop always checkpoints.
+        if not thinned or self.run_plan.checkpoints_epoch_end(self.global_step, self.config["validate_every_steps"]):
+            self.save(metrics)
         return stop
 
     def validate(self, graceful: GracefulStop, stop: str | None = None) -> tuple[dict[str, float] | None, str | None]:
@@ -1143,7 +1168,9 @@ class Trainer:
         return metrics, stop or ("early_stopping" if early else "signal" if signal_seen else None)
 
     def save(self, metrics: dict[str, float] | None = None) -> None:
-        """Rank 0 writes a checkpoint while the others wait."""
+        """Rank 0 writes a checkpoint while the others wait; the time it takes is counted apart
+        from the steps' (`retime`)."""
+        started = clock()
         if self.ranks.is_main:
             state = {key: self.resume_value(key) for key in (*RESUME_KEYS, "plan")} | {
                 "metrics": metrics or {}, "data": self.data_record, "planned_layers": self.planned_layers,
@@ -1153,6 +1180,8 @@ class Trainer:
             log(f"saved {path}")
         self.saved_step = self.global_step
         self.from_rank0()
+        self.checkpoints += 1
+        self.checkpoint_seconds += clock() - started
 
     def resume_value(self, key: str) -> Any:
         """What a checkpoint holds under `key`, one of RESUME_KEYS: the state of the model, optimizer,

@@ -6,6 +6,7 @@ import itertools
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -104,6 +105,70 @@ def test_a_short_plan_spends_its_validations_time_on_steps(monkeypatch: pytest.M
     assert everything.validate_from == 0 and short.total_steps - everything.total_steps >= 2 * 8.0 / 0.25
 
 
+def test_a_plan_whose_checkpoints_cost_more_than_its_share_spreads_them_and_spends_the_rest_on_steps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An H200's paper base: 2 s a checkpoint, 38 steps of 0.042 s an epoch, 2 minutes. 5% of the
+    budget holds 3 checkpoints of the 24 epoch ends that do not validate: every 8th."""
+    monkeypatch.setattr(time_budget, "CHECKPOINT_SHARE", 0.05)
+    assert time_budget.checkpoint_interval(950, 38, 2.0, 120) == 8
+    assert time_budget.checkpoint_steps(15, 950, 38, 0, 950, 8) == {304, 608, 912, 950}
+    assert time_budget.checkpoint_interval(950, 38, 0.1, 120) == 1  # 60 fit: every epoch end
+    assert time_budget.checkpoint_interval(950, 38, 30.0, 120) == 24  # none fits: one, the last epoch end
+    assert time_budget.checkpoint_interval(30, 38, 2.0, 120) == 1  # no epoch end before the last step
+    spread = plan_run(15, 10, 120, 0.042, 8.0, 2.0, 38, 0, 0, 100, 0.1)
+    k = spread.checkpoint_every
+    assert k > 1 and "checkpointing every %d epoch ends where it does not validate (at 2.0 s a checkpoint, " \
+        "within 5%% of the budget)" % k in spread.describe()
+    left = 120 - 10 - 3
+    cost = lambda total: (total - 15) * 0.042 + 8.0 + 2.0 * len(time_budget.checkpoint_steps(  # noqa: E731
+        15, total, 38, 0, spread.validate_from, k))
+    assert cost(spread.total_steps) <= left < cost(spread.total_steps + 1)
+    # Which epoch ends checkpoint: every k-th, and those that validate.
+    ends = range(38, spread.total_steps, 38)
+    assert [end for end in ends if spread.checkpoints_epoch_end(end, 0)] == [end for end in ends if end // 38 % k == 0]
+    assert spread.checkpoints_epoch_end(38, 19)  # a validate_every_steps step validates, and checkpoints
+    # Every epoch end's checkpoint (the share at 100%) leaves about 20 s fewer for steps.
+    monkeypatch.setattr(time_budget, "CHECKPOINT_SHARE", 1.0)
+    every = plan_run(15, 10, 120, 0.042, 8.0, 2.0, 38, 0, 0, 100, 0.1)
+    assert every.checkpoint_every == 1 and "checkpointing" not in every.describe()
+    assert spread.total_steps - every.total_steps > 15 / 0.042
+
+
+def test_a_planned_run_checkpoints_the_epoch_ends_its_plan_keeps(
+        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """Planted: a checkpoint estimated at 0.4 s (two 0.2 s clock readings) of a 30 s budget, of which
+    5% holds three; only the last step validates. The epoch ends after the plan checkpoint as it
+    says, and the last step."""
+    monkeypatch.setattr(time_budget, "CHECKPOINT_SHARE", 0.05)
+    monkeypatch.setattr(time_budget, "VALIDATION_SHARE", 0.0)
+    assert run(planned, tmp_path, CountingClock(), monkeypatch) == 0
+    log = capsys.readouterr().err
+    plan = final_state(planned, tmp_path)["plan"]
+    spe, total, k = plan["steps_per_epoch"], plan["total_steps"], plan["checkpoint_every"]
+    assert k > 1 and f"checkpointing every {k} epoch ends where it does not validate" in log
+    folder = weights_dir(parse_config([*planned, "--model_folder", str(tmp_path / "w")]))
+    saved = [int(step) for step in re.findall(rf"saved {folder}/ckpt_(\d+)\.pt", log)]
+    after = [step for step in saved if step > plan["planned_at_step"]]
+    assert after == sorted(time_budget.checkpoint_steps(plan["planned_at_step"], total, spe, 0, plan["validate_from"], k))
+    assert len(after) < total // spe - plan["planned_at_step"] // spe  # fewer than the epoch ends
+    # The re-time's step time leaves the checkpoints out. Each now takes 5 s: with one at every epoch
+    # end, the re-time's window of 18 steps holds two more, which would add 0.56 s to a step.
+    monkeypatch.setattr(time_budget, "CHECKPOINT_SHARE", 1.0)
+    clock, write = CountingClock(), train.save_checkpoint
+
+    def slow_save(*args: Any, **kwargs: Any) -> Path:
+        clock.now += 5.0
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(train, "save_checkpoint", slow_save)
+    assert run(planned, tmp_path / "every", clock, monkeypatch) == 0
+    every, thinned = plan_scalars(planned, tmp_path / "every", "step_seconds"), \
+        plan_scalars(planned, tmp_path, "step_seconds")
+    assert len(every) == len(thinned) == 2 and every[1][0] == thinned[1][0] == 27
+    assert every[1][1] == pytest.approx(thinned[1][1], abs=0.05)  # a clock reading per checkpoint: 0.011 a step
+    assert final_state(planned, tmp_path / "every")["plan"]["checkpoint_seconds"] == pytest.approx(5.2)
+
+
 JUMP_AFTER_RETIME = 70  # a clock reading after the re-time and before the planned end
 
 
@@ -132,6 +197,13 @@ class LeapingClock(CountingClock):
             self.now = max(self.now, self.to - 0.2)
         self.taken += 1
         return super().__call__()
+
+
+@pytest.fixture(autouse=True)
+def checkpoints_at_every_epoch_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planted clocks make a checkpoint 0.2-0.4 s of a 30 s budget, which a plan would thin;
+    the tests of other things keep every epoch end's, as `test_a_plan_thins_...` does not."""
+    monkeypatch.setattr(time_budget, "CHECKPOINT_SHARE", 1.0)
 
 
 @pytest.fixture
@@ -165,6 +237,9 @@ def test_a_planned_run_ends_its_schedule_at_the_planned_step_and_resumes_bit_exa
     assert f"plan for --max_minutes 0.5: {plan['total_steps']} steps" in log
     assert plan["final_seconds"] > 0  # the confidence fit after the last checkpoint is in the plan
     assert plan["first_validation_seconds"] > 0  # kept through the re-time: what the fit's estimate scales by
+    # The re-time measured its window's checkpoints, two clock readings each (0.2 s), and counts them
+    # instead of the estimate (0.4 s: twice a serialisation in memory) and apart from the steps.
+    assert plan["checkpoint_seconds"] == pytest.approx(0.2)
     assert f"finished the plan: {plan['total_steps']} steps" in log
     unbroken = final_state(planned, tmp_path / "unbroken")
     assert unbroken["global_step"] == plan["total_steps"]
