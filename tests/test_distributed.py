@@ -226,13 +226,27 @@ def rank_specs(data: Path, out: Path, fault: str, limit: float) -> list[dict]:
     return job_specs(out, ["--validation_fault", fault, *train_args(data, out, "--rank_timeout_s", str(limit))[1:]])
 
 
+def free_port() -> int:
+    """A port free now, below the range the system hands out to sockets bound to port 0 and to
+    outgoing connections: one probed in that range was taken by another test's socket before rank 0
+    listened on it (EADDRINUSE)."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
+    for port in random.SystemRandom().sample(range(20000, low), 100):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port between 20000 and {low}")
+
+
 def job_specs(out: Path, argv: list[str]) -> list[dict]:
     """`rank_faults.py --launch`'s specs of a two-rank job running tests/rank_faults.py `argv`, its
     ranks' stderr in out/rank0.log and out/rank1.log."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     out.mkdir(parents=True)
+    port = free_port()
     return [{"env": {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": str(rank),
                      "LOCAL_RANK": str(rank)},
              "argv": argv, "log": str(out / f"rank{rank}.log")} for rank in (0, 1)]
