@@ -268,8 +268,8 @@ OPTIONS: dict[str, Option] = {
                           range=AT_LEAST_ONE),
     "average_checkpoints": O(0, "at the end of training, save the average of the newest N checkpoints; 0: off",
                              "checkpoints", range=NON_NEGATIVE),
-    "save_every_steps": O(0, "also checkpoint every N optimizer steps; 0: at epoch ends only", "checkpoints",
-                          range=NON_NEGATIVE),
+    "save_every_steps": O(0, "also checkpoint every N optimizer steps; 0: at epoch ends (a --max_minutes "
+                          "plan: within a share of its budget)", "checkpoints", range=NON_NEGATIVE),
     "checkpoint_choice": O("best", "the checkpoint to translate with: best (best_metric on validation), latest, or "
                                    "average (training's)", "checkpoints", DECODERS | {EXPORT},
                            choices=("best", "latest", "average")),
