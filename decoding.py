@@ -31,7 +31,9 @@ holds. As in CTranslate2, the forbidden tokens are removed from the logits, so t
 distribution is renormalised over the allowed ones and scores are taken from that (fairseq masks
 log-probabilities instead). A search that stops only when nothing better can come finds whatever a
 score over length ** length_penalty rewards most; with length penalties above 1 that includes long,
-confident repetition loops ("il re re re ..."), which this rules out.
+confident repetition loops ("il re re re ..."), which this rules out. Its default, -1, is the
+model's own: train.py picks it from the training targets (`repeat_free_ngram_size`), the smallest
+n from 3 that almost no target repeats, so that the ban forbids what the data never does.
 
 Constraints (`beam_search(..., constraints=...)`): each sentence may name phrases of target token
 ids that its translation must hold, in any order, each phrase alone or as a set of alternatives
@@ -107,6 +109,29 @@ def block_repeats(scores: torch.Tensor, history: torch.Tensor, n: int) -> torch.
     matches = (windows[:, :, :-1] == last[:, None, :]).all(dim=-1)
     rows, starts = matches.nonzero(as_tuple=True)
     return scores.index_put((rows, windows[rows, starts, -1]), torch.tensor(float("-inf"), device=scores.device))
+
+
+REPEAT_SHARE = 0.01  # of the training targets: an n-gram size that more repeat is not banned
+REPEAT_SIZES = range(3, 7)  # the n-gram sizes `repeat_free_ngram_size` considers
+
+
+def repeat_free_ngram_size(targets: Sequence[Sequence[int]]) -> int:
+    """The smallest n of REPEAT_SIZES such that fewer than REPEAT_SHARE of `targets` (token ids)
+    hold some n-gram twice: what `no_repeat_ngram_size` -1 bans; 0 (no ban) where none is that rare.
+    A young model loops ("la la la ..."): 2-minute tatoeba models (2 + 2 layers, 820 steps) wrote
+    outputs 7-13% longer than the references, and banning repeated trigrams raised grouped
+    validation BLEU from 19.72 / 18.73 / 19.43 to 23.35 / 22.36 / 23.51 (seeds 42 / 1 / 2; 4-grams:
+    23.15 / 22.17 / 23.33). Tatoeba's targets repeat a subword trigram in 0.25% of pairs, bigrams in
+    1.09%; long sentences repeat more (21% of those of 30+ subwords repeat a trigram), and a ban
+    those hold would cut legitimate repeats."""
+    def repeats(ids: Sequence[int], n: int) -> bool:
+        grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+        return len(set(grams)) < len(grams)
+
+    for n in REPEAT_SIZES:
+        if sum(repeats(ids, n) for ids in targets) < REPEAT_SHARE * len(targets):
+            return n
+    return 0
 
 
 def hypothesis_score(log_prob: float, length: int, length_penalty: float, expected_length: float = 0.0,

@@ -58,6 +58,7 @@ from config import (IDENTITY_KEYS, MODEL_KEYS, TRAIN, ConfigError, OneLineParser
                     corpus_name, get_config, parse_args, runs_dir, validate_config, weights_dir)
 from cpu_kernels import keep_freed_memory, linear
 from dataset import BatchPlan, BilingualDataset, CorpusMix, MicroBatches, padding_waste
+from decoding import REPEAT_SHARE, REPEAT_SIZES, repeat_free_ngram_size
 from diagnostics import log
 from device import pick_device
 from loss import loss_sum
@@ -177,6 +178,7 @@ def check_resumable(state: dict[str, Any], config: dict[str, Any], path: Path) -
 
 # The identity keys that name data by path: a checkpoint with a data record compares their content instead.
 DATA_PATHS = ("datasource", "valid_data", "test_data")
+REPEAT_SAMPLE = 100_000  # training targets read to pick no_repeat_ngram_size: enough for a share
 
 
 def data_layout(config: dict[str, Any]) -> tuple:
@@ -447,6 +449,8 @@ class Trainer:
             config["length_ratio"] = round(float(self.train_ds.tgt_lens.sum() / (self.train_ds.src_lens - 1).sum()), 4)
             log(f"length_ratio {config['length_ratio']}: target over source tokens in the training data, what "
                 f"the brevity penalty expects")
+        if config["no_repeat_ngram_size"] < 0:
+            config["no_repeat_ngram_size"] = self.repeat_limit()
         self.val_ds = self.tokens[0].dataset("validation") if "validation" in self.text.splits() else None
         self.val_pairs = validation_subset(self.text.pairs("validation"), config["val_max_sentences"], config["seed"])
         self.val_sources = list(dict.fromkeys(source for source, _ in self.val_pairs))
@@ -544,6 +548,20 @@ class Trainer:
                 if self.config[key] == planned:
                     setattr(self, attribute, planned)
         return state
+
+    def repeat_limit(self) -> int:
+        """The n-gram size the model's decoders never repeat (no_repeat_ngram_size -1), picked from
+        the training targets, a seeded sample of REPEAT_SAMPLE where there are more; the same on every
+        rank, and stored with the config in every checkpoint."""
+        indices = np.arange(len(self.train_ds))
+        if len(indices) > REPEAT_SAMPLE:
+            indices = np.random.default_rng(self.config["seed"]).choice(indices, REPEAT_SAMPLE, replace=False)
+        limit = repeat_free_ngram_size([self.train_ds[int(i)][1].tolist() for i in indices])
+        log(f"no_repeat_ngram_size {limit}: " + (
+            f"the smallest n-gram size from 3 that under {REPEAT_SHARE:.0%} of the training targets repeat, which "
+            f"decoding will not" if limit else f"every n-gram size up to {REPEAT_SIZES[-1]} repeats in "
+            f"{REPEAT_SHARE:.0%} of the training targets or more: decoding bans no repeat"))
+        return limit
 
     def checkpoint_to_resume(self) -> tuple[Path | None, dict[str, Any] | None]:
         """The checkpoint `preload` names (latest: the newest good one, first listed if the run died

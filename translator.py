@@ -299,6 +299,9 @@ class Translator(ABC):
         self.max_source_tokens = self.seq_len - 2  # [SOS] and [EOS] take two of its positions
         # What the brevity penalty expects: output tokens per source token (train.py measured it).
         self.length_ratio = model_config["length_ratio"]
+        # The n-gram size train.py picked from its training targets (decoding.repeat_free_ngram_size):
+        # what no_repeat_ngram_size -1 bans; 0 in a model trained before it picked one.
+        self.model_repeat_limit = max(model_config.get("no_repeat_ngram_size", 0), 0)
         self.target_languages = target_languages(model_config)
         self.calibrator: Calibrator | None = None  # the confidence calibrator stored with the model
         missing = missing_target_tag(tok_src, model_config)
@@ -308,9 +311,13 @@ class Translator(ABC):
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.engine, "model": self.source, "seq_len": self.seq_len,
-                "confidence": self.calibrator is not None,
+                "no_repeat_ngram_size": self.model_repeat_limit, "confidence": self.calibrator is not None,
                 "target_languages": self.target_languages,
                 "source_vocabulary": self.tok_src.get_vocab_size(), "target_vocabulary": self.tok_tgt.get_vocab_size()}
+
+    def repeat_limit(self, options: DecodingOptions) -> int:
+        """The n-gram size a search never repeats: the options', or the model's where they say -1."""
+        return options.no_repeat_ngram_size if options.no_repeat_ngram_size >= 0 else self.model_repeat_limit
 
     def build_glossary(self, pairs: Sequence[tuple[str, str]]) -> Glossary:
         """A glossary of checked `pairs` (glossary.check_pairs) for this model's target vocabulary;
@@ -521,20 +528,20 @@ class TorchTranslator(Translator):
                constraints: Sequence[list] | None = None) -> list[list[DecodedHypothesis]]:
         """decoding.py's search that `options` names, over the model; `constraints` go to beam search
         (DecodingOptions.check keeps them from greedy search and sampling)."""
-        model = self.model
+        model, repeat_limit = self.model, self.repeat_limit(options)
         if options.sampling:
             if self.generator is None:
                 self.generator = torch.Generator(src.device).manual_seed(self.seed)
             return sample(model, src, src_mask, max_tokens, options.n_best, options.sampling_topk,
                           options.sampling_topp, options.temperature, options.length_penalty, self.generator,
-                          options.no_repeat_ngram_size, options.brevity_penalty, self.length_ratio)
+                          repeat_limit, options.brevity_penalty, self.length_ratio)
         if options.beam_size == 1:
             return [[hypothesis] for hypothesis in greedy_decode(
                 model, src, src_mask, max_tokens, options.length_penalty,
-                no_repeat_ngram_size=options.no_repeat_ngram_size, brevity_penalty=options.brevity_penalty,
+                no_repeat_ngram_size=repeat_limit, brevity_penalty=options.brevity_penalty,
                 length_ratio=self.length_ratio)]
         return beam_search(model, src, src_mask, max_tokens, options.beam_size, options.length_penalty,
-                           options.n_best, options.no_repeat_ngram_size, options.brevity_penalty, self.length_ratio,
+                           options.n_best, repeat_limit, options.brevity_penalty, self.length_ratio,
                            constraints)
 
     def cross_attention(self, sentence: str, target_lang: str = "") -> CrossAttention:
@@ -671,7 +678,7 @@ class CTranslate2Translator(Translator):
         brevity = options.brevity_penalty if self.length_ratio and not options.sampling else 0.0
         results = self.ct2.translate_batch(
             tokens, beam_size=options.beam_size, num_hypotheses=options.beam_size if brevity else options.n_best,
-            length_penalty=options.length_penalty, no_repeat_ngram_size=options.no_repeat_ngram_size,
+            length_penalty=options.length_penalty, no_repeat_ngram_size=self.repeat_limit(options),
             max_decoding_length=max_tokens, min_decoding_length=0,
             max_input_length=self.seq_len, return_scores=True, **sampling)
         evidence = self.token_log_probs(tokens, results)

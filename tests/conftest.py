@@ -272,10 +272,13 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
     # lr 1e-2: validation BLEU is well above 0 after 60 steps (about 1.5 s), so comparing the
     # pipeline's BLEU with sacrebleu's is not a comparison of two zeros.
     # --clean false: the tests that use this run were written against a model of the pairs as written
-    # (cleaning removes their near-duplicates; tests/test_train.py trains with it on)
+    # (cleaning removes their near-duplicates; tests/test_train.py trains with it on); and against
+    # decoding without a repeat ban, whose validation BLEU made the best checkpoint the latest
+    # (tests/test_train.py checks the ban train.py picks)
     args = ["--datasource", str(data), "--preset", "tiny", "--batch_tokens", "256", "--lr", "1e-2",
             "--num_epochs", "100", "--log_every", "2", "--model_folder", str(model_folder),
-            "--runs_folder", str(runs_folder), "--store_folder", str(root / "stores"), "--clean", "false"]
+            "--runs_folder", str(runs_folder), "--store_folder", str(root / "stores"), "--clean", "false",
+            "--no_repeat_ngram_size", "0"]
     first = train_in_process(args + ["--max_steps", str(TrainedRun.FIRST_MAX_STEPS)])
     assert first.code == 0, first.stderr
     run = TrainedRun(data, model_folder, args, first, Run(-1, "", ""), {}, {})

@@ -16,7 +16,7 @@ from torch.testing import assert_close
 
 from conftest import TOY_SOURCE, TOY_TARGET, train_toy
 from decoding import (beam_search, block_repeats, brevity_term, expected_length, greedy_decode, hypothesis_score,
-                      max_output_tokens, sample, source_token_counts)
+                      max_output_tokens, repeat_free_ngram_size, sample, source_token_counts)
 from model import KVCache, build_transformer, causal_mask
 from tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_ids
 
@@ -344,6 +344,17 @@ class LoopingModel(StubModel):
         logits = torch.full((*hidden.shape[:-1], VOCAB), float("-inf"))
         logits[..., A], logits[..., B], logits[..., EOS_ID] = math.log(0.6), math.log(0.3), math.log(0.1)
         return logits
+
+
+def test_the_models_repeat_limit_is_the_smallest_ngram_size_from_3_that_almost_no_target_repeats() -> None:
+    """Under 1 in 100 targets: 9 of 999 repeating a trigram ban trigrams; 10 of 1,000 do not, and
+    then 4-grams, which none repeats. Bigrams are never considered; nothing that rare: no ban."""
+    plain, trigram_twice = [1, 2, 3, 4, 5], [1, 2, 3, 1, 2, 3]
+    assert repeat_free_ngram_size([plain] * 990 + [trigram_twice] * 9) == 3
+    assert repeat_free_ngram_size([plain] * 990 + [trigram_twice] * 10) == 4
+    assert repeat_free_ngram_size([[1, 2, 1, 2, 5]] * 1000) == 3  # bigrams repeat in all: still 3
+    assert repeat_free_ngram_size([[7] * 12] * 99 + [plain]) == 0  # every size up to 6 repeats
+    assert repeat_free_ngram_size([]) == 0
 
 
 def test_no_repeat_ngram_size_breaks_repetition_loops() -> None:

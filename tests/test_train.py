@@ -24,6 +24,7 @@ from checkpoint import MANIFEST, checkpoint_name, load_checkpoint, load_for_infe
 from config import parse_config, runs_dir, validate_config, weights_dir
 from store import text_store, token_store
 from synthetic_data import synthetic_pairs, write_hub_dataset, write_parallel_files
+from decoding import repeat_free_ngram_size
 from loss import loss_sum
 from optimizer import lr_factor
 from scoring import corpus_scores
@@ -189,6 +190,28 @@ def test_validation_scores_raw_text_and_teacher_forced_loss(trained_run, monkeyp
             total += float(loss_sum(logits, batch["label"], 0.0))
             tokens += int((batch["label"] != PAD_ID).sum())
     assert metrics["loss"] == pytest.approx(total / tokens, rel=1e-4)
+
+
+def test_the_repeat_ban_is_picked_from_the_training_targets_unless_given(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    """no_repeat_ngram_size -1 (the default): train.py picks the size from its training targets,
+    says it, and stores it in the checkpoint's config, which translators read; a size given stays."""
+    pairs = synthetic_pairs(200, 1)
+    data = write_hub_dataset(tmp_path / "data", {"train": pairs, "validation": synthetic_pairs(8, 2)})
+    args = ["--datasource", str(data), "--preset", "tiny", "--max_steps", "2", "--val_max_sentences", "2",
+            "--confidence_sentences", "0", "--clean", "false", "--store_folder", str(tmp_path / "s"),
+            "--runs_folder", str(tmp_path / "r")]
+    assert train.main([*args, "--model_folder", str(tmp_path / "picked")]) == 0
+    state = load_checkpoint(weights_dir(parse_config([*args, "--model_folder", str(tmp_path / "picked")])) /
+                            checkpoint_name(2))
+    tok_tgt = tokenizer_from_json(state["tokenizers"]["tgt"])
+    limit = repeat_free_ngram_size([tok_tgt.encode(t, add_special_tokens=False).ids for _, t in pairs])
+    assert limit >= 3 and state["config"]["no_repeat_ngram_size"] == limit
+    assert f"no_repeat_ngram_size {limit}: the smallest n-gram size from 3" in capsys.readouterr().err
+    assert train.main([*args, "--model_folder", str(tmp_path / "given"), "--no_repeat_ngram_size", "0"]) == 0
+    given = load_checkpoint(weights_dir(parse_config([*args, "--model_folder", str(tmp_path / "given")])) /
+                            checkpoint_name(2))
+    assert given["config"]["no_repeat_ngram_size"] == 0 and "no_repeat_ngram_size" not in capsys.readouterr().err
 
 
 def test_translate_prints_the_translation_on_stdout(trained_run, cli) -> None:

@@ -126,6 +126,25 @@ def mixed_lengths(toy_translator) -> list[str]:
     return [s for s, _ in toy_translator.pairs(24, seed=7)]
 
 
+def test_no_repeat_ngram_size_minus_one_is_the_models_own_and_a_given_size_wins(toy_translator) -> None:
+    """A model whose training picked 1 (train.py: the config's -1 becomes the size it measured)
+    never repeats a word under the options' default, -1; 0 given turns the ban off, and the toy
+    repeats the word its source repeats."""
+    source, repeated = "one one two.", "due uno uno."
+    banned = TorchTranslator(toy_translator.model, toy_translator.tok_src, toy_translator.tok_tgt,
+                             dict(get_config(), seq_len=toy_translator.seq_len, no_repeat_ngram_size=1))
+    assert banned.describe()["no_repeat_ngram_size"] == 1
+    for beam_size in (1, 3):
+        [found] = banned.translate_best([source], DecodingOptions(beam_size=beam_size))
+        words = found.rstrip(".").split()
+        assert len(words) == len(set(words)) and found != repeated, found
+        assert banned.translate_best([source], DecodingOptions(beam_size=beam_size, no_repeat_ngram_size=0)) == \
+            [repeated]
+    # A model from before train.py picked one (its config says -1, or 0) bans nothing.
+    assert toy_translator.translator().describe()["no_repeat_ngram_size"] == 0
+    assert toy_translator.translator().translate_best([source], DecodingOptions()) == [repeated]
+
+
 def test_batches_keep_the_input_order(toy_translator, mixed_lengths: list[str]) -> None:
     translator = toy_translator.translator()
     together = translator.translate_best(mixed_lengths, DecodingOptions(batch_size=5))
