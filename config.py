@@ -293,8 +293,8 @@ OPTIONS: dict[str, Option] = {
     "temperature": O(1.0, "sampling: divide the logits by this first", "decoding", frozenset({TRANSLATE, SERVE}),
                      range=POSITIVE),
     "no_repeat_ngram_size": O(-1, "never produce an n-gram of this size twice in one output; 0: off; -1: the "
-                              "model's, which train.py picks: the smallest n from 3 that under 1 in 100 training "
-                              "targets repeat", "decoding", DECODERS | {TRAIN}, range=Range(-1)),
+                              "model's (train.py picks it from its training targets)", "decoding",
+                              DECODERS | {TRAIN}, range=Range(-1)),
     "eval_batch_size": O(64, "sentences per decoding batch", "decoding", DECODERS | {TRAIN}, range=AT_LEAST_ONE),
     "target_lang": O("", "a model of several target languages: the one to translate into", "decoding", DECODERS),
     "glossary": O("", "a TSV of terms (source TAB target): a sentence holding the source term is translated with the "
