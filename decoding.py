@@ -33,7 +33,7 @@ log-probabilities instead). A search that stops only when nothing better can com
 score over length ** length_penalty rewards most; with length penalties above 1 that includes long,
 confident repetition loops ("il re re re ..."), which this rules out. Its default, -1, is the
 model's own: train.py picks it from the training targets (`repeat_free_ngram_size`), the smallest
-n from 3 that almost no target repeats, so that the ban forbids what the data never does.
+n from 3 that almost no target repeats, so that the ban forbids what the data almost never does.
 
 Constraints (`beam_search(..., constraints=...)`): each sentence may name phrases of target token
 ids that its translation must hold, in any order, each phrase alone or as a set of alternatives
