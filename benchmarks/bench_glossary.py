@@ -50,7 +50,7 @@ from glossary import Glossary, GlossaryError, term_alternatives  # noqa: E402
 from scoring import corpus_scores  # noqa: E402
 from sources import DataError, Pair, open_source, read_all_pairs  # noqa: E402
 from tokenizer import decode_ids  # noqa: E402
-from translator import TorchTranslator, TranslatorError  # noqa: E402
+from translator import DecodingOptions, TorchTranslator, TranslatorError  # noqa: E402
 
 WORD = re.compile(r"\w+")
 MIN_PAIRS = 3
@@ -103,6 +103,7 @@ def search(translator: TorchTranslator, sentences: Sequence[str], beam: int, con
     sources = translator.encode(sentences, "")
     order = sorted(range(len(sources)), key=lambda i: len(sources[i].ids), reverse=True)
     found: list[Hypothesis | None] = [None] * len(sources)
+    repeat_limit = translator.repeat_limit(DecodingOptions.from_config(config))  # -1: the model's, as translate.py
     started = time.perf_counter()
     with translator.evaluating():
         for start in range(0, len(order), config["eval_batch_size"]):
@@ -110,7 +111,7 @@ def search(translator: TorchTranslator, sentences: Sequence[str], beam: int, con
             src, src_mask = translator.source_batch([sources[i] for i in chunk])
             results = beam_search(translator.model, src, src_mask,
                                   max_output_tokens(len(sources[chunk[0]].ids), translator.seq_len), beam,
-                                  config["length_penalty"], 1, config["no_repeat_ngram_size"],
+                                  config["length_penalty"], 1, repeat_limit,
                                   config["brevity_penalty"], translator.length_ratio,
                                   None if constraints is None else [constraints[i] for i in chunk])
             for index, hypotheses in zip(chunk, results):

@@ -151,6 +151,15 @@ def test_bench_glossary_decodes_as_the_translator_does(toy_translator) -> None:
     found, seconds = bench_glossary.search(translator, sentences, 3, config)
     expected = translator.translate_best(sentences, DecodingOptions.from_config(config, beam_size=3))
     assert [toy_translator.tok_tgt.decode(h[0]) for h in found] == expected and seconds > 0
+    # A model whose training picked a repeat ban (here 1: no word twice) is searched under it, as
+    # translate.py searches it (no_repeat_ngram_size -1, the default: the model's).
+    banned = TorchTranslator(toy_translator.model, toy_translator.tok_src, toy_translator.tok_tgt,
+                             dict(get_config(), seq_len=toy_translator.seq_len, no_repeat_ngram_size=1))
+    repeating = ["one one two.", "three four three."]
+    found, _ = bench_glossary.search(banned, repeating, 3, config)
+    expected = banned.translate_best(repeating, DecodingOptions.from_config(config, beam_size=3))
+    assert [toy_translator.tok_tgt.decode(h[0]) for h in found] == expected
+    assert expected != translator.translate_best(repeating, DecodingOptions.from_config(config, beam_size=3))
 
 
 def test_bench_paragraphs_scores_lines_and_paragraphs_against_joined_references(trained_run) -> None:
