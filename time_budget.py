@@ -152,7 +152,8 @@ def checkpoint_steps(step: int, total: int, steps_per_epoch: int, every: int, va
     """The steps after `step` up to and including `total` that checkpoint at an epoch end or a
     validation: those that validate (`check_steps`), and every `checkpoint_every`-th epoch end."""
     first_end = (step // steps_per_epoch + 1) * steps_per_epoch
-    ends = {end for end in range(first_end, total + 1, steps_per_epoch) if end // steps_per_epoch % checkpoint_every == 0}
+    ends = {end for end in range(first_end, total + 1, steps_per_epoch)
+            if end // steps_per_epoch % checkpoint_every == 0}
     return check_steps(step, total, steps_per_epoch, every, validate_from) | ends
 
 
