@@ -378,7 +378,8 @@ def test_ctranslate2_engine_and_sigterm(checkpoint: Path, translator: TorchTrans
     """A float32 export served with --engine ctranslate2 translates greedily as the PyTorch engine
     does; SIGTERM stops it promptly, with exit code 0 and no traceback. (Beam search is not
     compared: CTranslate2 stops a sentence once beam_size hypotheses have ended, decoding.py only
-    when no open one can beat them, so the two may pick different translations.)"""
+    when no open one can beat them, so the two may pick different translations; the request asks for
+    beam 1, as the model's default is 5.)"""
     model_dir = tmp_path / "ct2"
     assert export.main(["--checkpoint", str(checkpoint), "--quantization", "float32", "--output", str(model_dir)]) == 0
     server = ServerProcess(["--engine", "ctranslate2", "--model_dir", str(model_dir)],
@@ -387,8 +388,9 @@ def test_ctranslate2_engine_and_sigterm(checkpoint: Path, translator: TorchTrans
         answer = health(server.port)
         assert (answer["engine"], answer["model"], answer["checkpoint"]) == ("ctranslate2", str(model_dir),
                                                                              str(checkpoint))
-        status, answer = call(server.port, "POST", "/translate", {"text": SENTENCES})
-        assert (status, answer) == (200, {"translations": translator.translate_best(SENTENCES, DecodingOptions())})
+        status, answer = call(server.port, "POST", "/translate", {"text": SENTENCES, "beam_size": 1})
+        assert (status, answer) == (200, {"translations": translator.translate_best(SENTENCES,
+                                                                                    DecodingOptions(beam_size=1))})
         assert call(server.port, "POST", "/translate", {"text": SENTENCES[:1], "glossary": [["dog", "pesce"]]}) == \
             (400, {"error": "'glossary': the ctranslate2 engine has no constrained search, so it cannot use a "
                             "glossary: translate with the checkpoint (--engine pytorch)"})
