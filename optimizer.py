@@ -2,8 +2,10 @@
 steps the same optimizer).
 
 - `build_optimizer`: AdamW with the config's lr, betas and eps; weight decay on weight matrices only;
-  on CUDA the fused kernel (one launch for all parameters instead of a few per tensor group), on
-  other devices the default (foreach). Both keep the same state, so a checkpoint moves between them.
+  the fused kernel on CUDA (one launch for all parameters instead of a few per tensor group) and on
+  the CPU (one pass over each tensor: 2.1 against 11.1 ms a step for the cpu preset's 2 + 2 layers,
+  whose step takes about 140), torch's default elsewhere (meta, MPS). They keep the same state, so a
+  checkpoint moves between them.
 - `warmup_steps`: `--warmup_steps`, or when it is 0 `--warmup_fraction` of the run's steps: a GPU run
   on opus_books takes a few thousand steps, which the paper's fixed 4000 would spend warming up.
 - `lr_factor`: the multiplier of the peak lr after a number of optimizer steps: linear warmup, then
@@ -19,17 +21,20 @@ from typing import Any
 
 import torch
 
+FUSED_ADAMW_DEVICES = ("cuda", "cpu")
+
 
 def build_optimizer(model: torch.nn.Module, config: dict[str, Any]) -> torch.optim.Optimizer:
     """AdamW; weight decay on weight matrices only, never on biases, LayerNorms or embeddings; fused
-    where the model's parameters are on a CUDA device (build it after moving the model there)."""
+    where the model's parameters are on a CUDA device or the CPU (build it after moving the model)."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     decay = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in embeddings]
     no_decay = [p for p in model.parameters() if p.dim() < 2 or id(p) in embeddings]
     return torch.optim.AdamW([{"params": decay, "weight_decay": config["weight_decay"]},
                               {"params": no_decay, "weight_decay": 0.0}],
                              lr=config["lr"], betas=(config["adam_beta1"], config["adam_beta2"]),
-                             eps=config["adam_eps"], fused=next(model.parameters()).is_cuda or None)
+                             eps=config["adam_eps"],
+                             fused=next(model.parameters()).device.type in FUSED_ADAMW_DEVICES or None)
 
 
 def warmup_steps(config: dict[str, Any], total_steps: int) -> int:

@@ -67,12 +67,13 @@ def test_wsd_holds_the_peak_then_decays_linearly_to_min_lr() -> None:
     assert drops == pytest.approx([drops[0]] * len(drops)) and drops[0] == pytest.approx(0.99 / 27)
 
 
-def test_adamw_is_fused_on_cuda_and_foreach_elsewhere() -> None:
+def test_adamw_is_fused_on_cuda_and_the_cpu_and_torch_s_default_on_meta() -> None:
     """The parameters' device decides; on 'cuda' fake tensors (no GPU needed) the fused kernel is asked for."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     config = {**get_config(), **PRESETS["tiny"]}
     model = build_model(config, 40, 50)
-    assert not build_optimizer(model, config).defaults["fused"]
+    assert build_optimizer(model, config).defaults["fused"] is True
+    assert not build_optimizer(build_model(config, 40, 50).to("meta"), config).defaults["fused"]
     mode = FakeTensorMode()
     for module in model.modules():
         for name, parameter in list(module._parameters.items()):
@@ -80,3 +81,24 @@ def test_adamw_is_fused_on_cuda_and_foreach_elsewhere() -> None:
                                                                      torch.device("cuda", 0)))
     with mode:
         assert build_optimizer(model, config).defaults["fused"] is True
+
+
+def test_the_fused_cpu_step_is_adamw_s_step() -> None:
+    """Three steps of the fused kernel give the weights the per-tensor loop gives, weight decay included."""
+    config = {**get_config(), **PRESETS["tiny"], "weight_decay": 0.1}
+    torch.manual_seed(0)
+    fused, plain = build_model(config, 40, 50), build_model(config, 40, 50)
+    plain.load_state_dict(fused.state_dict())
+    optimizers = [build_optimizer(fused, config), build_optimizer(plain, config)]
+    optimizers[1].defaults["fused"] = False
+    for group in optimizers[1].param_groups:
+        group["fused"], group["foreach"] = False, False
+    for step in range(3):
+        for model, optimizer in zip((fused, plain), optimizers):
+            torch.manual_seed(step)
+            for parameter in model.parameters():
+                parameter.grad = torch.randn_like(parameter)
+            optimizer.step()
+    assert optimizers[0].param_groups[0]["fused"] and not optimizers[1].param_groups[0]["fused"]
+    for a, b in zip(fused.parameters(), plain.parameters()):
+        torch.testing.assert_close(a, b)
