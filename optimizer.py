@@ -3,9 +3,9 @@ steps the same optimizer).
 
 - `build_optimizer`: AdamW with the config's lr, betas and eps; weight decay on weight matrices only;
   the fused kernel on CUDA (one launch for all parameters instead of a few per tensor group) and on
-  the CPU (one pass over each tensor: 2.1 against 11.1 ms a step for the cpu preset's 2 + 2 layers,
-  whose step takes about 140), torch's default elsewhere (meta, MPS). They keep the same state, so a
-  checkpoint moves between them.
+  the CPU (one pass over each tensor: 3.4 against 9.3 ms inside a training step of the cpu preset's
+  2 + 2 layers, which takes about 150), torch's default elsewhere (meta, MPS). They keep the same
+  state, so a checkpoint moves between them.
 - `warmup_steps`: `--warmup_steps`, or when it is 0 `--warmup_fraction` of the run's steps: a GPU run
   on opus_books takes a few thousand steps, which the paper's fixed 4000 would spend warming up.
 - `lr_factor`: the multiplier of the peak lr after a number of optimizer steps: linear warmup, then
