@@ -9,8 +9,9 @@ and what they cost against free beam search.
    (lower-cased \\w+ words) seen together in at least MIN_PAIRS sentence pairs, their Dice
    coefficient 2 c(s, t) / (c(s) + c(t)) over sentence pairs; a pair is in the list at DICE or more.
 2. Free beam search over the split (the model chosen by --checkpoint_choice, `--beam`, the
-   config's length and brevity penalties), through decoding.beam_search in length-sorted batches
-   of --eval_batch_size, as translator.py batches (and in its autocast dtype on a GPU).
+   config's length and brevity penalties, the model's repeat ban), through the translator's own
+   search (TorchTranslator.translate_batch) in length-sorted batches of --eval_batch_size, as
+   translator.py batches (and in its autocast dtype on a GPU).
 3. Constraints: for each sentence, up to --max_constraints reference words the free output lacks
    (as lower-cased words) whose best source word by the list is in the source, best Dice first, each
    source word used once. They become the sentence's glossary (source word -> the target word as
@@ -44,7 +45,7 @@ if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the p
 
 from checkpoint import CheckpointError  # noqa: E402  (after the check above)
 from config import EVALUATE, ConfigError, build_parser, parse_args, weights_dir  # noqa: E402
-from decoding import Hypothesis, beam_search, max_output_tokens  # noqa: E402
+from decoding import Hypothesis, max_output_tokens  # noqa: E402
 from device import pick_device  # noqa: E402
 from glossary import Glossary, GlossaryError, term_alternatives  # noqa: E402
 from scoring import corpus_scores  # noqa: E402
@@ -103,20 +104,16 @@ def search(translator: TorchTranslator, sentences: Sequence[str], beam: int, con
     sources = translator.encode(sentences, "")
     order = sorted(range(len(sources)), key=lambda i: len(sources[i].ids), reverse=True)
     found: list[Hypothesis | None] = [None] * len(sources)
-    repeat_limit = translator.repeat_limit(DecodingOptions.from_config(config))  # -1: the model's, as translate.py
+    options = DecodingOptions.from_config(config, beam_size=beam)  # as translate.py decodes, the repeat ban included
     started = time.perf_counter()
-    with translator.evaluating():
-        for start in range(0, len(order), config["eval_batch_size"]):
-            chunk = order[start:start + config["eval_batch_size"]]
-            src, src_mask = translator.source_batch([sources[i] for i in chunk])
-            results = beam_search(translator.model, src, src_mask,
-                                  max_output_tokens(len(sources[chunk[0]].ids), translator.seq_len), beam,
-                                  config["length_penalty"], 1, repeat_limit,
-                                  config["brevity_penalty"], translator.length_ratio,
-                                  None if constraints is None else [constraints[i] for i in chunk])
-            for index, hypotheses in zip(chunk, results):
-                found[index] = hypotheses[0]
-    if src.is_cuda:
+    for start in range(0, len(order), config["eval_batch_size"]):
+        chunk = order[start:start + config["eval_batch_size"]]
+        results = translator.translate_batch([sources[i] for i in chunk], options,
+                                             max_output_tokens(len(sources[chunk[0]].ids), translator.seq_len),
+                                             None if constraints is None else [constraints[i] for i in chunk])
+        for index, hypotheses in zip(chunk, results):
+            found[index] = hypotheses[0]
+    if next(translator.model.parameters()).is_cuda:
         torch.cuda.synchronize()
     return found, time.perf_counter() - started
 
