@@ -90,7 +90,6 @@ def test_the_fused_cpu_step_is_adamw_s_step() -> None:
     fused, plain = build_model(config, 40, 50), build_model(config, 40, 50)
     plain.load_state_dict(fused.state_dict())
     optimizers = [build_optimizer(fused, config), build_optimizer(plain, config)]
-    optimizers[1].defaults["fused"] = False
     for group in optimizers[1].param_groups:
         group["fused"], group["foreach"] = False, False
     for step in range(3):
