@@ -113,8 +113,6 @@ def search(translator: TorchTranslator, sentences: Sequence[str], beam: int, con
                                              None if constraints is None else [constraints[i] for i in chunk])
         for index, hypotheses in zip(chunk, results):
             found[index] = hypotheses[0]
-    if next(translator.model.parameters()).is_cuda:
-        torch.cuda.synchronize()
     return found, time.perf_counter() - started
 
 
