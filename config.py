@@ -179,7 +179,7 @@ OPTIONS: dict[str, Option] = {
     "joint_vocab": O(False, "one tokenizer for both languages", "tokenizers", model=True, identity=True),
     # ---- model
     "d_model": O(512, "width of every layer", "model", range=AT_LEAST_ONE, model=True, identity=True),
-    "num_layers": O(6, "encoder layers, and as many decoder layers; a --max_minutes plan on a CPU too slow for half "
+    "num_layers": O(6, "encoder layers, and as many decoder layers; a --max_minutes plan on a CPU too slow for "
                        "the epochs trains one fewer unless given", "model", range=AT_LEAST_ONE, model=True,
                     identity=True),
     "num_heads": O(8, "attention heads; must divide d_model", "model", range=AT_LEAST_ONE, model=True, identity=True),

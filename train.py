@@ -400,9 +400,9 @@ class Trainer:
         # A plan scales the config's dropout to the run's length, unless --dropout was given; not when
         # compiling either (a new value would compile every graph again), but a resumed run follows it.
         self.dropout_given = "dropout" in given
-        # On a CPU too slow for half of num_epochs (a preset's) it trains one layer fewer, and on one too
-        # slow for all of them smaller batches, unless --num_layers or --batch_tokens was given
-        # (time_budget.planned_layers, planned_batch_tokens); a resumed run keeps what it started with.
+        # On a CPU too slow for num_epochs (a preset's) it trains one layer fewer on smaller batches,
+        # unless --num_layers or --batch_tokens was given (time_budget.planned_layers,
+        # planned_batch_tokens); a resumed run keeps what it started with.
         self.layers_given, self.batch_given = "num_layers" in given, "batch_tokens" in given
         self.planned_layers: int | None = None  # the depth the plan chose; None: the config's
         self.planned_batch_tokens: int | None = None  # the batch the plan chose; None: the config's
@@ -503,8 +503,8 @@ class Trainer:
     def plan_size(self) -> None:
         """Before the model is built, on a CPU, from rank 0's rough estimate of an epoch
         (cpu_epoch_estimate) against num_epochs (a preset's, set for its depth and batch): one layer
-        fewer when under half of them fit the budget, smaller batches when fewer than all of them do
-        (time_budget.planned_layers, planned_batch_tokens); what was given is kept."""
+        fewer and smaller batches when fewer than all of them fit the budget (time_budget.planned_layers,
+        planned_batch_tokens); what was given is kept."""
         config = self.config
         size = None
         if self.ranks.is_main and self.device.type == "cpu":

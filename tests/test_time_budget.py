@@ -55,8 +55,10 @@ def test_the_plan_fills_the_budget_with_steps_validations_and_checkpoints() -> N
     assert plan_run(15, 40, 900, 0.2, 5, 0.5, 112, 0, 0, 100, 0.1, dropout=0.15, dropout_epochs=61).dropout == \
         pytest.approx(0.15 * plan.epochs / 61, abs=1e-4)
     assert plan_run(15, 40, 900, 0.2, 5, 0.5, 112, 0, 0, 100, 0.1, dropout=0.15, dropout_epochs=21).dropout == 0.15
-    # The depth: one layer fewer under half the preset's epochs, never below one layer.
-    assert planned_layers(3, 7.5, 21) == 2 and planned_layers(3, 10.5, 21) == 3 and planned_layers(1, 0.5, 21) == 1
+    # The depth: one layer fewer under the preset's epochs (9-minute plans here: about 15), never
+    # below one layer.
+    assert planned_layers(3, 7.5, 21) == 2 and planned_layers(3, 15.5, 21) == 2 and planned_layers(3, 21, 21) == 3
+    assert planned_layers(3, 25.7, 21) == 3 and planned_layers(1, 0.5, 21) == 1
     # The batch: the preset's times the square root of the share of its epochs that fits, at least
     # half of it, never raised.
     assert planned_batch_tokens(1500, 21 * 0.64, 21) == 1200 and planned_batch_tokens(1500, 3.4, 21) == 750
@@ -358,10 +360,10 @@ def test_a_plan_scales_the_presets_dropout_and_a_resumed_run_follows_it(
         assert torch.equal(tensor, resumed["model"][key]), key
 
 
-def test_a_cpu_too_slow_for_half_the_presets_epochs_trains_one_layer_fewer_and_a_resume_keeps_it(
+def test_a_cpu_too_slow_for_the_presets_epochs_trains_one_layer_fewer_and_a_resume_keeps_it(
         planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    """Planted: an epoch estimated at 1 s, so about 30 of the 0.5 minutes' epochs fit, under half
-    the preset's 600. The run trains 1 + 1 layers instead of 2 + 2; config.json and the checkpoint's
+    """Planted: an epoch estimated at 1 s, so about 30 of the 0.5 minutes' epochs fit, under the
+    preset's 600. The run trains 1 + 1 layers instead of 2 + 2; config.json and the checkpoint's
     config (what the other programs build from) say so; a run resumed with that depth given goes on
     bit for bit and keeps the record, so a resume without it is not refused; --num_layers given keeps
     its depth; --init_from with the preset takes the checkpoint's depth."""
