@@ -277,12 +277,13 @@ def planned_layers(num_layers: int, estimated_epochs: float, preset_epochs: int)
     can hold. The cpu preset (3 + 3, 21 epochs) on a 2-core Zen 4, seeds 42 / 1 / 2, planned 3 + 3
     against 2 + 2 (grouped validation BLEU; test BLEU at beam 5, docs/quality.md): 5 minutes (about
     7 epochs of 3 + 3 estimated), test +2.26 / +1.92 / -0.22 for 2 + 2, chrF2 p 0.001 each; 9
-    minutes (14.6-15.5 estimated), validation 32.06 / 32.07 / 32.45 against 31.95 / 32.22 / 33.60,
+    minutes (13.7-15.5 estimated), validation 32.06 / 32.07 / 32.45 against 31.95 / 32.22 / 33.60,
     test +1.67 / +0.30 / +1.78, chrF2 p <= 0.02 each; 15 minutes (25.7 estimated), validation 34.22
     / 34.33 / 34.41 against 35.59 / 34.45 / 35.01, test -0.71 / -0.14 / +0.38, no p under 0.09. So
     the threshold is the batch's (planned_batch_tokens): a run that fits the preset's epochs trains
-    the preset as designed, the 15-minute plan among them, whose test ties; between 15.5 and 25.7
-    estimated epochs, and past 25.7, the smaller model is not measured."""
+    the preset as designed, the 15-minute plan among them, whose test ties. 12 minutes (16.8 / 20.7
+    estimated, seeds 42 / 1): validation 33.91 / 33.25 against 33.57 / 33.59, test +0.41 / -0.09
+    (p 0.18 / 0.35): a tie; past 25.7 the smaller model is not measured."""
     if num_layers > 1 and preset_epochs > 0 and estimated_epochs < SHALLOW_SHARE * preset_epochs:
         return num_layers - 1
     return num_layers
