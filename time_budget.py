@@ -39,7 +39,6 @@ PLAN_TIMED_STEPS = 12  # steps timed; the plan is made after PLAN_SKIP_STEPS + P
 MARGIN_FRACTION = 0.02
 MARGIN_S = 3.0
 FIT_SHARE = 0.1  # of the budget: a confidence fit estimated to cost more is left out of the run
-SHALLOW_SHARE = 1.0  # of the preset's epochs: a CPU run estimated to fit fewer trains one layer fewer
 BATCH_FLOOR = 0.5  # of the preset's batch: the smallest a CPU run's planned batch gets (planned_batch_tokens)
 VALIDATION_SHARE = 0.1  # of the budget: what a planned run's epoch-end validations may cost
 CHECKPOINT_SHARE = 0.05  # of the budget: what the checkpoints of epoch ends that do not validate may cost
@@ -272,19 +271,20 @@ def planned_dropout(dropout: float, epochs: float, dropout_epochs: int) -> float
 
 def planned_layers(num_layers: int, estimated_epochs: float, preset_epochs: int) -> int:
     """The depth a run of about `estimated_epochs` epochs trains: `num_layers`, one fewer where the
-    budget fits under SHALLOW_SHARE of the `preset_epochs` its depth was chosen for. A smaller model
-    takes more steps in the same time, and a short run is limited by its steps, not by what the model
-    can hold. The cpu preset (3 + 3, 21 epochs) on a 2-core Zen 4, seeds 42 / 1 / 2, planned 3 + 3
-    against 2 + 2 (grouped validation BLEU; test BLEU at beam 5, docs/quality.md): 5 minutes (about
-    7 epochs of 3 + 3 estimated), test +2.26 / +1.92 / -0.22 for 2 + 2, chrF2 p 0.001 each; 9
-    minutes (13.7-15.5 estimated), validation 32.06 / 32.07 / 32.45 against 31.95 / 32.22 / 33.60,
-    test +1.67 / +0.30 / +1.78, chrF2 p <= 0.02 each; 15 minutes (25.7 estimated), validation 34.22
-    / 34.33 / 34.41 against 35.59 / 34.45 / 35.01, test -0.71 / -0.14 / +0.38, no p under 0.09. So
-    the threshold is the batch's (planned_batch_tokens): a run that fits the preset's epochs trains
-    the preset as designed, the 15-minute plan among them, whose test ties. 12 minutes (16.8 / 20.7
-    estimated, seeds 42 / 1): validation 33.91 / 33.25 against 33.57 / 33.59, test +0.41 / -0.09
-    (p 0.18 / 0.35): a tie; past 25.7 the smaller model is not measured."""
-    if num_layers > 1 and preset_epochs > 0 and estimated_epochs < SHALLOW_SHARE * preset_epochs:
+    budget fits fewer than the `preset_epochs` its depth was chosen for, the threshold under which
+    planned_batch_tokens shrinks the batch. A smaller model takes more steps in the same time, and a
+    short run is limited by its steps, not by what the model can hold. The cpu preset (3 + 3, 21
+    epochs) on a 2-core Zen 4, planned 3 + 3 against 2 + 2 (grouped validation BLEU; test BLEU at
+    beam 5, docs/quality.md): 5 minutes (about 7 epochs of 3 + 3 estimated; seeds 42 / 1 / 2), test
+    +2.26 / +1.92 / -0.22 for 2 + 2, chrF2 p 0.001 each; 9 minutes (13.7-15.5 estimated; 42 / 1 /
+    2), validation 32.06 / 32.07 / 32.45 for 3 + 3, 31.95 / 32.22 / 33.60 for 2 + 2, test +1.67 /
+    +0.30 / +1.78, chrF2 p <= 0.02 each; 12 minutes (16.8 / 20.7 estimated; 42 / 1), validation
+    33.91 / 33.25 for 3 + 3, 33.57 / 33.59 for 2 + 2, test +0.41 / -0.09 (p 0.18 / 0.35); 15 minutes
+    (25.7 estimated; 42 / 1 / 2), validation 34.22 / 34.33 / 34.41 for 3 + 3, 35.59 / 34.45 / 35.01
+    for 2 + 2, test -0.71 / -0.14 / +0.38, no p under 0.09. The smaller model wins where the preset's
+    epochs are far from fitting and ties near them, so a run that fits them trains the preset as
+    designed, the 15-minute plan among them; past 25.7 estimated epochs 2 + 2 is not measured."""
+    if num_layers > 1 and preset_epochs > 0 and estimated_epochs < preset_epochs:
         return num_layers - 1
     return num_layers
 
