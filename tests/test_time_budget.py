@@ -332,6 +332,29 @@ def test_a_thinned_plan_still_validates_every_validate_every_steps_and_its_clock
     assert clock.now - 0.2 < 30  # the stop's validation and checkpoint within the budget
 
 
+def test_a_clock_stop_keeps_the_fits_time_inside_the_budget(planned: list[str], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    """Steps that slow after the plan (a shared machine) bring its clock stop: the stop reserves
+    the validation, the checkpoint and the confidence fit still to come, so the run ends, fit
+    included, within its budget. Planted: a fit estimated at 2.5 s that takes 2 (estimates run
+    long: time_budget.fit_seconds), and a leap to 24 s after the re-time."""
+    monkeypatch.setattr(train.Trainer, "estimated_validation_seconds", lambda self: (1.0, 2.5))
+    clock = LeapingClock(at=70, to=0.2 + 24.0)
+    fit = train.Trainer.fit_confidence
+
+    def fit_taking_two_seconds(self: train.Trainer) -> None:
+        fit(self)
+        clock.now += 2.0
+
+    monkeypatch.setattr(train.Trainer, "fit_confidence", fit_taking_two_seconds)
+    assert run(planned, tmp_path, clock, monkeypatch) == 0
+    log = capsys.readouterr().err
+    assert "2.5 s for the confidence fit" in log and "reached --max_minutes 0.5" in log
+    assert "confidence calibrator" in log  # the fit ran (fitted, or a warning that it could not be)
+    assert clock.now - 0.2 < 30
+
+
 def test_a_plan_scales_the_presets_dropout_and_a_resumed_run_follows_it(
         planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     """A preset's dropout, set for its epoch count, is scaled to the plan's length; the checkpoint
