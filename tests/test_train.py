@@ -180,6 +180,7 @@ def test_validation_scores_raw_text_and_teacher_forced_loss(trained_run, monkeyp
         [logged] = events.Scalars(f"val/{name}")
         assert logged.step == 77 and logged.value == pytest.approx(value, rel=1e-6, abs=1e-7)
     assert [e.step for e in events.Tensors("val/examples/text_summary")] == [77]
+    assert [e.step for e in events.Images("val/attention")] == [77]  # the first example's heatmap
     assert f"BLEU {metrics['bleu']:.2f}" in capsys.readouterr().out
 
     total, tokens = 0.0, 0
@@ -349,10 +350,12 @@ def stopped_mid_epoch(tmp_path: Path) -> list[str]:
                                                  "test": synthetic_pairs(8, 3)})
     # --clean false: the schedules below are counted on the synthetic pairs as written (cleaning would
     # remove their near-duplicates); --confidence_sentences 0: 8 validation sentences fit no
-    # calibrator, and the tests read training's warnings
+    # calibrator, and the tests read training's warnings; --num_examples 0: no examples, nor their
+    # attention heatmap (matplotlib: a third of these runs' time)
     args = ["--datasource", str(data), "--preset", "tiny", "--batch_tokens", "256", "--num_epochs", "100",
             "--val_max_sentences", "4", "--model_folder", str(tmp_path / "w"), "--runs_folder", str(tmp_path / "r"),
-            "--store_folder", str(tmp_path / "s"), "--clean", "false", "--confidence_sentences", "0"]
+            "--store_folder", str(tmp_path / "s"), "--clean", "false", "--confidence_sentences", "0",
+            "--num_examples", "0"]
     assert train.main(args + ["--max_steps", "5"]) == 0
     return args
 
