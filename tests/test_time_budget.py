@@ -342,7 +342,7 @@ def test_a_clock_stop_keeps_the_fits_time_inside_the_budget(planned: list[str], 
     included, within its budget. Planted: a fit estimated at 2.5 s that takes 2 (estimates run
     long: time_budget.fit_seconds), and a leap to 24 s after the re-time."""
     monkeypatch.setattr(train.Trainer, "estimated_validation_seconds", lambda self: (1.0, 2.5))
-    clock = LeapingClock(at=70, to=0.2 + 24.0)
+    clock = LeapingClock(at=JUMP_AFTER_RETIME, to=0.2 + 24.0)
     fit = train.Trainer.fit_confidence
 
     def fit_taking_two_seconds(self: train.Trainer) -> None:
