@@ -1215,7 +1215,7 @@ class Trainer:
         validation (the last one's time, or before any the plan's estimate: a planned run may
         validate only at its end), its checkpoint (this invocation's mean, or the plan's estimate),
         and the confidence fit a plan keeps. Without the fit's time, a 12-minute plan here whose
-        steps slowed a tenth after its last re-time (a shared machine) ended 6 s over."""
+        steps slowed a tenth after its last re-time (a shared machine) ended 4 s over."""
         plan = self.run_plan
         validation = self.last_validation_seconds or (plan.validation_seconds if plan is not None else 0.0)
         checkpoint = self.checkpoint_seconds / self.checkpoints if self.checkpoints else \
