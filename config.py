@@ -217,7 +217,8 @@ OPTIONS: dict[str, Option] = {
     "num_epochs": O(20, "epochs to train", "run", range=AT_LEAST_ONE),
     "max_steps": O(0, "stop after this many optimizer steps (the schedule ends there); 0: no limit", "run",
                    range=NON_NEGATIVE),
-    "max_minutes": O(0.0, "wall-clock budget, the last validation and checkpoint included, and a plan's confidence fit; 0: no limit", "run", range=NON_NEGATIVE),
+    "max_minutes": O(0.0, "wall-clock budget, the last validation and checkpoint included, and a plan's "
+                          "confidence fit; 0: no limit", "run", range=NON_NEGATIVE),
     "seed": O(42, "seed of the weights, the data split, the batches and dropout (translate.py: of sampling)", "run",
               frozenset({TRAIN, TRANSLATE, SERVE, CLEAN}), identity=True),
     "amp": O("auto", "mixed precision: auto is bf16 on CUDA from compute capability 8.0 (before: fp16, loss-scaled) "
