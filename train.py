@@ -1220,9 +1220,13 @@ class Trainer:
         validation = self.last_validation_seconds or (plan.validation_seconds if plan is not None else 0.0)
         checkpoint = self.checkpoint_seconds / self.checkpoints if self.checkpoints else \
             (plan.checkpoint_seconds if plan is not None else 0.0)
-        fit = plan.fit_seconds if plan is not None and plan.confidence_fit and self.config["confidence_sentences"] \
-            else 0.0
+        fit = plan.fit_seconds if plan is not None and self.ends_with_fit() else 0.0
         return validation + checkpoint + fit
+
+    def ends_with_fit(self) -> bool:
+        """Whether training ends with the confidence fit: with --confidence_sentences, unless the
+        plan left it out (time_budget.FIT_SHARE)."""
+        return bool(self.config["confidence_sentences"]) and (self.run_plan is None or self.run_plan.confidence_fit)
 
     def finish(self, stop: str | None) -> int:
         if self.writer is not None:
@@ -1235,10 +1239,10 @@ class Trainer:
                 log(f"saved {path}, the average of {', '.join(sources)}, which translate.py and evaluate.py will use")
             except CheckpointError as error:
                 log(f"warning: no average: {error}")
-        if self.ranks.is_main and config["confidence_sentences"] and stop not in ("signal", "nonfinite"):
-            if self.run_plan is None or self.run_plan.confidence_fit:
+        if self.ranks.is_main and stop not in ("signal", "nonfinite"):
+            if self.ends_with_fit():
                 self.fit_confidence()
-            else:
+            elif config["confidence_sentences"]:
                 log(f"no confidence calibrator: the plan left the fit out ({self.run_plan.fit_seconds:.0f} s, over "
                     f"{FIT_SHARE:.0%} of --max_minutes); evaluate.py --fit_confidence fits one")
         if self.ranks.is_main:
