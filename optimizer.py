@@ -12,7 +12,9 @@ steps the same optimizer).
   the paper's inverse square root (`--lr_schedule inverse_sqrt`), a cosine decay to `--min_lr`
   at the run's last step (`cosine`), or warmup-stable-decay (`wsd`: the peak held, then a linear
   decay to `--min_lr` over the last `--decay_fraction` of the steps after warmup; Hägele et al.
-  2024). train.py wraps it in a `LambdaLR`, which a checkpoint saves.
+  2024); a decay re-planned partway (`decay_from`: a planned run re-timed inside wsd's decay,
+  time_budget.py) goes on linearly from where it stood to `--min_lr` at the new last step.
+  train.py wraps it in a `LambdaLR`, which a checkpoint saves.
 """
 from __future__ import annotations
 
@@ -65,11 +67,18 @@ def length_free(config: dict[str, Any], step: int, total_steps: int, warmup: int
     return until is not None and step < until
 
 
-def lr_factor(step: int, config: dict[str, Any], total_steps: int, warmup: int | None = None) -> float:
+def lr_factor(step: int, config: dict[str, Any], total_steps: int, warmup: int | None = None,
+              decay_from: tuple[int, float] | None = None) -> float:
     """Multiplier of the peak lr after `step` optimizer steps: linear warmup (over `warmup` steps, by
     default the config's `warmup_steps`), then the paper's inverse square root (from the first step
     when there is no warmup), a cosine decay to min_lr at `total_steps`, or the peak held until a
-    linear decay to min_lr over the last `decay_fraction` of the steps after warmup (wsd)."""
+    linear decay to min_lr over the last `decay_fraction` of the steps after warmup (wsd). With
+    `decay_from` (a step and its multiplier), the steps from that one on decay linearly from that
+    multiplier to min_lr at `total_steps`: a decay whose end moved while under way, without a jump."""
+    if decay_from is not None and step >= decay_from[0]:
+        start, factor = decay_from
+        floor = config["min_lr"] / config["lr"]
+        return floor + (factor - floor) * max(0, total_steps - step - 1) / max(1, total_steps - start - 1)
     step += 1
     warmup = warmup_steps(config, total_steps) if warmup is None else warmup
     if warmup and step < warmup:

@@ -19,7 +19,9 @@ validations it measured (a dozen steps and a young model's decoding are a small 
 machine, and a GPU's first epoch pays once for each new batch shape): at every epoch end while the
 learning rate does not depend on the run's length (inverse square root; wsd until its decay), and
 once halfway where the run's end or the decay comes before the next epoch end
-(`halfway_retime_step`); once for cosine (train.Trainer.retime). A wsd plan whose kept validations
+(`halfway_retime_step`); once for cosine (train.Trainer.retime); and a wsd plan once more halfway
+through its decay (`decay_retime_step`), from the steps since its last re-time, its decay going on
+from the learning rate it stands at to the new end (optimizer.lr_factor's `decay_from`). A wsd plan whose kept validations
 all follow its decay validates the last epoch end it re-times at where its estimate counts more than
 once after it, so that the re-time measures one. The plan is stored in every checkpoint and followed
 by a resumed run, so a resume stays bit-exact (it depends on the machine's speed: two runs of one
@@ -64,11 +66,18 @@ class Plan:
     validate_from: int = 0  # epoch ends before this step checkpoint without validating; 0: all validate
     first_validation_seconds: float = 0.0  # the first plan's validation_seconds (fit_seconds); 0 in older plans
     checkpoint_every: int = 1  # of the epoch ends that do not validate, every this-many-th checkpoints; 1 in older plans
+    decay_from: int = 0  # re-timed in wsd's decay: the step from which it decays anew (lr_factor); 0: not
+    decay_from_lr: float = 1.0  # ... and the peak lr's multiplier at that step
 
     @property
     def fit_seconds(self) -> float:
         """The confidence fit's time (`plan_run`)."""
         return fit_seconds(self.final_seconds, self.validation_seconds, self.first_validation_seconds)
+
+    @property
+    def decay_anchor(self) -> tuple[int, float] | None:
+        """optimizer.lr_factor's `decay_from`: where a decay re-timed while under way starts anew."""
+        return (self.decay_from, self.decay_from_lr) if self.decay_from else None
 
     @property
     def epochs(self) -> float:
@@ -102,6 +111,8 @@ class Plan:
                    f"{FIT_SHARE:.0%} of the budget; evaluate.py --fit_confidence fits one later)")
                 + ("" if self.dropout is None else f", dropout {self.dropout:g}")
                 + self.describe_validations()
+                + ("" if not self.decay_from else f", decaying from step {self.decay_from} ({self.decay_from_lr:.2f} "
+                   "of the peak learning rate) to min_lr at its last step")
                 + ("" if self.checkpoint_every == 1 else f", checkpointing every {self.checkpoint_every} epoch "
                    f"ends where it does not validate (at {self.checkpoint_seconds:.1f} s a checkpoint, within "
                    f"{CHECKPOINT_SHARE:.0%} of the budget)")
@@ -144,6 +155,20 @@ def halfway_retime_step(step: int, free_until: int | None, steps_per_epoch: int)
         return None
     halfway = step + (free_until - step) // 2
     return halfway if halfway - step >= PLAN_TIMED_STEPS else None
+
+
+def decay_retime_step(decay_start: int, total: int, steps_per_epoch: int, last_retime: int) -> int | None:
+    """The step halfway through a wsd plan's decay (from `decay_start` to `total`) at which the plan
+    is re-timed once more, from the steps timed since its last re-time (at step `last_retime`); the
+    step after where that is an epoch end (whose validation and checkpoint belong to the old plan).
+    None where fewer than PLAN_TIMED_STEPS steps would be timed, or no step is left to plan.
+    Without it, steps that slowed after the last epoch end before the decay stop the run on its
+    clock: a 12-minute plan here, whose steps ran about a tenth slower after its last re-time,
+    stopped at step 3,124 of 3,189 with the learning rate at 12% of its peak instead of min_lr."""
+    halfway = decay_start + (total - decay_start) // 2
+    if halfway % steps_per_epoch == 0:
+        halfway += 1
+    return halfway if halfway - last_retime >= PLAN_TIMED_STEPS and halfway < total - 1 else None
 
 
 def checkpoint_steps(step: int, total: int, steps_per_epoch: int, every: int, validate_from: int,

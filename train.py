@@ -31,6 +31,7 @@ them with a checkpoint, and a SIGTERM abandons a validation under way.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -64,8 +65,8 @@ from device import pick_device
 from loss import loss_sum
 from model import Transformer, build_model, set_dropout, train_flops
 from optimizer import build_optimizer, decay_start, length_free, length_free_until, lr_factor, warmup_steps
-from time_budget import (FIT_SHARE, PLAN_SKIP_STEPS, PLAN_TIMED_STEPS, Plan, halfway_retime_step, plan_from_dict,
-                         plan_run, planned_batch_tokens, planned_layers)
+from time_budget import (FIT_SHARE, PLAN_SKIP_STEPS, PLAN_TIMED_STEPS, Plan, decay_retime_step, halfway_retime_step,
+                         plan_from_dict, plan_run, planned_batch_tokens, planned_layers)
 from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
 from ranks import GracefulStop, RankFailed, Ranks, RankWatch, StopRequested, join_ranks
 from run_lock import RunLock, RunLockError
@@ -410,6 +411,9 @@ class Trainer:
         self.plan_mark: PlanMark | None = None  # where the plan's (or first re-time's) timing starts
         self.retimed = False  # re-timed since planning: later re-times measure from the first
         self.halfway_retime: int | None = None  # a re-time between epoch ends (time_budget.halfway_retime_step)
+        self.last_mark: PlanMark | None = None  # where the last plan or re-time was made: a decay re-time times from it
+        self.decay_retime: int | None = None  # a re-time halfway through wsd's decay (time_budget.decay_retime_step)
+        self.decay_anchor: tuple[int, float] | None = None  # where a decay re-timed under way starts anew (lr_factor)
         self.validations = 0  # in this invocation
         self.validation_seconds = 0.0
         self.checkpoints = 0  # written (or waited for) in this invocation
@@ -476,7 +480,7 @@ class Trainer:
         self.total_steps = config["max_steps"] or config["num_epochs"] * steps_per_epoch
         self.warmup = warmup_steps(config, self.total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: lr_factor(step, config, self.total_steps, self.warmup))
+            self.optimizer, lambda step: lr_factor(step, config, self.total_steps, self.warmup, self.decay_anchor))
         self.autocast_dtype = amp_dtype(config, self.device)
         self.tf32 = allow_tf32(self.device)
         self.scaler = grad_scaler(self.device, self.autocast_dtype)
@@ -723,7 +727,8 @@ class Trainer:
         for group, decay in zip(self.optimizer.param_groups, (config["weight_decay"], 0.0)):
             group.update(betas=(config["adam_beta1"], config["adam_beta2"]), eps=config["adam_eps"],
                          weight_decay=decay, initial_lr=config["lr"])
-            group["lr"] = config["lr"] * lr_factor(self.scheduler.last_epoch, config, self.total_steps, self.warmup)
+            group["lr"] = config["lr"] * lr_factor(self.scheduler.last_epoch, config, self.total_steps, self.warmup,
+                                                   self.decay_anchor)
         self.scheduler.base_lrs = [config["lr"]] * len(self.optimizer.param_groups)
         changed = [f"--{key} {saved[key]} -> {config[key]}" for key in OPTIMIZER_SETTINGS if saved[key] != config[key]]
         if changed:
@@ -845,16 +850,21 @@ class Trainer:
                 if self.step_in_epoch >= epoch_steps:
                     continue  # the epoch's end validates and saves
                 halfway = self.global_step == self.halfway_retime
+                in_decay = self.global_step == self.decay_retime
                 if halfway:
                     progress.clear()
                     self.retime(epoch_end=False)  # the checkpoint below holds the plan
+                elif in_decay:
+                    progress.clear()
+                    self.retime_decay()  # ... and this one's
                 if config["validate_every_steps"] and self.global_step % config["validate_every_steps"] == 0:
                     progress.clear()  # validation's and the checkpoint's lines start on a line of their own
                     metrics, stop = self.validate(graceful)
                     self.save(metrics)
                     if stop:
                         break
-                elif halfway or config["save_every_steps"] and self.global_step % config["save_every_steps"] == 0:
+                elif halfway or in_decay or \
+                        config["save_every_steps"] and self.global_step % config["save_every_steps"] == 0:
                     self.save()
         finally:
             progress.close()
@@ -966,8 +976,9 @@ class Trainer:
             return
         plan = self.make_plan() if self.ranks.is_main else None
         self.follow(plan_from_dict(self.from_rank0(plan.as_dict() if plan is not None else None)))
-        self.plan_mark = self.mark()
+        self.plan_mark = self.last_mark = self.mark()
         self.schedule_halfway_retime()
+        self.schedule_decay_retime()
 
     def make_plan(self) -> Plan:
         """The plan from the timed steps (the first PLAN_SKIP_STEPS left out where there are more),
@@ -991,7 +1002,8 @@ class Trainer:
         out 5.5% too long and the clock cut its schedule). Where the plan's length is fixed before
         the next epoch end, once more halfway there (`epoch_end` False;
         time_budget.halfway_retime_step). Made before a checkpoint, which holds it: a run resumed
-        from there follows it bit for bit and keeps it (only the invocation that planned re-times)."""
+        from there follows it bit for bit and keeps it (only the invocation that planned re-times).
+        A wsd plan's last re-time comes halfway through its decay (`retime_decay`)."""
         plan, mark, config = self.run_plan, self.plan_mark, self.config
         if plan is None or mark is None or self.global_step - mark.step < PLAN_TIMED_STEPS or \
                 self.global_step >= plan.total_steps:
@@ -1000,18 +1012,7 @@ class Trainer:
         if not again and (self.retimed or self.global_step + self.steps_per_epoch <=
                           decay_start(config, plan.total_steps, plan.warmup_steps)):
             return
-        retimed = None
-        if self.ranks.is_main:
-            validated, saved = self.validation_seconds - mark.validation_seconds, \
-                self.checkpoint_seconds - mark.checkpoint_seconds
-            step_seconds = max(clock() - mark.clock - validated - saved, 0.0) / (self.global_step - mark.step)
-            validations, checkpoints = self.validations - mark.validations, self.checkpoints - mark.checkpoints
-            # The checkpoints measured replace the estimate, a serialisation in memory: writing and
-            # fsyncing depend on the disk.
-            retimed = self.planned(step_seconds, validated / validations if validations else plan.validation_seconds,
-                                   plan.first_validation_seconds,
-                                   saved / checkpoints if checkpoints else plan.checkpoint_seconds, plan.final_seconds,
-                                   "re-timed ")
+        retimed = self.measured_plan(mark, "re-timed ")
         if not again:
             self.plan_mark = None
         elif not self.retimed:
@@ -1021,6 +1022,46 @@ class Trainer:
         self.halfway_retime = None
         if epoch_end:
             self.schedule_halfway_retime()
+        self.schedule_decay_retime()
+
+    def measured_plan(self, mark: PlanMark, label: str, decay_anchor: tuple[int, float] | None = None) -> Plan | None:
+        """Rank 0's plan from the steps, validations and checkpoints measured since `mark`, the
+        first plan's estimates where none was measured; None on the other ranks. Every rank marks
+        here where a decay re-time's measurement starts (`last_mark`; its clock is rank 0's)."""
+        now = clock() if self.ranks.is_main else 0.0
+        self.last_mark = PlanMark(self.global_step, now, self.validation_seconds, self.validations,
+                                  self.checkpoint_seconds, self.checkpoints)
+        if not self.ranks.is_main:
+            return None
+        plan = self.run_plan
+        validated, saved = self.validation_seconds - mark.validation_seconds, \
+            self.checkpoint_seconds - mark.checkpoint_seconds
+        step_seconds = max(now - mark.clock - validated - saved, 0.0) / (self.global_step - mark.step)
+        validations, checkpoints = self.validations - mark.validations, self.checkpoints - mark.checkpoints
+        # The checkpoints measured replace the estimate, a serialisation in memory: writing and
+        # fsyncing depend on the disk.
+        return self.planned(step_seconds, validated / validations if validations else plan.validation_seconds,
+                            plan.first_validation_seconds,
+                            saved / checkpoints if checkpoints else plan.checkpoint_seconds, plan.final_seconds, label,
+                            decay_anchor)
+
+    def retime_decay(self) -> None:
+        """Halfway through a wsd plan's decay (time_budget.decay_retime_step), by the invocation that
+        planned: the plan once more from the steps since its last re-time (a shared machine's steps
+        slow or speed up), its decay going on from the learning rate it stands at to the new last
+        step. The last re-time: made before a checkpoint, which holds it."""
+        anchor = (self.global_step, lr_factor(self.global_step, self.config, self.total_steps, self.warmup,
+                                             self.decay_anchor))
+        retimed = self.measured_plan(self.last_mark, "re-timed in the decay: ", anchor)
+        self.follow(plan_from_dict(self.from_rank0(retimed.as_dict() if retimed is not None else None)))
+        self.plan_mark = self.last_mark = self.decay_retime = None  # the last re-time
+
+    def schedule_decay_retime(self) -> None:
+        """After the plan or a re-time: the step halfway through a wsd plan's decay to re-time at, if any."""
+        plan, config = self.run_plan, self.config
+        self.decay_retime = None if config["lr_schedule"] != "wsd" or self.last_mark is None else decay_retime_step(
+            decay_start(config, plan.total_steps, plan.warmup_steps), plan.total_steps, self.steps_per_epoch,
+            self.last_mark.step)
 
     def last_retime_measures_a_validation(self) -> bool:
         """Whether this epoch end validates though the plan thins it: the last epoch end to re-time
@@ -1050,9 +1091,11 @@ class Trainer:
         self.halfway_retime = halfway_retime_step(self.global_step, free_until, self.steps_per_epoch)
 
     def planned(self, step_seconds: float, validation_seconds: float, first_validation_seconds: float,
-                checkpoint_seconds: float, fit_seconds: float, label: str) -> Plan:
+                checkpoint_seconds: float, fit_seconds: float, label: str,
+                decay_anchor: tuple[int, float] | None = None) -> Plan:
         """The plan for what is left of the clock from here, logged and recorded in TensorBoard;
-        `first_validation_seconds` and `fit_seconds` are the first plan's estimates (plan_run)."""
+        `first_validation_seconds` and `fit_seconds` are the first plan's estimates (plan_run); a
+        `decay_anchor`, where its decay starts anew (Plan.decay_anchor)."""
         config = self.config
         plan = plan_run(self.global_step, clock() - self.started, 60 * config["max_minutes"], step_seconds,
                         validation_seconds, checkpoint_seconds, self.steps_per_epoch,
@@ -1060,6 +1103,8 @@ class Trainer:
                         config["warmup_fraction"], fit_seconds,
                         None if self.dropout_given or config["compile"] else config["dropout"], config["num_epochs"],
                         first_validation_seconds)
+        if decay_anchor is not None:
+            plan = dataclasses.replace(plan, decay_from=decay_anchor[0], decay_from_lr=decay_anchor[1])
         log(label + plan.describe())
         self.writer.add_text("plan", label + plan.describe(), self.global_step)
         for name in ("total_steps", "warmup_steps", "step_seconds", "validation_seconds", "expected_end_s"):
@@ -1117,7 +1162,7 @@ class Trainer:
     def follow(self, plan: Plan) -> None:
         """From here on the run's length, learning-rate schedule and dropout (unless given) are the plan's."""
         self.run_plan, self.planning = plan, False
-        self.total_steps, self.warmup = plan.total_steps, plan.warmup_steps
+        self.total_steps, self.warmup, self.decay_anchor = plan.total_steps, plan.warmup_steps, plan.decay_anchor
         if plan.dropout is not None and not self.dropout_given:
             set_dropout(self.raw_model, plan.dropout)
 

@@ -67,6 +67,19 @@ def test_wsd_holds_the_peak_then_decays_linearly_to_min_lr() -> None:
     assert drops == pytest.approx([drops[0]] * len(drops)) and drops[0] == pytest.approx(0.99 / 27)
 
 
+def test_a_decay_whose_end_moved_goes_on_from_where_it_stood_to_min_lr_at_the_new_end() -> None:
+    """Re-timed at step 85 of 100 (time_budget.decay_retime_step), the run now ends at 95: from
+    step 85 on the decay is linear from the multiplier it stood at to min_lr at step 95, no jump."""
+    config = dict(get_config(), lr=1e-3, warmup_steps=10, lr_schedule="wsd", decay_fraction=0.3, min_lr=1e-5)
+    anchor = (85, lr_factor(85, config, 100))
+    moved = [lr_factor(step, config, 95, 10, anchor) for step in range(95)]
+    assert moved[:85] == pytest.approx([lr_factor(step, config, 95) for step in range(85)])  # before it: the schedule's
+    assert moved[85] == anchor[1] and moved[94] == pytest.approx(1e-2)
+    drops = [a - b for a, b in zip(moved[85:], moved[86:])]
+    assert drops == pytest.approx([(anchor[1] - 1e-2) / 9] * 9)
+    assert lr_factor(85, config, 95) < anchor[1] - 0.1  # the schedule of 95 steps alone jumps down at 85
+
+
 def test_adamw_is_fused_on_cuda_and_the_cpu_and_torch_s_default_on_meta() -> None:
     """The parameters' device decides; on 'cuda' fake tensors (no GPU needed) the fused kernel is asked for."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode

@@ -187,6 +187,20 @@ class CountingClock:
         return self.now + (1e6 if self.jump_at is not None and reading >= self.jump_at else 0.0)
 
 
+class SlowingClock(CountingClock):
+    """A CountingClock whose readings after the first `at` advance `seconds` each."""
+
+    def __init__(self, at: int, seconds: float) -> None:
+        super().__init__()
+        self.at, self.seconds, self.taken = at, seconds, 0
+
+    def __call__(self) -> float:
+        self.taken += 1
+        if self.taken > self.at:
+            self.now += self.seconds - 0.2
+        return super().__call__()
+
+
 class LeapingClock(CountingClock):
     """A CountingClock whose reading `at` is `to` seconds (if it is behind), counting on from there."""
 
@@ -549,25 +563,54 @@ def plan_scalars(args: list[str], folder: Path, name: str) -> list[tuple[int, fl
     return scalars(args, folder, f"plan/{name}")
 
 
-def test_a_wsd_plan_is_retimed_at_the_last_epoch_end_before_its_decay(
+def test_a_wsd_plan_is_retimed_at_every_epoch_end_before_its_decay_and_once_halfway_through_it(
         planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     """Until wsd's decay the learning rate does not depend on the run's length: the plan is
     re-timed at every epoch end before it, the last one the last epoch end before the decay, and
-    uses the validations measured by then; never once the decay has begun."""
-    args = [*planned, "--lr_schedule", "wsd", "--max_minutes", "1"]  # long enough that the decay is epochs away
-    assert run(args, tmp_path, CountingClock(), monkeypatch) == 0
+    uses the validations measured by then. Halfway through the decay, once more, from the steps
+    since: planted, every clock reading from the 190th on takes 0.3 s instead of 0.2 (steps that
+    slowed for good after that last re-time), and the plan shortens, its decay going on from where
+    it stood to min_lr at the new end, inside the budget. Without that re-time the clock stopped
+    this run at step 156 of 163 with the learning rate at 11% of its peak, 61.1 s into its 60."""
+    args = [*planned, "--lr_schedule", "wsd", "--max_minutes", "1", "--decay_fraction", "0.4", "--keep_checkpoints",
+            "30"]  # long enough that the decay is epochs away, and its checkpoints all kept
+    clock = SlowingClock(at=190, seconds=0.3)
+    assert run(args, tmp_path / "unbroken", clock, monkeypatch) == 0
     log = capsys.readouterr().err
-    plan, config = final_state(args, tmp_path)["plan"], parse_config(args)
-    spe, retimed_at = plan["steps_per_epoch"], plan["planned_at_step"]
-    start = decay_start(config, plan["total_steps"], plan["warmup_steps"])
+    unbroken, config = final_state(args, tmp_path / "unbroken"), parse_config(args)
+    plan = unbroken["plan"]
+    spe, warmup = plan["steps_per_epoch"], plan["warmup_steps"]
+    totals = plan_scalars(args, tmp_path / "unbroken", "total_steps")
+    (retimed_at, total_before), (decay_at, total) = [(step, int(value)) for step, value in totals[-2:]]
+    start = decay_start(config, total_before, warmup)
     assert retimed_at % spe == 0 and retimed_at < start <= retimed_at + spe and retimed_at > 2 * spe
-    planned_at = [step for step, _ in plan_scalars(args, tmp_path, "total_steps")]
-    assert len(planned_at) > 5 and planned_at[-1] == retimed_at, planned_at  # re-timed at epoch ends, not once
-    assert all(step % spe == 0 for step in planned_at[1:]), planned_at
-    assert f"re-timed plan for --max_minutes 1: {plan['total_steps']} steps" in log
+    assert len(totals) > 5 and all(step % spe == 0 for step, _ in totals[1:-1]), totals  # at epoch ends, not once
+    assert decay_at == plan["decay_from"] == time_budget.decay_retime_step(start, total_before, spe, retimed_at)
+    assert plan["decay_from_lr"] == pytest.approx(lr_factor(decay_at, config, total_before, warmup))
+    assert decay_at < total < total_before and f"re-timed in the decay: plan for --max_minutes 1: {total} steps" in log
+    assert f"finished the plan: {total} steps" in log and clock.now - 0.2 < 60
+    assert unbroken["global_step"] == total
+    assert unbroken["optimizer"]["param_groups"][0]["lr"] == pytest.approx(config["min_lr"])
+    # The learning rate logged after the re-time: the decay from where it stood, not the schedule of
+    # the new length alone, which would have jumped down.
+    anchor, logged = (decay_at, plan["decay_from_lr"]), scalars(args, tmp_path / "unbroken", "train/lr")
+    after = [(step, lr) for step, lr in logged if decay_at <= step < total]
+    assert after and [lr for _, lr in after] == pytest.approx(
+        [config["lr"] * lr_factor(step, config, total, warmup, anchor) for step, _ in after], rel=1e-6)
+    assert lr_factor(decay_at, config, total, warmup) < plan["decay_from_lr"] - 0.1
     first_plan = re.search(r"(?<!re-timed )plan for [^;]*? at [0-9.]+ s a step and ([0-9.]+) s a validation", log)
-    first_validation = float(first_plan.group(1))
-    assert plan["validation_seconds"] != pytest.approx(first_validation, abs=0.05)  # measured, not the estimate
+    assert plan["validation_seconds"] != pytest.approx(float(first_plan.group(1)), abs=0.05)  # measured
+
+    # Resumed from the decay's re-time, a run follows its plan and decay bit for bit.
+    folder = weights_dir(parse_config([*args, "--model_folder", str(tmp_path / "unbroken" / "w")]))
+    assert load_checkpoint(folder / f"ckpt_{decay_at:08d}.pt")["plan"] == plan
+    resumed_args = [*args, "--preload", str(folder / f"ckpt_{decay_at:08d}.pt")]
+    assert run(resumed_args, tmp_path / "resumed", CountingClock(), monkeypatch) == 0
+    assert "following the run's plan" in capsys.readouterr().err
+    resumed = final_state(resumed_args, tmp_path / "resumed")
+    assert resumed["global_step"] == total
+    for key, tensor in unbroken["model"].items():
+        assert torch.equal(tensor, resumed["model"][key]), key
 
 
 def test_an_inverse_sqrt_plan_is_retimed_at_every_epoch_end_from_the_first_epochs_end_on(
@@ -598,6 +641,15 @@ def test_a_plan_whose_length_is_fixed_before_the_next_epoch_end_is_retimed_halfw
     assert time_budget.halfway_retime_step(36, 73, 36) is None  # the epoch end re-times
     assert time_budget.halfway_retime_step(36, 58, 36) is None  # 11 steps: too few to time
     assert time_budget.halfway_retime_step(36, None, 36) is None  # cosine: its length is fixed from the start
+
+
+def test_a_wsd_plan_is_retimed_halfway_through_its_decay_between_epoch_ends() -> None:
+    """Halfway from the decay's start to the run's end, a step after where that is an epoch end; not
+    where too few steps since the last re-time would be timed, nor at the last steps."""
+    assert time_budget.decay_retime_step(134, 163, 9, 126) == 148
+    assert time_budget.decay_retime_step(130, 158, 9, 126) == 145  # halfway, 144, ends an epoch
+    assert time_budget.decay_retime_step(134, 163, 9, 140) is None  # 148: 8 steps since the last re-time, too few
+    assert time_budget.decay_retime_step(160, 162, 9, 126) is None  # 161: the last step
 
 
 def test_a_first_epoch_of_slow_steps_is_corrected_by_a_retime_before_the_plan_ends(
@@ -636,9 +688,11 @@ def test_a_wsd_plan_whose_validations_all_follow_its_decay_measures_one_at_its_l
     args = [*planned, "--lr_schedule", "wsd", "--max_minutes", "1"]
     assert run(args, tmp_path, CountingClock(), monkeypatch) == 0
     plan, config = final_state(args, tmp_path)["plan"], parse_config(args)
-    last_retime, spe = plan["planned_at_step"], plan["steps_per_epoch"]
-    assert last_retime % spe == 0
-    assert last_retime < decay_start(config, plan["total_steps"], plan["warmup_steps"]) <= last_retime + spe
+    (last_retime, total_then), (decay_at, _) = [(step, int(value)) for step, value in
+                                                plan_scalars(args, tmp_path, "total_steps")[-2:]]
+    spe = plan["steps_per_epoch"]
+    assert last_retime % spe == 0 and decay_at == plan["decay_from"]  # the decay's re-time follows it
+    assert last_retime < decay_start(config, total_then, plan["warmup_steps"]) <= last_retime + spe
     validated = [step for step, _ in scalars(args, tmp_path, "val/loss")]
     if not measured:
         assert validated == [plan["total_steps"]], validated
