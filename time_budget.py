@@ -11,21 +11,21 @@ scales it to the run's length (`planned_dropout`): a run of fewer epochs sees ea
 and needs less. On a CPU whose rough epoch estimate (train.cpu_epoch_estimate, before the model is
 built) fits under num_epochs (a preset's, set for its depth and batch), the run trains one layer
 fewer (`planned_layers`), unless --num_layers is given, on smaller batches (`planned_batch_tokens`),
-unless --batch_tokens is given. Only the last epoch ends that fit
-VALIDATION_SHARE of the budget validate (`first_validated_step`); the others checkpoint, and their
-validations' time goes to steps; of those, as many as fit CHECKPOINT_SHARE of the budget, evenly
-spread (`checkpoint_interval`). The invocation that planned re-times the plan from the steps and
-validations it measured (a dozen steps and a young model's decoding are a small sample of a shared
-machine, and a GPU's first epoch pays once for each new batch shape): at every epoch end while the
-learning rate does not depend on the run's length (inverse square root; wsd until its decay), and
-once halfway where the run's end or the decay comes before the next epoch end
-(`halfway_retime_step`); once for cosine (train.Trainer.retime); and a wsd plan once more halfway
-through its decay (`decay_retime_step`), from the steps since its last re-time, its decay going on
-from the learning rate it stands at to the new end (optimizer.lr_factor's `decay_from`). A wsd plan whose kept validations
-all follow its decay validates the last epoch end it re-times at where its estimate counts more than
-once after it, so that the re-time measures one. The plan is stored in every checkpoint and followed
-by a resumed run, so a resume stays bit-exact (it depends on the machine's speed: two runs of one
-seed on different machines differ).
+unless --batch_tokens is given. Only the last epoch ends that fit VALIDATION_SHARE of the budget
+validate (`first_validated_step`); the others checkpoint, and their validations' time goes to steps;
+of those, as many as fit CHECKPOINT_SHARE of the budget, evenly spread (`checkpoint_interval`). The
+invocation that planned re-times the plan from the steps and validations it measured (a dozen steps
+and a young model's decoding are a small sample of a shared machine, and a GPU's first epoch pays
+once for each new batch shape): at every epoch end while the learning rate does not depend on the
+run's length (inverse square root; wsd until its decay), and once halfway where the run's end or the
+decay comes before the next epoch end (`halfway_retime_step`); once for cosine
+(train.Trainer.retime); and a wsd plan once more halfway through its decay (`decay_retime_step`),
+from the steps since its last re-time, its decay going on from the learning rate it stands at to the
+new end (optimizer.lr_factor's `decay_from`). A wsd plan whose kept validations all follow its decay
+validates the last epoch end it re-times at where its estimate counts more than once after it, so
+that the re-time measures one. The plan is stored in every checkpoint and followed by a resumed run,
+so a resume stays bit-exact (it depends on the machine's speed: two runs of one seed on different
+machines differ).
 """
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def halfway_retime_step(step: int, free_until: int | None, steps_per_epoch: int)
 def decay_retime_step(decay_start: int, total: int, steps_per_epoch: int, last_retime: int) -> int | None:
     """The step halfway through a wsd plan's decay (from `decay_start` to `total`) at which the plan
     is re-timed once more, from the steps timed since its last re-time (at step `last_retime`); the
-    step after where that is an epoch end (whose validation and checkpoint belong to the old plan).
+    step after where that is an epoch end (one may not checkpoint: this re-time writes its own).
     None where fewer than PLAN_TIMED_STEPS steps would be timed, or no step is left to plan.
     Without it, steps that slowed after the last epoch end before the decay stop the run on its
     clock: a 12-minute plan here, whose steps ran about a tenth slower after its last re-time,
