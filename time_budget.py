@@ -21,7 +21,8 @@ run's length (inverse square root; wsd until its decay), and once halfway where 
 decay comes before the next epoch end (`halfway_retime_step`); once for cosine
 (train.Trainer.retime); and a wsd plan once more halfway through its decay (`decay_retime_step`),
 from the steps since its last re-time, its decay going on from the learning rate it stands at to the
-new end (optimizer.lr_factor's `decay_from`). A wsd plan whose kept validations all follow its decay
+new end (optimizer.lr_factor's `decay_from`), as does any re-time whose plan's decay would have
+begun by then (train.Trainer.planned). A wsd plan whose kept validations all follow its decay
 validates the last epoch end it re-times at where its estimate counts more than once after it, so
 that the re-time measures one. The plan is stored in every checkpoint and followed by a resumed run,
 so a resume stays bit-exact (it depends on the machine's speed: two runs of one seed on different
@@ -66,7 +67,7 @@ class Plan:
     validate_from: int = 0  # epoch ends before this step checkpoint without validating; 0: all validate
     first_validation_seconds: float = 0.0  # the first plan's validation_seconds (fit_seconds); 0 in older plans
     checkpoint_every: int = 1  # of the epoch ends that do not validate, every this-many-th checkpoints; 1 in older plans
-    decay_from: int = 0  # re-timed in wsd's decay: the step from which it decays anew (lr_factor); 0: not
+    decay_from: int = 0  # re-timed in wsd's decay: the schedule's step it decays anew from (lr_factor); 0: not
     decay_from_lr: float = 1.0  # ... and the peak lr's multiplier at that step
 
     @property
@@ -157,17 +158,14 @@ def halfway_retime_step(step: int, free_until: int | None, steps_per_epoch: int)
     return halfway if halfway - step >= PLAN_TIMED_STEPS else None
 
 
-def decay_retime_step(decay_start: int, total: int, steps_per_epoch: int, last_retime: int) -> int | None:
+def decay_retime_step(decay_start: int, total: int, last_retime: int) -> int | None:
     """The step halfway through a wsd plan's decay (from `decay_start` to `total`) at which the plan
-    is re-timed once more, from the steps timed since its last re-time (at step `last_retime`); the
-    step after where that is an epoch end (one may not checkpoint: this re-time writes its own).
-    None where fewer than PLAN_TIMED_STEPS steps would be timed, or no step is left to plan.
-    Without it, steps that slowed after the last epoch end before the decay stop the run on its
-    clock: a 12-minute plan here, whose steps ran about a tenth slower after its last re-time,
-    stopped at step 3,124 of 3,189 with the learning rate at 12% of its peak instead of min_lr."""
+    is re-timed once more, from the steps timed since its last re-time (at step `last_retime`); None
+    where fewer than PLAN_TIMED_STEPS steps would be timed, or no step is left to plan. Without it,
+    steps that slowed after the last epoch end before the decay stop the run on its clock: a
+    12-minute plan here, whose steps ran about a tenth slower after its last re-time, stopped at
+    step 3,124 of 3,189 with the learning rate at 12% of its peak instead of min_lr."""
     halfway = decay_start + (total - decay_start) // 2
-    if halfway % steps_per_epoch == 0:
-        halfway += 1
     return halfway if halfway - last_retime >= PLAN_TIMED_STEPS and halfway < total - 1 else None
 
 

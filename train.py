@@ -856,7 +856,7 @@ class Trainer:
                     self.retime(epoch_end=False)  # the checkpoint below holds the plan
                 elif in_decay:
                     progress.clear()
-                    self.retime_decay()  # ... and this one's
+                    self.retime_decay()  # ... and this one's (at an epoch end: end_of_epoch)
                 if config["validate_every_steps"] and self.global_step % config["validate_every_steps"] == 0:
                     progress.clear()  # validation's and the checkpoint's lines start on a line of their own
                     metrics, stop = self.validate(graceful)
@@ -1003,7 +1003,8 @@ class Trainer:
         the next epoch end, once more halfway there (`epoch_end` False;
         time_budget.halfway_retime_step). Made before a checkpoint, which holds it: a run resumed
         from there follows it bit for bit and keeps it (only the invocation that planned re-times).
-        A wsd plan's last re-time comes halfway through its decay (`retime_decay`)."""
+        A wsd plan's last re-time comes halfway through its decay (`retime_decay`), or where its new
+        plan's decay has begun (`planned`)."""
         plan, mark, config = self.run_plan, self.plan_mark, self.config
         if plan is None or mark is None or self.global_step - mark.step < PLAN_TIMED_STEPS or \
                 self.global_step >= plan.total_steps:
@@ -1020,11 +1021,14 @@ class Trainer:
         self.retimed = True
         self.follow(plan_from_dict(self.from_rank0(retimed.as_dict() if retimed is not None else None)))
         self.halfway_retime = None
+        if self.decay_anchor is not None:  # its decay has begun (`planned`): the last re-time, as retime_decay's
+            self.plan_mark = self.last_mark = self.decay_retime = None
+            return
         if epoch_end:
             self.schedule_halfway_retime()
         self.schedule_decay_retime()
 
-    def measured_plan(self, mark: PlanMark, label: str, decay_anchor: tuple[int, float] | None = None) -> Plan | None:
+    def measured_plan(self, mark: PlanMark, label: str, decaying: bool = False) -> Plan | None:
         """Rank 0's plan from the steps, validations and checkpoints measured since `mark`, the
         first plan's estimates where none was measured; None on the other ranks. Every rank marks
         here where a decay re-time's measurement starts (`last_mark`; its clock is rank 0's)."""
@@ -1043,16 +1047,14 @@ class Trainer:
         return self.planned(step_seconds, validated / validations if validations else plan.validation_seconds,
                             plan.first_validation_seconds,
                             saved / checkpoints if checkpoints else plan.checkpoint_seconds, plan.final_seconds, label,
-                            decay_anchor)
+                            decaying)
 
     def retime_decay(self) -> None:
         """Halfway through a wsd plan's decay (time_budget.decay_retime_step), by the invocation that
         planned: the plan once more from the steps since its last re-time (a shared machine's steps
         slow or speed up), its decay going on from the learning rate it stands at to the new last
         step. The last re-time: made before a checkpoint, which holds it."""
-        anchor = (self.global_step, lr_factor(self.global_step, self.config, self.total_steps, self.warmup,
-                                             self.decay_anchor))
-        retimed = self.measured_plan(self.last_mark, "re-timed in the decay: ", anchor)
+        retimed = self.measured_plan(self.last_mark, "re-timed in the decay: ", decaying=True)
         self.follow(plan_from_dict(self.from_rank0(retimed.as_dict() if retimed is not None else None)))
         self.plan_mark = self.last_mark = self.decay_retime = None  # the last re-time
 
@@ -1060,8 +1062,7 @@ class Trainer:
         """After the plan or a re-time: the step halfway through a wsd plan's decay to re-time at, if any."""
         plan, config = self.run_plan, self.config
         self.decay_retime = None if config["lr_schedule"] != "wsd" or self.last_mark is None else decay_retime_step(
-            decay_start(config, plan.total_steps, plan.warmup_steps), plan.total_steps, self.steps_per_epoch,
-            self.last_mark.step)
+            decay_start(config, plan.total_steps, plan.warmup_steps), plan.total_steps, self.last_mark.step)
 
     def last_retime_measures_a_validation(self) -> bool:
         """Whether this epoch end validates though the plan thins it: the last epoch end to re-time
@@ -1091,11 +1092,13 @@ class Trainer:
         self.halfway_retime = halfway_retime_step(self.global_step, free_until, self.steps_per_epoch)
 
     def planned(self, step_seconds: float, validation_seconds: float, first_validation_seconds: float,
-                checkpoint_seconds: float, fit_seconds: float, label: str,
-                decay_anchor: tuple[int, float] | None = None) -> Plan:
+                checkpoint_seconds: float, fit_seconds: float, label: str, decaying: bool = False) -> Plan:
         """The plan for what is left of the clock from here, logged and recorded in TensorBoard;
-        `first_validation_seconds` and `fit_seconds` are the first plan's estimates (plan_run); a
-        `decay_anchor`, where its decay starts anew (Plan.decay_anchor)."""
+        `first_validation_seconds` and `fit_seconds` are the first plan's estimates (plan_run). A
+        re-timed wsd plan that is `decaying`, or whose decay would have begun by now, decays from the
+        learning rate it stands at (Plan.decay_anchor): a plan shortened at the last epoch end before
+        its decay would otherwise drop the learning rate from the peak into the middle of its decay.
+        The anchor counts the schedule's steps, which skipped steps (train_epoch) do not advance."""
         config = self.config
         plan = plan_run(self.global_step, clock() - self.started, 60 * config["max_minutes"], step_seconds,
                         validation_seconds, checkpoint_seconds, self.steps_per_epoch,
@@ -1103,8 +1106,11 @@ class Trainer:
                         config["warmup_fraction"], fit_seconds,
                         None if self.dropout_given or config["compile"] else config["dropout"], config["num_epochs"],
                         first_validation_seconds)
-        if decay_anchor is not None:
-            plan = dataclasses.replace(plan, decay_from=decay_anchor[0], decay_from_lr=decay_anchor[1])
+        at = self.scheduler.last_epoch
+        if self.run_plan is not None and config["lr_schedule"] == "wsd" and \
+                (decaying or decay_start(config, plan.total_steps, plan.warmup_steps) <= at):
+            plan = dataclasses.replace(plan, decay_from=at, decay_from_lr=lr_factor(
+                at, config, self.total_steps, self.warmup, self.decay_anchor))
         log(label + plan.describe())
         self.writer.add_text("plan", label + plan.describe(), self.global_step)
         for name in ("total_steps", "warmup_steps", "step_seconds", "validation_seconds", "expected_end_s"):
@@ -1185,6 +1191,9 @@ class Trainer:
             metrics, stop = self.validate(graceful, stop)
         if stop is None:
             self.retime()
+            if self.global_step == self.decay_retime:
+                self.retime_decay()
+                thinned = False  # its checkpoint holds the plan
         # ... and of the epoch ends it does not validate, only those that fit the plan's share
         # (time_budget.checkpoint_interval); a stop always checkpoints.
         if not thinned or self.run_plan.checkpoints_epoch_end(self.global_step, self.config["validate_every_steps"]):

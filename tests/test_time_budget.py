@@ -571,10 +571,17 @@ def test_a_wsd_plan_is_retimed_at_every_epoch_end_before_its_decay_and_once_half
     since: planted, every clock reading from the 190th on takes 0.3 s instead of 0.2 (steps that
     slowed for good after that last re-time), and the plan shortens, its decay going on from where
     it stood to min_lr at the new end, inside the budget. Without that re-time the clock stopped
-    this run at step 156 of 163 with the learning rate at 11% of its peak, 61.1 s into its 60."""
+    this run at step 156 of 163 with the learning rate at 11% of its peak, 61.1 s into its 60. One
+    step is skipped (a NaN loss): the schedule, and the decay's anchor, count one step fewer."""
     args = [*planned, "--lr_schedule", "wsd", "--max_minutes", "1", "--decay_fraction", "0.4", "--keep_checkpoints",
             "30"]  # long enough that the decay is epochs away, and its checkpoints all kept
-    clock = SlowingClock(at=190, seconds=0.3)
+    clock, loss, batches = SlowingClock(at=190, seconds=0.3), train.loss_sum, itertools.count(1)
+
+    def nan_at_the_30th_batch(logits: torch.Tensor, label: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+        value = loss(logits, label, label_smoothing)
+        return value * float("nan") if label_smoothing and next(batches) == 30 else value  # not validation's
+
+    monkeypatch.setattr(train, "loss_sum", nan_at_the_30th_batch)
     assert run(args, tmp_path / "unbroken", clock, monkeypatch) == 0
     log = capsys.readouterr().err
     unbroken, config = final_state(args, tmp_path / "unbroken"), parse_config(args)
@@ -585,23 +592,24 @@ def test_a_wsd_plan_is_retimed_at_every_epoch_end_before_its_decay_and_once_half
     start = decay_start(config, total_before, warmup)
     assert retimed_at % spe == 0 and retimed_at < start <= retimed_at + spe and retimed_at > 2 * spe
     assert len(totals) > 5 and all(step % spe == 0 for step, _ in totals[1:-1]), totals  # at epoch ends, not once
-    assert decay_at == plan["decay_from"] == time_budget.decay_retime_step(start, total_before, spe, retimed_at)
-    assert plan["decay_from_lr"] == pytest.approx(lr_factor(decay_at, config, total_before, warmup))
+    assert decay_at == time_budget.decay_retime_step(start, total_before, retimed_at)
+    assert unbroken["scheduler"]["last_epoch"] == total - 1 and plan["decay_from"] == decay_at - 1  # one skipped
+    assert plan["decay_from_lr"] == pytest.approx(lr_factor(decay_at - 1, config, total_before, warmup))
     assert decay_at < total < total_before and f"re-timed in the decay: plan for --max_minutes 1: {total} steps" in log
     assert f"finished the plan: {total} steps" in log and clock.now - 0.2 < 60
     assert unbroken["global_step"] == total
-    assert unbroken["optimizer"]["param_groups"][0]["lr"] == pytest.approx(config["min_lr"])
-    # The learning rate logged after the re-time: the decay from where it stood, not the schedule of
-    # the new length alone, which would have jumped down.
-    anchor, logged = (decay_at, plan["decay_from_lr"]), scalars(args, tmp_path / "unbroken", "train/lr")
+    # The learning rate logged after the re-time (at step s, the schedule's s - 1): the decay from
+    # where it stood, not the schedule of the new length alone, which would have jumped down.
+    anchor, logged = (decay_at - 1, plan["decay_from_lr"]), scalars(args, tmp_path / "unbroken", "train/lr")
     after = [(step, lr) for step, lr in logged if decay_at <= step < total]
     assert after and [lr for _, lr in after] == pytest.approx(
-        [config["lr"] * lr_factor(step, config, total, warmup, anchor) for step, _ in after], rel=1e-6)
-    assert lr_factor(decay_at, config, total, warmup) < plan["decay_from_lr"] - 0.1
+        [config["lr"] * lr_factor(step - 1, config, total, warmup, anchor) for step, _ in after], rel=1e-6)
+    assert lr_factor(decay_at - 1, config, total, warmup) < plan["decay_from_lr"] - 0.1
     first_plan = re.search(r"(?<!re-timed )plan for [^;]*? at [0-9.]+ s a step and ([0-9.]+) s a validation", log)
     assert plan["validation_seconds"] != pytest.approx(float(first_plan.group(1)), abs=0.05)  # measured
 
     # Resumed from the decay's re-time, a run follows its plan and decay bit for bit.
+    monkeypatch.setattr(train, "loss_sum", loss)
     folder = weights_dir(parse_config([*args, "--model_folder", str(tmp_path / "unbroken" / "w")]))
     assert load_checkpoint(folder / f"ckpt_{decay_at:08d}.pt")["plan"] == plan
     resumed_args = [*args, "--preload", str(folder / f"ckpt_{decay_at:08d}.pt")]
@@ -611,6 +619,50 @@ def test_a_wsd_plan_is_retimed_at_every_epoch_end_before_its_decay_and_once_half
     assert resumed["global_step"] == total
     for key, tensor in unbroken["model"].items():
         assert torch.equal(tensor, resumed["model"][key]), key
+
+
+def test_a_wsd_plan_shortened_into_its_decay_decays_from_the_peak_without_a_jump(
+        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """Planted: 5 s lost just before the last epoch end before the decay (step 126 of a plan of
+    162, whose decay starts at 134). Re-timed there, the plan ends at step 145, whose decay would
+    have begun at 120: the learning rate would drop from its peak to 72% of it at once. The plan
+    decays from where it stands, the peak, to min_lr at its end instead, and re-times no more."""
+    args = [*planned, "--lr_schedule", "wsd", "--max_minutes", "1"]
+    assert run(args, tmp_path, LeapingClock(at=215, to=48.0), monkeypatch) == 0
+    log = capsys.readouterr().err
+    plan, config = final_state(args, tmp_path)["plan"], parse_config(args)
+    spe, total, warmup = plan["steps_per_epoch"], plan["total_steps"], plan["warmup_steps"]
+    retimed_at = plan["planned_at_step"]
+    assert retimed_at % spe == 0 and plan["decay_from"] == retimed_at and plan["decay_from_lr"] == 1.0
+    assert decay_start(config, total, warmup) < retimed_at and "re-timed in the decay" not in log
+    logged = [(step, lr) for step, lr in scalars(args, tmp_path, "train/lr") if step >= retimed_at]
+    assert [lr for _, lr in logged] == pytest.approx(
+        [config["lr"] * lr_factor(step, config, total, warmup, (retimed_at, 1.0)) for step, _ in logged], rel=1e-6)
+    assert lr_factor(retimed_at, config, total, warmup) < 0.75  # the schedule of the new length alone
+    assert f"finished the plan: {total} steps" in log
+
+
+def test_a_decay_retime_that_falls_on_an_epoch_end_is_made_there_and_checkpointed(
+        planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Halfway through the decay may be an epoch end, which the step loop leaves to end_of_epoch:
+    the re-time is made there, and that epoch end checkpoints though the plan keeps it out (planted:
+    the validations' and checkpoints' shares at 0), so that a resumed run follows the plan it made."""
+    monkeypatch.setattr(time_budget, "CHECKPOINT_SHARE", 0.0)
+    monkeypatch.setattr(time_budget, "VALIDATION_SHARE", 0.0)
+    ends = []
+
+    def at_the_next_epoch_end(start: int, total: int, last_retime: int) -> int:
+        ends.append((start // 9 + 1) * 9)  # 9 steps an epoch
+        return ends[-1]
+
+    monkeypatch.setattr(train, "decay_retime_step", at_the_next_epoch_end)
+    args = [*planned, "--lr_schedule", "wsd", "--max_minutes", "1", "--keep_checkpoints", "30"]
+    assert run(args, tmp_path, CountingClock(), monkeypatch) == 0
+    plan = final_state(args, tmp_path)["plan"]
+    assert plan["steps_per_epoch"] == 9 and plan["decay_from"] == plan["planned_at_step"] == ends[-1]
+    folder = weights_dir(parse_config([*args, "--model_folder", str(tmp_path / "w")]))
+    assert load_checkpoint(folder / f"ckpt_{ends[-1]:08d}.pt")["plan"] == plan
+    assert not time_budget.plan_from_dict(plan).checkpoints_epoch_end(ends[-1], 0)  # thinned, but for the re-time
 
 
 def test_an_inverse_sqrt_plan_is_retimed_at_every_epoch_end_from_the_first_epochs_end_on(
@@ -643,13 +695,13 @@ def test_a_plan_whose_length_is_fixed_before_the_next_epoch_end_is_retimed_halfw
     assert time_budget.halfway_retime_step(36, None, 36) is None  # cosine: its length is fixed from the start
 
 
-def test_a_wsd_plan_is_retimed_halfway_through_its_decay_between_epoch_ends() -> None:
-    """Halfway from the decay's start to the run's end, a step after where that is an epoch end; not
-    where too few steps since the last re-time would be timed, nor at the last steps."""
-    assert time_budget.decay_retime_step(134, 163, 9, 126) == 148
-    assert time_budget.decay_retime_step(130, 158, 9, 126) == 145  # halfway, 144, ends an epoch
-    assert time_budget.decay_retime_step(134, 163, 9, 140) is None  # 148: 8 steps since the last re-time, too few
-    assert time_budget.decay_retime_step(160, 162, 9, 126) is None  # 161: the last step
+def test_a_wsd_plan_is_retimed_halfway_through_its_decay() -> None:
+    """Halfway from the decay's start to the run's end; not where too few steps since the last
+    re-time would be timed, nor at the last steps."""
+    assert time_budget.decay_retime_step(134, 163, 126) == 148
+    assert time_budget.decay_retime_step(130, 158, 126) == 144  # an epoch end (of 9 steps) too: end_of_epoch's
+    assert time_budget.decay_retime_step(134, 163, 140) is None  # 148: 8 steps since the last re-time, too few
+    assert time_budget.decay_retime_step(160, 162, 126) is None  # 161: the last step
 
 
 def test_a_first_epoch_of_slow_steps_is_corrected_by_a_retime_before_the_plan_ends(
