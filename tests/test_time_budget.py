@@ -571,7 +571,7 @@ def test_a_wsd_plan_is_retimed_at_every_epoch_end_before_its_decay_and_once_half
     since: planted, every clock reading from the 190th on takes 0.3 s instead of 0.2 (steps that
     slowed for good after that last re-time), and the plan shortens, its decay going on from where
     it stood to min_lr at the new end, inside the budget. Without that re-time the clock stopped
-    this run at step 156 of 163 with the learning rate at 11% of its peak, 61.1 s into its 60. One
+    this run at step 156 of 163 with the learning rate at 13% of its peak, 60.9 s into its 60. One
     step is skipped (a NaN loss): the schedule, and the decay's anchor, count one step fewer."""
     args = [*planned, "--lr_schedule", "wsd", "--max_minutes", "1", "--decay_fraction", "0.4", "--keep_checkpoints",
             "30"]  # long enough that the decay is epochs away, and its checkpoints all kept
