@@ -413,7 +413,6 @@ class Trainer:
         self.halfway_retime: int | None = None  # a re-time between epoch ends (time_budget.halfway_retime_step)
         self.last_mark: PlanMark | None = None  # where the last plan or re-time was made: a decay re-time times from it
         self.decay_retime: int | None = None  # a re-time halfway through wsd's decay (time_budget.decay_retime_step)
-        self.decay_anchor: tuple[int, float] | None = None  # where a decay re-timed under way starts anew (lr_factor)
         self.validations = 0  # in this invocation
         self.validation_seconds = 0.0
         self.checkpoints = 0  # written (or waited for) in this invocation
@@ -975,7 +974,7 @@ class Trainer:
         if timed < PLAN_SKIP_STEPS + PLAN_TIMED_STEPS and self.step_in_epoch < epoch_steps:
             return
         plan = self.make_plan() if self.ranks.is_main else None
-        self.follow(plan_from_dict(self.from_rank0(plan.as_dict() if plan is not None else None)))
+        self.follow_rank0(plan)
         self.plan_mark = self.last_mark = self.mark()
         self.schedule_halfway_retime()
         self.schedule_decay_retime()
@@ -1019,10 +1018,10 @@ class Trainer:
         elif not self.retimed:
             self.plan_mark = self.mark()
         self.retimed = True
-        self.follow(plan_from_dict(self.from_rank0(retimed.as_dict() if retimed is not None else None)))
+        self.follow_rank0(retimed)
         self.halfway_retime = None
         if self.decay_anchor is not None:  # its decay has begun (`planned`): the last re-time, as retime_decay's
-            self.plan_mark = self.last_mark = self.decay_retime = None
+            self.end_retiming()
             return
         if epoch_end:
             self.schedule_halfway_retime()
@@ -1031,16 +1030,14 @@ class Trainer:
     def measured_plan(self, mark: PlanMark, label: str, decaying: bool = False) -> Plan | None:
         """Rank 0's plan from the steps, validations and checkpoints measured since `mark`, the
         first plan's estimates where none was measured; None on the other ranks. Every rank marks
-        here where a decay re-time's measurement starts (`last_mark`; its clock is rank 0's)."""
-        now = clock() if self.ranks.is_main else 0.0
-        self.last_mark = PlanMark(self.global_step, now, self.validation_seconds, self.validations,
-                                  self.checkpoint_seconds, self.checkpoints)
+        here where a decay re-time's measurement starts (`last_mark`)."""
+        self.last_mark = self.mark()
         if not self.ranks.is_main:
             return None
         plan = self.run_plan
         validated, saved = self.validation_seconds - mark.validation_seconds, \
             self.checkpoint_seconds - mark.checkpoint_seconds
-        step_seconds = max(now - mark.clock - validated - saved, 0.0) / (self.global_step - mark.step)
+        step_seconds = max(self.last_mark.clock - mark.clock - validated - saved, 0.0) / (self.global_step - mark.step)
         validations, checkpoints = self.validations - mark.validations, self.checkpoints - mark.checkpoints
         # The checkpoints measured replace the estimate, a serialisation in memory: writing and
         # fsyncing depend on the disk.
@@ -1054,9 +1051,12 @@ class Trainer:
         planned: the plan once more from the steps since its last re-time (a shared machine's steps
         slow or speed up), its decay going on from the learning rate it stands at to the new last
         step. The last re-time: made before a checkpoint, which holds it."""
-        retimed = self.measured_plan(self.last_mark, "re-timed in the decay: ", decaying=True)
-        self.follow(plan_from_dict(self.from_rank0(retimed.as_dict() if retimed is not None else None)))
-        self.plan_mark = self.last_mark = self.decay_retime = None  # the last re-time
+        self.follow_rank0(self.measured_plan(self.last_mark, "re-timed in the decay: ", decaying=True))
+        self.end_retiming()
+
+    def end_retiming(self) -> None:
+        """After a re-time whose decay starts anew from where it stands: no re-time follows it."""
+        self.plan_mark = self.last_mark = self.decay_retime = None
 
     def schedule_decay_retime(self) -> None:
         """After the plan or a re-time: the step halfway through a wsd plan's decay to re-time at, if any."""
@@ -1165,10 +1165,19 @@ class Trainer:
         torch.save({"model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict()}, io.BytesIO())
         return 2 * (clock() - started)
 
+    @property
+    def decay_anchor(self) -> tuple[int, float] | None:
+        """Where the plan's decay starts anew (Plan.decay_anchor); None without a plan."""
+        return self.run_plan.decay_anchor if self.run_plan is not None else None
+
+    def follow_rank0(self, plan: Plan | None) -> None:
+        """`follow` rank 0's plan (`plan` on rank 0, None on the others), on every rank."""
+        self.follow(plan_from_dict(self.from_rank0(plan.as_dict() if plan is not None else None)))
+
     def follow(self, plan: Plan) -> None:
         """From here on the run's length, learning-rate schedule and dropout (unless given) are the plan's."""
         self.run_plan, self.planning = plan, False
-        self.total_steps, self.warmup, self.decay_anchor = plan.total_steps, plan.warmup_steps, plan.decay_anchor
+        self.total_steps, self.warmup = plan.total_steps, plan.warmup_steps
         if plan.dropout is not None and not self.dropout_given:
             set_dropout(self.raw_model, plan.dropout)
 

@@ -175,30 +175,17 @@ JUMP_AFTER_RETIME = 70  # a clock reading after the re-time and before the plann
 
 
 class CountingClock:
-    """A clock that advances 0.2 s at each reading (1 s at the readings in `slow`): the same
-    readings, the same plan."""
+    """A clock that advances 0.2 s at each reading (`slow_seconds`, 1 s unless given, at the readings
+    in `slow`): the same readings, the same plan."""
 
-    def __init__(self, jump_at: int | None = None, slow: range = range(0)) -> None:
+    def __init__(self, jump_at: int | None = None, slow: range = range(0), slow_seconds: float = 1.0) -> None:
         self.readings, self.jump_at, self.slow, self.now = itertools.count(), jump_at, slow, 0.0
+        self.slow_seconds = slow_seconds
 
     def __call__(self) -> float:
         reading = next(self.readings)
-        self.now += 1.0 if reading in self.slow else 0.2
+        self.now += self.slow_seconds if reading in self.slow else 0.2
         return self.now + (1e6 if self.jump_at is not None and reading >= self.jump_at else 0.0)
-
-
-class SlowingClock(CountingClock):
-    """A CountingClock whose readings after the first `at` advance `seconds` each."""
-
-    def __init__(self, at: int, seconds: float) -> None:
-        super().__init__()
-        self.at, self.seconds, self.taken = at, seconds, 0
-
-    def __call__(self) -> float:
-        self.taken += 1
-        if self.taken > self.at:
-            self.now += self.seconds - 0.2
-        return super().__call__()
 
 
 class LeapingClock(CountingClock):
@@ -575,7 +562,7 @@ def test_a_wsd_plan_is_retimed_at_every_epoch_end_before_its_decay_and_once_half
     step is skipped (a NaN loss): the schedule, and the decay's anchor, count one step fewer."""
     args = [*planned, "--lr_schedule", "wsd", "--max_minutes", "1", "--decay_fraction", "0.4", "--keep_checkpoints",
             "30"]  # long enough that the decay is epochs away, and its checkpoints all kept
-    clock, loss, batches = SlowingClock(at=190, seconds=0.3), train.loss_sum, itertools.count(1)
+    clock, loss, batches = CountingClock(slow=range(190, 10**6), slow_seconds=0.3), train.loss_sum, itertools.count(1)
 
     def nan_at_the_30th_batch(logits: torch.Tensor, label: torch.Tensor, label_smoothing: float) -> torch.Tensor:
         value = loss(logits, label, label_smoothing)
