@@ -66,7 +66,7 @@ from loss import loss_sum
 from model import Transformer, build_model, set_dropout, train_flops
 from optimizer import build_optimizer, decay_start, length_free, length_free_until, lr_factor, warmup_steps
 from time_budget import (FIT_SHARE, PLAN_SKIP_STEPS, PLAN_TIMED_STEPS, Plan, decay_retime_step, halfway_retime_step,
-                         plan_from_dict, plan_run, planned_batch_tokens, planned_layers)
+                         plan_from_dict, plan_run, planned_batch_tokens, planned_layers, planned_width)
 from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
 from ranks import GracefulStop, RankFailed, Ranks, RankWatch, StopRequested, join_ranks
 from run_lock import RunLock, RunLockError
@@ -111,7 +111,8 @@ def take_model_from(config: dict[str, Any], explicit: set[str], given: frozenset
         -> dict[str, Any] | None:
     """For --init_from: the checkpoint's state, after copying its model keys (architecture,
     tokenizers, language pair) into `config`; an explicit option that differs is refused, except a
-    preset's depth where the checkpoint's plan chose one (`given`: the keys the command line gave)."""
+    preset's depth or width where the checkpoint's plan chose them (`given`: the keys the command line
+    gave)."""
     if not config["init_from"]:
         return None
     path = Path(config["init_from"])
@@ -127,6 +128,8 @@ def take_model_from(config: dict[str, Any], explicit: set[str], given: frozenset
     source = {**config, **{key: saved[key] for key in MODEL_KEYS}}
     validate_config(source)
     planned = {"num_layers"} if state.get("planned_layers") and "num_layers" not in given else set()
+    if state.get("planned_width") and not {"d_model", "d_ff"} & given:
+        planned |= {"d_model", "d_ff"}
     for key in MODEL_KEYS:
         if key in explicit - planned and config[key] != source[key]:
             raise ConfigError(f"--{key} {config[key]!r} conflicts with --init_from {path}, whose model has "
@@ -402,11 +405,15 @@ class Trainer:
         # compiling either (a new value would compile every graph again), but a resumed run follows it.
         self.dropout_given = "dropout" in given
         # On a CPU too slow for num_epochs (a preset's) it trains one layer fewer on smaller batches,
-        # unless --num_layers or --batch_tokens was given (time_budget.planned_layers,
-        # planned_batch_tokens); a resumed run keeps what it started with.
+        # and far too slow a narrower model, unless --num_layers, --batch_tokens, --d_model or --d_ff
+        # was given (time_budget.planned_layers, planned_batch_tokens, planned_width); a resumed run
+        # keeps what it started with.
+        self.given = given
         self.layers_given, self.batch_given = "num_layers" in given, "batch_tokens" in given
+        self.width_given = bool({"d_model", "d_ff"} & given)
         self.planned_layers: int | None = None  # the depth the plan chose; None: the config's
         self.planned_batch_tokens: int | None = None  # the batch the plan chose; None: the config's
+        self.planned_width: dict[str, int] | None = None  # the d_model and d_ff the plan chose; None: the config's
         self.step_times: list[tuple[int, float, float]] = []  # (step, clock, validation seconds so far)
         self.plan_mark: PlanMark | None = None  # where the plan's (or first re-time's) timing starts
         self.retimed = False  # re-timed since planning: later re-times measure from the first
@@ -460,7 +467,7 @@ class Trainer:
         if len(self.train_ds) == 0:
             raise DataError(f"no training pairs fit in --seq_len {config['seq_len']}")
         self.plan = self.batch_plan()
-        plannable = not (self.layers_given or config["num_layers"] == 1) or not self.batch_given
+        plannable = not (self.layers_given or config["num_layers"] == 1) or not self.batch_given or not self.width_given
         if self.planning and resume is None and self.initial is None and plannable:
             self.plan_size()
         if ranks.is_main:
@@ -505,23 +512,27 @@ class Trainer:
 
     def plan_size(self) -> None:
         """Before the model is built, on a CPU, from rank 0's rough estimate of an epoch
-        (cpu_epoch_estimate) against num_epochs (a preset's, set for its depth and batch): one layer
-        fewer and smaller batches when fewer than all of them fit the budget (time_budget.planned_layers,
-        planned_batch_tokens); what was given is kept."""
+        (cpu_epoch_estimate) against num_epochs (a preset's, set for its size and batch): a narrower
+        model when under a quarter of them fit the budget, then, from the estimate of the model that
+        trains, one layer fewer and smaller batches when fewer than all of them fit
+        (time_budget.planned_width, planned_layers, planned_batch_tokens); what was given is kept."""
         config = self.config
         size = None
         if self.ranks.is_main and self.device.type == "cpu":
-            # The estimate counts the epoch's batches of every rank; each rank trains its share.
-            epoch_seconds = cpu_epoch_estimate(config, self.plan.epoch_batches(0), self.train_ds,
-                                               self.tok_tgt.get_vocab_size(), amp_dtype(config, self.device)) / \
-                self.ranks.world_size
-            epochs = (60 * config["max_minutes"] - (clock() - self.started)) / max(epoch_seconds, 1e-9)
+            width = config["d_model"], config["d_ff"]
+            epochs, epoch_seconds = self.estimated_epochs(config)
+            if not self.width_given:
+                width = planned_width(*width, config["num_heads"], epochs, config["num_epochs"])
+            changes = []
+            if width != (config["d_model"], config["d_ff"]):
+                changes.append(f"d_model {width[0]} and d_ff {width[1]} instead of {config['d_model']} and "
+                               f"{config['d_ff']} (about {epochs:.1f} epochs at {epoch_seconds:.0f} s an epoch)")
+                epochs, epoch_seconds = self.estimated_epochs({**config, "d_model": width[0], "d_ff": width[1]})
             layers, batch = config["num_layers"], config["batch_tokens"]
             if not self.layers_given:
                 layers = planned_layers(layers, epochs, config["num_epochs"])
             if not self.batch_given:
                 batch = planned_batch_tokens(batch, epochs, config["num_epochs"])
-            changes = []
             if layers != config["num_layers"]:
                 changes.append(f"{layers} + {layers} layers instead of {config['num_layers']} + {config['num_layers']}")
             if batch != config["batch_tokens"]:
@@ -529,26 +540,38 @@ class Trainer:
             if changes:
                 log(f"plan: about {epochs:.1f} epochs fit --max_minutes {config['max_minutes']:g} at "
                     f"{epoch_seconds:.0f} s an epoch, of num_epochs {config['num_epochs']}: {' and '.join(changes)} "
-                    f"(--num_layers, --batch_tokens keep theirs)")
-            size = layers, batch
+                    f"(--num_layers, --batch_tokens, --d_model, --d_ff keep theirs)")
+            size = layers, batch, *width
         size = self.from_rank0(size)
         if size is not None and size[0] != config["num_layers"]:
             config["num_layers"] = self.planned_layers = size[0]
         if size is not None and size[1] != config["batch_tokens"]:
             config["batch_tokens"] = self.planned_batch_tokens = size[1]
             self.plan = self.batch_plan()
+        if size is not None and tuple(size[2:]) != (config["d_model"], config["d_ff"]):
+            self.planned_width = {"d_model": size[2], "d_ff": size[3]}
+            config.update(self.planned_width)
+
+    def estimated_epochs(self, config: dict[str, Any]) -> tuple[float, float]:
+        """How many epochs of the model `config` describes fit the rest of --max_minutes, and an
+        epoch's seconds (cpu_epoch_estimate; it counts the epoch's batches of every rank, and each
+        rank trains its share)."""
+        epoch_seconds = cpu_epoch_estimate(config, self.plan.epoch_batches(0), self.train_ds,
+                                           self.tok_tgt.get_vocab_size(), amp_dtype(config, self.device)) / \
+            self.ranks.world_size
+        return (60 * config["max_minutes"] - (clock() - self.started)) / max(epoch_seconds, 1e-9), epoch_seconds
 
     def adopt_planned_size(self, state: dict[str, Any]) -> dict[str, Any]:
-        """A checkpoint of a run whose plan chose its depth or batch resumes with them, unless
-        --num_layers or --batch_tokens is given (then a different depth is refused like any other model
-        change, a different batch starts the next epoch; the same keeps the record, so a later resume
-        without it still resumes)."""
-        for key, given, attribute in (("num_layers", self.layers_given, "planned_layers"),
-                                      ("batch_tokens", self.batch_given, "planned_batch_tokens")):
+        """A checkpoint of a run whose plan chose its size or batch resumes with them, but for what
+        the command line gives (a different size is then refused like any other model change, a
+        different batch starts the next epoch; the same keeps the record, so a later resume without
+        it still resumes)."""
+        for attribute, key in (("planned_layers", "num_layers"), ("planned_batch_tokens", "batch_tokens"),
+                               ("planned_width", None)):
             if planned := state.get(attribute):
-                if not given:
-                    self.config[key] = planned
-                if self.config[key] == planned:
+                values = planned if key is None else {key: planned}
+                self.config.update({name: value for name, value in values.items() if name not in self.given})
+                if all(self.config[name] == value for name, value in values.items()):
                     setattr(self, attribute, planned)
         return state
 
@@ -1251,7 +1274,7 @@ class Trainer:
         if self.ranks.is_main:
             state = {key: self.resume_value(key) for key in (*RESUME_KEYS, "plan")} | {
                 "metrics": metrics or {}, "data": self.data_record, "planned_layers": self.planned_layers,
-                "planned_batch_tokens": self.planned_batch_tokens}
+                "planned_batch_tokens": self.planned_batch_tokens, "planned_width": self.planned_width}
             path = save_checkpoint(self.folder, state, self.global_step, self.config["keep_checkpoints"], metrics,
                                    self.config["best_metric"])
             log(f"saved {path}")

@@ -396,5 +396,6 @@ def test_a_checkpoint_holds_what_resuming_needs(trained: Path) -> None:
     before plans lacks it and still resumes), the depth and batch its plan chose (None unless it chose
     them) and the record of its data (store.data_record; one written before it lacks it and resumes
     unchecked)."""
-    assert set(load_checkpoint(trained / "ckpt_00000012.pt")) == {*train.RESUME_KEYS, "plan", "planned_layers",
-                                                                  "planned_batch_tokens", "data", "metrics", DIGEST_KEY}
+    assert set(load_checkpoint(trained / "ckpt_00000012.pt")) == {
+        *train.RESUME_KEYS, "plan", "planned_layers", "planned_batch_tokens", "planned_width", "data", "metrics",
+        DIGEST_KEY}

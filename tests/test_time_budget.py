@@ -18,7 +18,8 @@ from checkpoint import MANIFEST, load_checkpoint
 from config import PRESETS, parse_config, runs_dir, weights_dir
 from optimizer import decay_start, lr_factor
 from synthetic_data import synthetic_pairs, write_hub_dataset
-from time_budget import plan_run, planned_batch_tokens, planned_dropout, planned_layers, validations_until
+from time_budget import (plan_run, planned_batch_tokens, planned_dropout, planned_layers, planned_width,
+                         validations_until)
 from tokenizer import EOS_ID
 
 
@@ -63,6 +64,11 @@ def test_the_plan_fills_the_budget_with_steps_validations_and_checkpoints() -> N
     # half of it, never raised.
     assert planned_batch_tokens(1500, 21 * 0.64, 21) == 1200 and planned_batch_tokens(1500, 3.4, 21) == 750
     assert planned_batch_tokens(1500, 30, 21) == 1500 and planned_batch_tokens(1500, 3.4, 0) == 1500
+    # The width: three quarters under a quarter of the preset's epochs (2-minute plans here: 1.7-3.3;
+    # 5-minute ones, 7.3-8.0, keep it), d_model a multiple of the heads.
+    assert planned_width(256, 512, 4, 3.4, 21) == (192, 384) and planned_width(512, 2048, 8, 1, 21) == (384, 1536)
+    assert planned_width(256, 512, 4, 5.25, 21) == (256, 512) and planned_width(256, 512, 4, 3.4, 0) == (256, 512)
+    assert planned_width(32, 64, 2, 3.4, 21) == (24, 48) and planned_width(4, 8, 4, 0.1, 21) == (4, 8)
 
 
 def test_validations_are_counted_once_per_step() -> None:
@@ -213,10 +219,11 @@ def checkpoints_at_every_epoch_end(monkeypatch: pytest.MonkeyPatch) -> None:
 def planned(tmp_path: Path) -> list[str]:
     data = write_hub_dataset(tmp_path / "data", {"train": synthetic_pairs(300, 1), "validation": synthetic_pairs(8, 2),
                                                  "test": synthetic_pairs(8, 3)})
-    # --num_examples 0: no examples, nor their attention heatmap (matplotlib: a third of these runs' time)
-    return ["--datasource", str(data), "--preset", "tiny", "--batch_tokens", "256", "--val_max_sentences", "4",
-            "--lr_schedule", "cosine", "--max_minutes", "0.5", "--store_folder", str(tmp_path / "s"),
-            "--num_examples", "0"]
+    # --num_examples 0: no examples, nor their attention heatmap (matplotlib: a third of these runs' time);
+    # --d_model and --batch_tokens given: the plan sizes neither (the tests of that take them out)
+    return ["--datasource", str(data), "--preset", "tiny", "--d_model", "32", "--batch_tokens", "256",
+            "--val_max_sentences", "4", "--lr_schedule", "cosine", "--max_minutes", "0.5", "--store_folder",
+            str(tmp_path / "s"), "--num_examples", "0"]
 
 
 def run(args: list[str], folder: Path, clock: CountingClock, monkeypatch: pytest.MonkeyPatch) -> int:
@@ -386,41 +393,50 @@ def test_a_plan_scales_the_presets_dropout_and_a_resumed_run_follows_it(
         assert torch.equal(tensor, resumed["model"][key]), key
 
 
-def test_a_cpu_too_slow_for_the_presets_epochs_trains_one_layer_fewer_and_a_resume_keeps_it(
+def test_a_cpu_too_slow_for_the_presets_epochs_trains_a_smaller_model_and_a_resume_keeps_it(
         planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    """Planted: an epoch estimated at 1 s, so about 30 of the 0.5 minutes' epochs fit, under the
-    preset's 600. The run trains 1 + 1 layers instead of 2 + 2; config.json and the checkpoint's
-    config (what the other programs build from) say so; a run resumed with that depth given goes on
-    bit for bit and keeps the record, so a resume without it is not refused; --num_layers given keeps
-    its depth; --init_from with the preset takes the checkpoint's depth."""
+    """Planted: an epoch estimated at 1 s, so about 30 of the 0.5 minutes' epochs fit, under a
+    quarter of the preset's 600. The run trains 1 + 1 layers instead of 2 + 2, d_model 24 and d_ff
+    48 instead of 32 and 64; config.json and the checkpoint's config (what the other programs build
+    from) say so; a run resumed with that size given goes on bit for bit and keeps the record, so a
+    resume without it is not refused; --num_layers and --d_model given keep theirs; --init_from
+    with the preset takes the checkpoint's size."""
     monkeypatch.setitem(PRESETS["tiny"], "num_layers", 2)
     monkeypatch.setitem(PRESETS["tiny"], "num_epochs", 600)
     monkeypatch.setattr(train, "cpu_epoch_estimate", lambda *args: 1.0)
-    on_cpu = [*planned, "--device", "cpu"]
+    on_cpu = [*planned[:planned.index("--d_model")], *planned[planned.index("--d_model") + 2:], "--device", "cpu"]
     assert run(on_cpu, tmp_path / "unbroken", CountingClock(), monkeypatch) == 0
-    assert "1 + 1 layers instead of 2 + 2" in capsys.readouterr().err
+    log = capsys.readouterr().err
+    assert "d_model 24 and d_ff 48 instead of 32 and 64" in log and "1 + 1 layers instead of 2 + 2" in log
     unbroken = final_state(on_cpu, tmp_path / "unbroken")
     assert unbroken["planned_layers"] == 1 and unbroken["config"]["num_layers"] == 1
+    assert unbroken["planned_width"] == {"d_model": 24, "d_ff": 48}
+    assert unbroken["config"]["d_model"] == 24 and unbroken["config"]["d_ff"] == 48
     folder = weights_dir(parse_config([*on_cpu, "--model_folder", str(tmp_path / "unbroken" / "w")]))
-    assert json.loads((folder / "config.json").read_text())["num_layers"] == 1
+    assert {key: json.loads((folder / "config.json").read_text())[key] for key in ("num_layers", "d_model", "d_ff")} \
+        == {"num_layers": 1, "d_model": 24, "d_ff": 48}
     assert not any(".layers.1." in key for key in unbroken["model"])
+    assert unbroken["model"]["encoder.layers.0.feed_forward.linear_1.weight"].shape == (48, 24)
 
-    given = [*on_cpu, "--num_layers", "2"]
+    given = [*on_cpu, "--num_layers", "2", "--d_model", "32"]
     assert run(given, tmp_path / "given", CountingClock(), monkeypatch) == 0
     kept = final_state(given, tmp_path / "given")
     assert kept["planned_layers"] is None and any(".layers.1." in key for key in kept["model"])
+    assert kept["planned_width"] is None and kept["config"]["d_model"] == 32 and kept["config"]["d_ff"] == 64
 
     started_from = [*on_cpu, "--num_epochs", "1", "--init_from", str(folder / json.loads(
         (folder / MANIFEST).read_text())["latest"])]
     assert run(started_from, tmp_path / "started_from", CountingClock(), monkeypatch) == 0
-    assert final_state(started_from, tmp_path / "started_from")["config"]["num_layers"] == 1
+    assert {key: final_state(started_from, tmp_path / "started_from")["config"][key] for key in
+            ("num_layers", "d_model", "d_ff")} == {"num_layers": 1, "d_model": 24, "d_ff": 48}
 
     assert run(on_cpu, tmp_path / "resumed", CountingClock(jump_at=JUMP_AFTER_RETIME), monkeypatch) == 0
     assert final_state(on_cpu, tmp_path / "resumed")["global_step"] < unbroken["plan"]["total_steps"]
-    same_depth = [*on_cpu, "--num_layers", "1"]
-    assert run(same_depth, tmp_path / "resumed", CountingClock(), monkeypatch) == 0
-    resumed = final_state(same_depth, tmp_path / "resumed")
-    assert resumed["planned_layers"] == 1  # kept: a later resume without --num_layers is not refused
+    same_size = [*on_cpu, "--num_layers", "1", "--d_model", "24"]
+    assert run(same_size, tmp_path / "resumed", CountingClock(), monkeypatch) == 0
+    resumed = final_state(same_size, tmp_path / "resumed")
+    # kept: a later resume without --num_layers or --d_model is not refused
+    assert resumed["planned_layers"] == 1 and resumed["planned_width"] == {"d_model": 24, "d_ff": 48}
     assert resumed["plan"] == unbroken["plan"] and resumed["global_step"] == unbroken["global_step"]
     for key, tensor in unbroken["model"].items():
         assert torch.equal(tensor, resumed["model"][key]), key
