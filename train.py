@@ -128,8 +128,8 @@ def take_model_from(config: dict[str, Any], explicit: set[str], given: frozenset
     source = {**config, **{key: saved[key] for key in MODEL_KEYS}}
     validate_config(source)
     planned = {"num_layers"} if state.get("planned_layers") and "num_layers" not in given else set()
-    if state.get("planned_width") and not {"d_model", "d_ff"} & given:
-        planned |= {"d_model", "d_ff"}
+    if state.get("planned_width"):
+        planned |= {"d_model", "d_ff"} - given
     for key in MODEL_KEYS:
         if key in explicit - planned and config[key] != source[key]:
             raise ConfigError(f"--{key} {config[key]!r} conflicts with --init_from {path}, whose model has "
@@ -1378,8 +1378,8 @@ def train(config: dict[str, Any], started: float | None = None, explicit: set[st
           keep_freed: bool = False, plan_to_clock: bool = False, given: frozenset[str] = frozenset()) -> int:
     """Run one training job with this config (`explicit`: the keys the command line set; `keep_freed`:
     apply cpu_kernels.keep_freed_memory before the first step; `plan_to_clock`: plan the run's length
-    to --max_minutes; `given`: the keys the command line gave, which the plan keeps: dropout and
-    num_layers); the exit code."""
+    to --max_minutes; `given`: the keys the command line gave, which the plan keeps: dropout,
+    num_layers, batch_tokens, d_model and d_ff); the exit code."""
     started = clock() if started is None else started
     initial = take_model_from(config, explicit, given)
     ranks = Ranks.from_environment()

@@ -69,6 +69,7 @@ def test_the_plan_fills_the_budget_with_steps_validations_and_checkpoints() -> N
     assert planned_width(256, 512, 4, 3.4, 21) == (192, 384) and planned_width(512, 2048, 8, 1, 21) == (384, 1536)
     assert planned_width(256, 512, 4, 5.25, 21) == (256, 512) and planned_width(256, 512, 4, 3.4, 0) == (256, 512)
     assert planned_width(32, 64, 2, 3.4, 21) == (24, 48) and planned_width(4, 8, 4, 0.1, 21) == (4, 8)
+    assert planned_width(60, 240, 3, 1, 21) == (48, 192)  # even: sinusoidal positions come in pairs
 
 
 def test_validations_are_counted_once_per_step() -> None:
@@ -396,18 +397,21 @@ def test_a_plan_scales_the_presets_dropout_and_a_resumed_run_follows_it(
 def test_a_cpu_too_slow_for_the_presets_epochs_trains_a_smaller_model_and_a_resume_keeps_it(
         planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     """Planted: an epoch estimated at 1 s, so about 30 of the 0.5 minutes' epochs fit, under a
-    quarter of the preset's 600. The run trains 1 + 1 layers instead of 2 + 2, d_model 24 and d_ff
-    48 instead of 32 and 64; config.json and the checkpoint's config (what the other programs build
-    from) say so; a run resumed with that size given goes on bit for bit and keeps the record, so a
-    resume without it is not refused; --num_layers and --d_model given keep theirs; --init_from
-    with the preset takes the checkpoint's size."""
+    quarter of the preset's 600. The run trains d_model 24 and d_ff 48 instead of 32 and 64, and
+    from the narrower model's estimate (0.5 s: about 60 epochs, still under 600) 1 + 1 layers
+    instead of 2 + 2; config.json and the checkpoint's config (what the other programs build from)
+    say so; a run resumed with that size given goes on bit for bit and keeps the record, so a resume
+    without it is not refused; --num_layers and --d_model given keep theirs; --init_from with the
+    preset and --d_model 24 takes the checkpoint's d_ff and depth."""
     monkeypatch.setitem(PRESETS["tiny"], "num_layers", 2)
     monkeypatch.setitem(PRESETS["tiny"], "num_epochs", 600)
-    monkeypatch.setattr(train, "cpu_epoch_estimate", lambda *args: 1.0)
+    monkeypatch.setattr(train, "cpu_epoch_estimate", lambda config, *args: 1.0 if config["d_model"] == 32 else 0.5)
     on_cpu = [*planned[:planned.index("--d_model")], *planned[planned.index("--d_model") + 2:], "--device", "cpu"]
     assert run(on_cpu, tmp_path / "unbroken", CountingClock(), monkeypatch) == 0
     log = capsys.readouterr().err
     assert "d_model 24 and d_ff 48 instead of 32 and 64" in log and "1 + 1 layers instead of 2 + 2" in log
+    narrow, full = map(float, re.search(r"plan: about ([\d.]+) epochs .*\(about ([\d.]+) epochs at 1 s", log).groups())
+    assert narrow == pytest.approx(2 * full, rel=0.05)  # the depth followed the narrower model's estimate
     unbroken = final_state(on_cpu, tmp_path / "unbroken")
     assert unbroken["planned_layers"] == 1 and unbroken["config"]["num_layers"] == 1
     assert unbroken["planned_width"] == {"d_model": 24, "d_ff": 48}
@@ -424,7 +428,7 @@ def test_a_cpu_too_slow_for_the_presets_epochs_trains_a_smaller_model_and_a_resu
     assert kept["planned_layers"] is None and any(".layers.1." in key for key in kept["model"])
     assert kept["planned_width"] is None and kept["config"]["d_model"] == 32 and kept["config"]["d_ff"] == 64
 
-    started_from = [*on_cpu, "--num_epochs", "1", "--init_from", str(folder / json.loads(
+    started_from = [*on_cpu, "--d_model", "24", "--num_epochs", "1", "--init_from", str(folder / json.loads(
         (folder / MANIFEST).read_text())["latest"])]
     assert run(started_from, tmp_path / "started_from", CountingClock(), monkeypatch) == 0
     assert {key: final_state(started_from, tmp_path / "started_from")["config"][key] for key in
