@@ -179,7 +179,8 @@ OPTIONS: dict[str, Option] = {
     "joint_vocab": O(False, "one tokenizer for both languages", "tokenizers", model=True, identity=True),
     # ---- model
     "d_model": O(512, "width of every layer; 3/4 of it and of d_ff in a CPU's --max_minutes plan fitting under a "
-                      "quarter of the epochs, unless either is given", "model", range=AT_LEAST_ONE, model=True, identity=True),
+                      "quarter of the epochs, unless either is given", "model", range=AT_LEAST_ONE, model=True,
+                 identity=True),
     "num_layers": O(6, "encoder layers, and as many decoder layers; a --max_minutes plan on a CPU too slow for "
                        "the epochs trains one fewer unless given", "model", range=AT_LEAST_ONE, model=True,
                     identity=True),

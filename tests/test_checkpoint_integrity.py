@@ -393,9 +393,9 @@ def test_an_unlisted_checkpoint_above_the_resume_step_stops_the_run_at_once(trai
 def test_a_checkpoint_holds_what_resuming_needs(trained: Path) -> None:
     """What Trainer.save writes is what check_resumable asks of a checkpoint: RESUME_KEYS, with the
     metrics, the digest, the run's plan (None unless it was planned to its clock; a checkpoint written
-    before plans lacks it and still resumes), the depth, batch and width its plan
-    chose (None unless it chose them) and the record of its data (store.data_record; one written before it lacks it and resumes
-    unchecked)."""
+    before plans lacks it and still resumes), the depth, batch and width its plan chose (None unless it
+    chose them) and the record of its data (store.data_record; one written before it lacks it and
+    resumes unchecked)."""
     assert set(load_checkpoint(trained / "ckpt_00000012.pt")) == {
         *train.RESUME_KEYS, "plan", "planned_layers", "planned_batch_tokens", "planned_width", "data", "metrics",
         DIGEST_KEY}
