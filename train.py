@@ -127,9 +127,7 @@ def take_model_from(config: dict[str, Any], explicit: set[str], given: frozenset
                               f"version's train.py")
     source = {**config, **{key: saved[key] for key in MODEL_KEYS}}
     validate_config(source)
-    planned = {"num_layers"} if state.get("planned_layers") and "num_layers" not in given else set()
-    if state.get("planned_width"):
-        planned |= {"d_model", "d_ff"} - given
+    planned = {key for record, keys in PLANNED_SIZE.items() if state.get(record) for key in keys} - given
     for key in MODEL_KEYS:
         if key in explicit - planned and config[key] != source[key]:
             raise ConfigError(f"--{key} {config[key]!r} conflicts with --init_from {path}, whose model has "
@@ -140,6 +138,11 @@ def take_model_from(config: dict[str, Any], explicit: set[str], given: frozenset
                           f"folder of its own with --experiment_name")
     return state
 
+
+# What a --max_minutes plan on a CPU may size (Trainer.plan_size): the checkpoint's record of what it
+# chose, and the config keys that record covers; a key given on the command line is never planned.
+PLANNED_SIZE = {"planned_layers": ("num_layers",), "planned_batch_tokens": ("batch_tokens",),
+                "planned_width": ("d_model", "d_ff")}
 
 # What a checkpoint holds for resuming: `Trainer.save` writes these keys (`Trainer.resume_value`) and
 # the metrics, `Trainer.restore` reads them back, and a checkpoint that lacks one cannot be resumed.
@@ -401,16 +404,14 @@ class Trainer:
         # --max_minutes without --num_epochs or --max_steps: the run's length is planned to the clock
         # after its first steps (time_budget.py), unless the checkpoint it resumes holds a plan.
         self.planning, self.run_plan = plan_to_clock, None
+        # `given`: the keys the command line gave, which a plan keeps as they are.
         # A plan scales the config's dropout to the run's length, unless --dropout was given; not when
         # compiling either (a new value would compile every graph again), but a resumed run follows it.
-        self.dropout_given = "dropout" in given
         # On a CPU too slow for num_epochs (a preset's) it trains one layer fewer on smaller batches,
         # and far too slow a narrower model, unless --num_layers, --batch_tokens, --d_model or --d_ff
         # was given (time_budget.planned_layers, planned_batch_tokens, planned_width); a resumed run
         # keeps what it started with.
         self.given = given
-        self.layers_given, self.batch_given = "num_layers" in given, "batch_tokens" in given
-        self.width_given = bool({"d_model", "d_ff"} & given)
         self.planned_layers: int | None = None  # the depth the plan chose; None: the config's
         self.planned_batch_tokens: int | None = None  # the batch the plan chose; None: the config's
         self.planned_width: dict[str, int] | None = None  # the d_model and d_ff the plan chose; None: the config's
@@ -467,7 +468,9 @@ class Trainer:
         if len(self.train_ds) == 0:
             raise DataError(f"no training pairs fit in --seq_len {config['seq_len']}")
         self.plan = self.batch_plan()
-        plannable = not (self.layers_given or config["num_layers"] == 1) or not self.batch_given or not self.width_given
+        given = self.given
+        plannable = not ("num_layers" in given or config["num_layers"] == 1) or "batch_tokens" not in given or \
+            not {"d_model", "d_ff"} & given
         if self.planning and resume is None and self.initial is None and plannable:
             self.plan_size()
         if ranks.is_main:
@@ -521,7 +524,7 @@ class Trainer:
         if self.ranks.is_main and self.device.type == "cpu":
             width = config["d_model"], config["d_ff"]
             epochs, epoch_seconds = self.estimated_epochs(config)
-            if not self.width_given:
+            if not {"d_model", "d_ff"} & self.given:
                 width = planned_width(*width, config["num_heads"], epochs, config["num_epochs"])
             changes = []
             if width != (config["d_model"], config["d_ff"]):
@@ -529,9 +532,9 @@ class Trainer:
                                f"{config['d_ff']} (about {epochs:.1f} epochs at {epoch_seconds:.0f} s an epoch)")
                 epochs, epoch_seconds = self.estimated_epochs({**config, "d_model": width[0], "d_ff": width[1]})
             layers, batch = config["num_layers"], config["batch_tokens"]
-            if not self.layers_given:
+            if "num_layers" not in self.given:
                 layers = planned_layers(layers, epochs, config["num_epochs"])
-            if not self.batch_given:
+            if "batch_tokens" not in self.given:
                 batch = planned_batch_tokens(batch, epochs, config["num_epochs"])
             if layers != config["num_layers"]:
                 changes.append(f"{layers} + {layers} layers instead of {config['num_layers']} + {config['num_layers']}")
@@ -566,10 +569,9 @@ class Trainer:
         the command line gives (a different size is then refused like any other model change, a
         different batch starts the next epoch; the same keeps the record, so a later resume without
         it still resumes)."""
-        for attribute, key in (("planned_layers", "num_layers"), ("planned_batch_tokens", "batch_tokens"),
-                               ("planned_width", None)):
+        for attribute, keys in PLANNED_SIZE.items():
             if planned := state.get(attribute):
-                values = planned if key is None else {key: planned}
+                values = planned if isinstance(planned, dict) else {keys[0]: planned}
                 self.config.update({name: value for name, value in values.items() if name not in self.given})
                 if all(self.config[name] == value for name, value in values.items()):
                     setattr(self, attribute, planned)
@@ -1127,8 +1129,8 @@ class Trainer:
                         validation_seconds, checkpoint_seconds, self.steps_per_epoch,
                         config["validate_every_steps"], config["save_every_steps"], config["warmup_steps"],
                         config["warmup_fraction"], fit_seconds,
-                        None if self.dropout_given or config["compile"] else config["dropout"], config["num_epochs"],
-                        first_validation_seconds)
+                        None if "dropout" in self.given or config["compile"] else config["dropout"],
+                        config["num_epochs"], first_validation_seconds)
         at = self.scheduler.last_epoch
         if self.run_plan is not None and config["lr_schedule"] == "wsd" and \
                 (decaying or decay_start(config, plan.total_steps, plan.warmup_steps) <= at):
@@ -1201,7 +1203,7 @@ class Trainer:
         """From here on the run's length, learning-rate schedule and dropout (unless given) are the plan's."""
         self.run_plan, self.planning = plan, False
         self.total_steps, self.warmup = plan.total_steps, plan.warmup_steps
-        if plan.dropout is not None and not self.dropout_given:
+        if plan.dropout is not None and "dropout" not in self.given:
             set_dropout(self.raw_model, plan.dropout)
 
     # ------------------------------------------------------------------ 3. end of an epoch
@@ -1273,8 +1275,8 @@ class Trainer:
         started = clock()
         if self.ranks.is_main:
             state = {key: self.resume_value(key) for key in (*RESUME_KEYS, "plan")} | {
-                "metrics": metrics or {}, "data": self.data_record, "planned_layers": self.planned_layers,
-                "planned_batch_tokens": self.planned_batch_tokens, "planned_width": self.planned_width}
+                "metrics": metrics or {}, "data": self.data_record} | {
+                record: getattr(self, record) for record in PLANNED_SIZE}
             path = save_checkpoint(self.folder, state, self.global_step, self.config["keep_checkpoints"], metrics,
                                    self.config["best_metric"])
             log(f"saved {path}")
