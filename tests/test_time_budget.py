@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -369,7 +370,8 @@ def test_a_clock_stop_keeps_the_fits_time_inside_the_budget(planned: list[str], 
 def test_a_plan_scales_the_presets_dropout_and_a_resumed_run_follows_it(
         planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     """A preset's dropout, set for its epoch count, is scaled to the plan's length; the checkpoint
-    holds it, a resumed run applies it (bit for bit), and --dropout given on the command line wins."""
+    holds it, a resumed run applies it (bit for bit), and --dropout given on the command line wins,
+    also over a resumed plan's."""
     monkeypatch.setitem(PRESETS["tiny"], "dropout", 0.2)
     monkeypatch.setitem(PRESETS["tiny"], "num_epochs", 60)
     assert run(planned, tmp_path / "unbroken", CountingClock(), monkeypatch) == 0
@@ -387,11 +389,18 @@ def test_a_plan_scales_the_presets_dropout_and_a_resumed_run_follows_it(
 
     assert run(planned, tmp_path / "resumed", CountingClock(jump_at=JUMP_AFTER_RETIME), monkeypatch) == 0
     assert final_state(planned, tmp_path / "resumed")["global_step"] < plan["total_steps"]
+    shutil.copytree(tmp_path / "resumed", tmp_path / "overridden")
     assert run(planned, tmp_path / "resumed", CountingClock(), monkeypatch) == 0
     resumed = final_state(planned, tmp_path / "resumed")
     assert resumed["plan"] == plan
     for key, tensor in unbroken.items():
         assert torch.equal(tensor, resumed["model"][key]), key
+
+    # Given when resuming, --dropout wins over the plan's for the rest of the run; the plan is kept.
+    assert run(given, tmp_path / "overridden", CountingClock(), monkeypatch) == 0
+    overridden = final_state(planned, tmp_path / "overridden")
+    assert overridden["plan"] == plan and overridden["global_step"] == plan["total_steps"]
+    assert any(not torch.equal(tensor, overridden["model"][key]) for key, tensor in unbroken.items())
 
 
 def test_a_cpu_too_slow_for_the_presets_epochs_trains_a_smaller_model_and_a_resume_keeps_it(
