@@ -2,11 +2,16 @@
 
     torchrun ... tests/rank_faults.py --nan_rank R --nan_steps 3,7 --weights_out PREFIX [train.py options]
     torchrun ... tests/rank_faults.py --validation_fault raise|sleep [train.py options]
+    torchrun ... tests/rank_faults.py --fast_clock_rank R --leap_after_step S [train.py options]
 
 `--nan_rank` makes the training loss's *value* NaN on rank R at the listed micro-batches (1-based),
 leaving its gradient as it is: only that rank can see the problem, so the ranks stay in step only if
 they decide together. With `--weights_out`, each rank writes its own final weights to
 PREFIX.rankN.pt after training, so a test can check that the ranks' weights never drifted apart.
+
+`--fast_clock_rank R` makes train.py's clock on rank R run FAST_CLOCK times as fast as time, so a
+plan or a --max_minutes stop of its own would differ from rank 0's. `--leap_after_step S` moves rank
+0's clock a million seconds on once step S is taken: the next step is past any --max_minutes.
 
 Each rank prints "rank_faults: rank R validated N of M sources" after decoding its share of a
 validation. `--validation_fault` then acts in rank 0's first validation, after printing
@@ -40,14 +45,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train  # noqa: E402  (needs the sys.path entry above)
 
 
+FAST_CLOCK = 20  # how many times as fast as time --fast_clock_rank's clock runs
+
+
 def run_rank(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nan_rank", type=int, default=-1)
     parser.add_argument("--nan_steps", default="")
     parser.add_argument("--weights_out", default="")
     parser.add_argument("--validation_fault", choices=("raise", "sleep"), default=None)
+    parser.add_argument("--fast_clock_rank", type=int, default=-1)
+    parser.add_argument("--leap_after_step", type=int, default=0)
     args, train_argv = parser.parse_known_args(argv)
     rank = int(os.environ["RANK"])
+    leap, zero = {"s": 0.0}, time.monotonic()
+    rate = FAST_CLOCK if rank == args.fast_clock_rank else 1
+    train.clock = lambda: zero + rate * (time.monotonic() - zero) + leap["s"]
+    if args.leap_after_step and rank == 0:
+        real_step = train.Trainer.optimizer_step
+
+        def optimizer_step(trainer, *step_args):
+            decided = real_step(trainer, *step_args)
+            if trainer.global_step == args.leap_after_step:
+                leap["s"] = 1e6
+            return decided
+
+        train.Trainer.optimizer_step = optimizer_step
     bad_calls = {int(step) for step in args.nan_steps.split(",") if step}
     real_loss, calls = train.loss_sum, {"n": 0}
 

@@ -16,8 +16,9 @@ noise, which eps 1e-9 would turn into full-size, order-dependent updates.
 2. With dropout on, two ranks killed with SIGKILL and restarted (torchrun) end bit for bit where an
    unbroken run ends (its ranks forked by `rank_faults.py --launch`, see 4): each rank's dropout
    stream is a function of (seed, rank, step).
-3. A NaN loss on one rank only makes both ranks skip that step (their weights stay identical), and
-   a stop by --max_minutes, judged on rank 0's clock, ends both ranks with exit 0 and a checkpoint.
+3. A NaN loss on one rank only makes both ranks skip that step (their weights stay identical). In a
+   run planned to --max_minutes, rank 1's clock running 20 times as fast, both ranks follow rank 0's
+   plan, and a stop by --max_minutes, judged on rank 0's clock, ends both with exit 0 and a checkpoint.
 4. Ranks that never hang (ranks.py), while rank 1, its share of validation decoded, waits for rank
    0's scores: rank 0 raising there ends both ranks within seconds, rank 1 naming rank 0 in one
    line; rank 1 stopped with
@@ -37,7 +38,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import signal
 import socket
 import subprocess
@@ -60,9 +60,10 @@ ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # as torchrun gives each ra
 QUICK_WATCH = ("--rank_timeout_s", "10")  # see the module docstring
 
 
-def train_args(data: Path, out: Path, *extra: str, dropout: str = "0") -> list[str]:
+def train_args(data: Path, out: Path, *extra: str, dropout: str = "0", epochs: tuple[str, ...] = ("--num_epochs", "100")) \
+        -> list[str]:
     return ["train.py", "--datasource", str(data), "--preset", "tiny", "--d_model", "64", "--d_ff", "128",
-            "--dropout", dropout, "--adam_eps", "1e-6", "--num_epochs", "100", "--val_max_sentences", "4",
+            "--dropout", dropout, "--adam_eps", "1e-6", *epochs, "--val_max_sentences", "4",
             "--model_folder", str(out / "w"), "--runs_folder", str(out / "r"), "--store_folder", str(out / "s"),
             "--clean", "false", *extra]  # the ranks are tested, not cleaning: no language identifier to load
 
@@ -182,22 +183,27 @@ def kill_and_resume(command: list[str], out: Path, steps: int) -> None:
     assert f"step {saved[-1]})" in resumed.stderr
 
 
-def test_nan_on_one_rank_skips_on_both_and_max_minutes_stops_both(tmp_path: Path) -> None:
+def test_nan_on_one_rank_skips_on_both_and_rank_0s_plan_and_clock_rule_both(tmp_path: Path) -> None:
+    """Planned to --max_minutes 0.5 with a cosine schedule, whose every step's learning rate depends
+    on the run's length: had rank 1 (its clock 20 times as fast) followed a plan of its own, the
+    ranks would part, in their weights or where they end; had it judged the stop, it would have come
+    within 1.5 s. Rank 0's clock leaps past the budget after step 24: both stop at step 25."""
     data = tiny_corpus(tmp_path / "data", train=400)
     out = tmp_path / "run"
     command = [*TORCHRUN, "tests/rank_faults.py", "--nan_rank", "1", "--nan_steps", "3",
-               "--weights_out", str(tmp_path / "final"),
-               *train_args(data, out, "--num_epochs", "1000", "--max_minutes", "0.15", *QUICK_WATCH, dropout="0.1")[1:]]
+               "--weights_out", str(tmp_path / "final"), "--fast_clock_rank", "1", "--leap_after_step", "24",
+               *train_args(data, out, "--max_minutes", "0.5", "--lr_schedule", "cosine", *QUICK_WATCH,
+                           dropout="0.1", epochs=())[1:]]
     started = time.monotonic()
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert time.monotonic() - started < 60
     assert "Traceback" not in result.stderr
     assert result.stderr.count("step 3: non-finite loss or gradient, step skipped (1 in a row)") == 2  # both ranks
-    stopped = int(re.search(r"reached --max_minutes 0.15 \((\d+) steps\)", result.stderr).group(1))
-    assert stopped > 3
-    final = torch.load(next((out / "w").iterdir()) / f"ckpt_{stopped:08d}.pt", weights_only=True)
-    assert final["global_step"] == stopped and final["metrics"], "validated and saved at the stop"
+    assert "reached --max_minutes 0.5 (25 steps)" in result.stderr, result.stderr[-3000:]
+    final = torch.load(next((out / "w").iterdir()) / "ckpt_00000025.pt", weights_only=True)
+    assert final["global_step"] == 25 and final["metrics"], "validated and saved at the stop"
+    assert final["plan"]["total_steps"] > 25
     rank0, rank1 = (torch.load(f"{tmp_path / 'final'}.rank{r}.pt", weights_only=True) for r in (0, 1))
     for name in rank0:
         assert torch.equal(rank0[name], rank1[name]), name
