@@ -60,8 +60,8 @@ ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}  # as torchrun gives each ra
 QUICK_WATCH = ("--rank_timeout_s", "10")  # see the module docstring
 
 
-def train_args(data: Path, out: Path, *extra: str, dropout: str = "0", epochs: tuple[str, ...] = ("--num_epochs", "100")) \
-        -> list[str]:
+def train_args(data: Path, out: Path, *extra: str, dropout: str = "0",
+               epochs: tuple[str, ...] = ("--num_epochs", "100")) -> list[str]:
     return ["train.py", "--datasource", str(data), "--preset", "tiny", "--d_model", "64", "--d_ff", "128",
             "--dropout", dropout, "--adam_eps", "1e-6", *epochs, "--val_max_sentences", "4",
             "--model_folder", str(out / "w"), "--runs_folder", str(out / "r"), "--store_folder", str(out / "s"),
