@@ -8,8 +8,9 @@
 - `QUANTIZATIONS`: the weight types an export takes, CTranslate2's names.
 - `ct2_setup`: the compute type and CPU backend a model runs with on this machine, by what its CPU can
   do (`cpu_info`, `auto_rule`); where that rule cannot tell, the faster of a short timing of the
-  model's own beam search (`time_compute_types`), cached per machine beside the model (`TIMINGS`).
-  `export_quantization`: the weight type export.py writes by default, by the same rule.
+  model's own beam search (`time_compute_types`, each type in fresh processes), cached per machine
+  beside the model (`TIMINGS`). `export_quantization`: the weight type export.py writes by default,
+  by the same rule; where it cannot tell, `timed_export` times an export of each type.
 - `pinned_folder`: the directory read as one export while export.py may replace it.
 """
 from __future__ import annotations
@@ -20,6 +21,8 @@ import json
 import os
 import random
 import re
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -45,6 +48,8 @@ ONEDNN = {"CT2_USE_MKL": "0"}  # CTranslate2's CPU backend on x86 under `auto`: 
 # decoded to exactly TIMED_LENGTH tokens so that every compute type does the same work.
 TIMED_BEAM, TIMED_LENGTH, TIMED_ROUNDS = 5, 16, 3
 TIMED_SOURCE_LENGTHS = (6, 9, 12, 15, 18, 24) * 6
+PROJECT = Path(__file__).resolve().parent  # where a timing child imports this module from
+TIMING_CHILD = "import sys, ct2_model; print(ct2_model.beam_rate(sys.argv[1], sys.argv[2], int(sys.argv[3])))"
 
 
 def write_project_files(folder: Path, tok_src: Tokenizer, tok_tgt: Tokenizer, project: dict[str, Any]) -> None:
@@ -167,25 +172,42 @@ def cpu_backend() -> str:
     return {"0": "oneDNN", "1": "MKL"}.get(os.environ.get("CT2_USE_MKL", ""), "CTranslate2's default")
 
 
+def use_backend(rule: Rule) -> None:
+    """Set `rule`'s CPU backend in os.environ, where the user has not set it; CTranslate2 reads it when
+    it first runs on the CPU in a process (the timing's children inherit it)."""
+    for name, value in rule.backend.items():
+        os.environ.setdefault(name, value)
+
+
 def ct2_setup(compute_type: str, device: str, quantization: str, model_dir: Path, threads: int,
               info: CpuInfo | None = None) -> str:
     """The compute type CTranslate2 runs the model at `model_dir` (exported as `quantization`) with on
     `threads` threads of this machine. `compute_type` other than `auto` is taken as given. `auto`
-    follows `auto_rule`, first setting its CPU backend in os.environ unless the user set
-    CT2_USE_MKL (call this before CTranslate2 first runs on the CPU in this process); where the rule
-    names several types it takes the choice cached for this machine in `model_dir`/TIMINGS, or
-    times them (`time_compute_types`) and caches the fastest. The timing picks among the rule's
-    types only, and a cached choice stays, so outputs depend on it only as they depend on the
-    compute type, which `describe` reports."""
+    follows `auto_rule`, first setting its CPU backend (`use_backend`: call this before CTranslate2
+    first runs on the CPU in this process); where the rule names several types it takes the choice
+    cached for this machine in `model_dir`/TIMINGS, or times them on the model's own weights
+    (`timed_choice`). The timing picks among the rule's types only, and a cached choice stays, so
+    outputs depend on it only as they depend on the compute type, which `describe` reports."""
     if compute_type != "auto":
         return compute_type
     info = info or cpu_info()
     rule = auto_rule(device, quantization, info)
-    for name, value in rule.backend.items():
-        os.environ.setdefault(name, value)
+    use_backend(rule)
     if len(rule.compute_types) == 1:
         return rule.compute_types[0]
-    return timed_choice(Path(model_dir), rule.compute_types, threads, info)
+    cached = read_timings(Path(model_dir)).get(machine_key(info, threads))
+    if isinstance(cached, dict) and cached.get("compute_type") in rule.compute_types:
+        return cached["compute_type"]
+    return timed_choice(dict.fromkeys(rule.compute_types, Path(model_dir)), threads, info)
+
+
+def timed_export(folders: dict[str, Path], threads: int) -> str:
+    """export.py's choice where `export_quantization` is None: of `folders`, each an export in the
+    type it is keyed by (in `auto_rule`'s order), the type whose own export runs fastest on this
+    machine's `auto` backend (`timed_choice`), cached in that export for this machine."""
+    info = cpu_info()
+    use_backend(auto_rule("cpu", "int8", info))
+    return timed_choice(folders, threads, info)
 
 
 def machine_key(info: CpuInfo, threads: int) -> str:
@@ -205,50 +227,73 @@ def read_timings(model_dir: Path) -> dict[str, Any]:
     return machines if isinstance(machines, dict) else {}
 
 
-def timed_choice(model_dir: Path, compute_types: Sequence[str], threads: int, info: CpuInfo) -> str:
-    """This machine's cached choice among `compute_types` for the model at `model_dir`; without
-    one, the fastest by `time_compute_types`, cached (atomically; a folder that cannot be written
-    gets a warning and the timing is done again at the next load)."""
-    key, machines = machine_key(info, threads), read_timings(model_dir)
-    cached = machines.get(key)
-    if isinstance(cached, dict) and cached.get("compute_type") in compute_types:
-        return cached["compute_type"]
-    rates = time_compute_types(model_dir, compute_types, threads)
-    chosen = max(compute_types, key=lambda name: rates[name])  # a tie keeps the rule's first
-    machines[key] = {"compute_type": chosen, "family": info.family, "sentences_per_s": rates,
-                     "timed": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    shown = ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items())
+def weights(folder: Path) -> str:
+    """The weight type the export at `folder` was written in (project.json's), "?" where unreadable."""
     try:
-        atomic_write_bytes(model_dir / TIMINGS, json.dumps({"machines": machines}, indent=1).encode("utf-8"))
+        return str(json.loads((folder / PROJECT_CONFIG).read_text(encoding="utf-8"))["quantization"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "?"
+
+
+def timed_choice(folders: dict[str, Path], threads: int, info: CpuInfo) -> str:
+    """The fastest of `folders`' compute types, each run on its folder (`time_compute_types`; a tie
+    keeps the first), cached for this machine in the chosen folder's TIMINGS with the rates and the
+    weights each type ran on (atomically; a folder that cannot be written gets a warning, and the
+    timing is done again at the next load)."""
+    rates = time_compute_types(folders, threads)
+    chosen = max(folders, key=lambda name: rates[name])
+    timed_on = {name: weights(folder) for name, folder in folders.items()}
+    cache, machines = folders[chosen], read_timings(folders[chosen])
+    machines[machine_key(info, threads)] = {
+        "compute_type": chosen, "family": info.family, "sentences_per_s": rates, "weights": timed_on,
+        "timed": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    shown = ", ".join(f"{name} on {timed_on[name]} weights {rate:.1f}" for name, rate in rates.items())
+    try:
+        atomic_write_bytes(cache / TIMINGS, json.dumps({"machines": machines}, indent=1).encode("utf-8"))
         kept = f"cached beside the model ({TIMINGS})"
     except OSError as error:
-        kept = f"not cached ({model_dir / TIMINGS}: {first_line(error)}), so timed again at the next load"
+        kept = f"not cached ({cache / TIMINGS}: {first_line(error)}), so timed again at the next load"
     log(f"ct2_model: {info.family} CPU: beam {TIMED_BEAM} ran at {shown} sentences/s: {chosen}, {kept}")
     return chosen
 
 
-def time_compute_types(model_dir: Path, compute_types: Sequence[str], threads: int) -> dict[str, float]:
-    """Sentences per second of CTranslate2's beam search over the model at `model_dir` on the CPU in
-    each of `compute_types`: the same seeded batch of sources of the model's own tokens, each decoded
-    to exactly TIMED_LENGTH tokens (both within the model's seq_len); after a warm-up round,
-    TIMED_ROUNDS rounds taking the types in turn, each type's best round kept (the one least slowed
-    by other work on the machine)."""
+def time_compute_types(folders: dict[str, Path], threads: int) -> dict[str, float]:
+    """Sentences per second of CTranslate2's beam search on the CPU in each compute type of `folders`,
+    run on the model directory it maps to: TIMED_ROUNDS rounds taking the types in turn, each run in
+    a fresh process (`beam_rate`), each type's best round kept (the one least slowed by other work on
+    the machine). A fresh process each, as a serving process loads one translator: in one process a
+    Zen 4 ran float32 up to a third slower once another translator had been loaded (docs/serving.md).
+    Raises RuntimeError, with the child's last line, where a timing fails."""
+    rates = dict.fromkeys(folders, 0.0)
+    for _ in range(TIMED_ROUNDS):
+        for name, folder in folders.items():
+            path = os.path.abspath(folder)  # the child runs in the project's folder
+            pinned = re.fullmatch(r"/proc/self/fd/(\d+)", path)  # pinned_folder's: the child gets the descriptor
+            child = subprocess.run([sys.executable, "-c", TIMING_CHILD, path, name, str(threads)], cwd=PROJECT,
+                                   capture_output=True, text=True, pass_fds=(int(pinned[1]),) if pinned else ())
+            if child.returncode != 0:
+                reason = (child.stderr.strip().splitlines() or [f"exit status {child.returncode}"])[-1]
+                raise RuntimeError(f"timing {name} on {folder} failed: {reason}")
+            rates[name] = max(rates[name], float(child.stdout.split()[-1]))
+    return {name: round(rate, 1) for name, rate in rates.items()}
+
+
+def beam_rate(model_dir: str, compute_type: str, threads: int) -> float:
+    """Sentences per second of one beam search over the model at `model_dir` in `compute_type` on
+    `threads` CPU threads, in this process, after a warm-up one (a timing child's work): the same
+    seeded batch of sources of the model's own tokens each time, each decoded to exactly TIMED_LENGTH
+    tokens (both within the model's seq_len), so that every compute type does the same work."""
     import ctranslate2
-    _, model_config, tokenizer, _ = read_project_files(model_dir)
+    _, model_config, tokenizer, _ = read_project_files(Path(model_dir))
     seq_len = model_config["seq_len"]  # the model's positions: [SOS] source [EOS], and the output
     special = set(tokenizer.get_added_tokens_decoder())
     tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size()) if i not in special]
     draw = random.Random(0)
     sources = [[draw.choice(tokens) for _ in range(min(length, seq_len - 2))] for length in TIMED_SOURCE_LENGTHS]
     length = min(TIMED_LENGTH, seq_len - 1)
-    translators = {name: ctranslate2.Translator(str(model_dir), device="cpu", compute_type=name,
-                                                intra_threads=threads) for name in compute_types}
-    rates = dict.fromkeys(compute_types, 0.0)
-    for timed_round in range(TIMED_ROUNDS + 1):
-        for name, translator in translators.items():
-            started = time.perf_counter()
-            translator.translate_batch(sources, beam_size=TIMED_BEAM, min_decoding_length=length,
-                                       max_decoding_length=length)
-            if timed_round:
-                rates[name] = max(rates[name], len(sources) / (time.perf_counter() - started))
-    return {name: round(rate, 1) for name, rate in rates.items()}
+    translator = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type, intra_threads=threads)
+    options = {"beam_size": TIMED_BEAM, "min_decoding_length": length, "max_decoding_length": length}
+    translator.translate_batch(sources, **options)  # the warm-up
+    started = time.perf_counter()
+    translator.translate_batch(sources, **options)
+    return len(sources) / (time.perf_counter() - started)

@@ -26,8 +26,9 @@ that the CTranslate2 engine gives the same confidence. `--quantization` takes CT
 int16, float32, bfloat16, and for GPUs float16 and int8_float16 (on a CPU, CTranslate2 runs those in
 float32 and int8), or `auto` (the default): the type this machine runs fastest, by the rule of
 ct2_model.ct2_setup, which chooses the compute type a model runs with on each machine and never runs
-float weights as int8. Where that rule times int8 weights as int8 and as float32, export.py times
-its int8 export, writes float32 instead when float32 ran faster, and leaves the timing in the export
+float weights as int8. Where that rule times int8 weights as int8 and as float32, export.py writes
+an int8 and a float32 export, times each in its own type (ct2_model.timed_export: float32 on int8
+weights runs slower than a float32 export), keeps the faster and leaves the timing in it
 (ct2_model.TIMINGS), so this machine loads an int8 export without timing it. Served elsewhere, an
 int8 export follows that machine's rule (as float32 where float32 is the faster there: int8's
 translations at float32's speed), and a float32 export runs as float32 everywhere.
@@ -65,7 +66,7 @@ from atomic_files import atomic_write_bytes, lock_folder
 from checkpoint import CheckpointError, load_for_inference
 from confidence import CalibrationError, read_calibrator
 from config import EXPORT, ConfigError, OneLineParser, build_parser, choose_run, parse_args, weights_dir
-from ct2_model import MARKER, QUANTIZATIONS, TIMINGS, ct2_setup, export_quantization, read_project_files, \
+from ct2_model import MARKER, QUANTIZATIONS, TIMINGS, export_quantization, read_project_files, timed_export, \
     write_project_files
 from diagnostics import first_line, log
 from model import Transformer
@@ -263,13 +264,14 @@ def export_model(model: Transformer, config: dict[str, Any], tok_src: Any, tok_t
             fixed = export_quantization() if quantization == "auto" else quantization
             project = {"checkpoint": checkpoint, "config": config, "confidence": confidence}
             # folders made by the converter, with the user's umask (mkdtemp's folder is 0700)
-            staging = write_model(spec, own / "model", fixed or "int8", tok_src, tok_tgt, project)
-            if fixed is None:  # a timing decides: int8 and float32 timed on the int8 weights
-                chosen = ct2_setup("auto", "cpu", "int8", staging, torch.get_num_threads())
-                if chosen != "int8":
-                    timed = TransformerConverter(model, config, tok_src, tok_tgt).spec()
-                    staging = write_model(timed, own / chosen, chosen, tok_src, tok_tgt, project, staging / TIMINGS)
-            return staging
+            if fixed is not None:
+                return write_model(spec, own / "model", fixed, tok_src, tok_tgt, project)
+            # a timing decides: each type on its own export (float32 on int8 weights runs slower
+            # than a float32 export); the converter quantizes a spec in place, so one spec each
+            specs = {"float32": spec, "int8": TransformerConverter(model, config, tok_src, tok_tgt).spec()}
+            folders = {name: write_model(timed, own / name, name, tok_src, tok_tgt, project)
+                       for name, timed in specs.items()}
+            return folders[timed_export(folders, torch.get_num_threads())]
 
         write_and_swap_in(write, own, output, overwrite)
         shutil.rmtree(own, ignore_errors=True)  # export.py's own folder, holding the export it replaced
@@ -331,10 +333,10 @@ def remove_leftovers(output: Path) -> None:
             os.close(held)
 
 
-def write_model(spec: Any, folder: Path, quantization: str, tok_src: Any, tok_tgt: Any, project: dict[str, Any],
-                timings: Path | None = None) -> Path:
+def write_model(spec: Any, folder: Path, quantization: str, tok_src: Any, tok_tgt: Any,
+                project: dict[str, Any]) -> Path:
     """Convert `spec` into the new `folder` as `quantization`, with this project's files beside it
-    (`project` plus the quantization) and the timings cached at `timings`, when there are any."""
+    (`project` plus the quantization)."""
     from ctranslate2.converters import Converter
 
     class SpecConverter(Converter):
@@ -343,8 +345,6 @@ def write_model(spec: Any, folder: Path, quantization: str, tok_src: Any, tok_tg
 
     SpecConverter().convert(str(folder), quantization=quantization)
     write_project_files(folder, tok_src, tok_tgt, {**project, "quantization": quantization})
-    if timings is not None and timings.exists():
-        os.replace(timings, folder / TIMINGS)
     return folder
 
 

@@ -43,13 +43,16 @@ OLD_X86 = CpuInfo("GenuineIntel", "Intel(R) Xeon(R) E5-2670", frozenset("sse4_2 
 TIMED = Rule(("float32", "int8"), ONEDNN)
 
 
-def simulate_timings(monkeypatch: pytest.MonkeyPatch, rates: dict[str, float]) -> list:
-    """ct2_model.time_compute_types simulated with `rates`; returns the list of its calls (the types timed)."""
+def simulate_timings(monkeypatch: pytest.MonkeyPatch, rates: dict[str, float], weights: list | None = None) -> list:
+    """ct2_model.time_compute_types simulated with `rates`; returns the list of its calls (the types
+    timed), and appends to `weights`, for each call, the weights each type would have run on."""
     calls = []
 
-    def simulated(model_dir: Path, compute_types: tuple[str, ...], threads: int) -> dict[str, float]:
-        calls.append(tuple(compute_types))
-        return {name: rates[name] for name in compute_types}
+    def simulated(folders: dict[str, Path], threads: int) -> dict[str, float]:
+        calls.append(tuple(folders))
+        if weights is not None:
+            weights.append({name: ct2_model.weights(folder) for name, folder in folders.items()})
+        return {name: rates[name] for name in folders}
 
     monkeypatch.setattr(ct2_model, "time_compute_types", simulated)
     return calls
@@ -133,6 +136,7 @@ def test_where_the_rule_cannot_tell_the_faster_is_timed_once_per_machine(tmp_pat
     [entry] = json.loads((tmp_path / TIMINGS).read_text(encoding="utf-8"))["machines"].values()
     assert entry["compute_type"] == "int8" and entry["family"] == info.family
     assert entry["sentences_per_s"] == {"float32": 300.0, "int8": 400.0}
+    assert entry["weights"] == {"float32": "?", "int8": "?"}  # the folder holds no project.json
     assert ct2_setup("auto", "cpu", "int8", tmp_path, 2, info) == "int8" and len(timings) == 1  # cached
     ct2_setup("auto", "cpu", "int8", tmp_path, 1, info)  # another thread count: another machine
     ct2_setup("auto", "cpu", "int8", tmp_path, 2, CpuInfo(info.vendor, info.model, info.flags | {"sha_ni"}))
@@ -163,4 +167,5 @@ def test_a_folder_that_cannot_be_written_still_gets_the_faster_type(tmp_path: Pa
     missing = tmp_path / "gone"  # the cache's folder gone: the write fails as on a read-only one
     assert ct2_setup("auto", "cpu", "int8", missing, 2, ZEN4) == "int8"
     [line] = capsys.readouterr().err.splitlines()
-    assert "float32 300.0, int8 400.0 sentences/s: int8, not cached" in line and "timed again" in line
+    assert "float32 on ? weights 300.0, int8 on ? weights 400.0 sentences/s: int8, not cached" in line
+    assert "timed again" in line

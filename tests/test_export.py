@@ -416,7 +416,8 @@ def test_the_next_export_cleans_up_after_one_killed_by_sigkill(trained_run, tmp_
                             cwd=export.Path(export.__file__).parent, capture_output=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     [leftover] = tmp_path.glob(".model.export-*")
-    assert not model.exists() and snapshot(leftover / "previous") == earlier and (leftover / "model").is_dir()
+    assert not model.exists() and snapshot(leftover / "previous") == earlier
+    assert [path for path in leftover.glob("*/model.bin") if path.parent.name != "previous"], "the new model"
     running = tmp_path / ".model.export-running1"
     running.mkdir()
     (running / "model.bin").write_bytes(b"being written")
@@ -478,10 +479,13 @@ def test_export_auto_writes_the_type_each_cpu_family_runs_fastest(toy_translator
                                                                   monkeypatch: pytest.MonkeyPatch, info: CpuInfo,
                                                                   rates: dict | None, written: str) -> None:
     monkeypatch.setattr(ct2_model, "cpu_info", lambda: info)
-    calls = simulate_timings(monkeypatch, rates or {})
+    weights: list = []
+    calls = simulate_timings(monkeypatch, rates or {}, weights)
     folder = tmp_path / "model"
     assert export_toy(toy_translator, folder, "auto").describe()["quantization"] == written
     assert calls == ([("float32", "int8")] if rates else [])
+    # each type timed on an export of its own weights, not float32 on the int8 export
+    assert weights == ([{"float32": "float32", "int8": "int8"}] if rates else [])
     assert ((folder / TIMINGS).exists(), TIMINGS in export.export_marker(folder)["files"]) == (bool(rates),) * 2
     loaded = CTranslate2Translator(folder, compute_type="auto")
     assert len(calls) == len(bool(rates) * [1]), "this machine loads its export without timing it again"
@@ -505,6 +509,26 @@ def test_a_real_timing_chooses_once_and_outputs_follow_the_chosen_type(toy_trans
     options = DecodingOptions(beam_size=3)
     assert timed.translate(toy_sources, options) == cached.translate(toy_sources, options) == \
         explicit.translate(toy_sources, options)
+
+
+def test_each_timed_run_is_a_fresh_process_reading_the_pinned_export(toy_translator, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timing loads no translator in the process that asks for it (a serving process keeps one
+    translator; in one process a second made the first slower), and its children read the export
+    through the descriptor translator.py pins it by; a child that fails raises its last line."""
+    folder = tmp_path / "int8"
+    export_toy(toy_translator, folder, "int8")
+
+    def loaded_here(*args, **kwargs):
+        raise AssertionError("a translator was loaded in the timing's own process")
+
+    monkeypatch.setattr(ctranslate2, "Translator", loaded_here)
+    with ct2_model.pinned_folder(folder) as pinned:
+        assert str(pinned).startswith("/proc/self/fd/")
+        rates = ct2_model.time_compute_types({"float32": pinned, "int8": pinned}, 1)
+    assert list(rates) == ["float32", "int8"] and min(rates.values()) > 0
+    with pytest.raises(RuntimeError, match=f"timing int8 on {tmp_path} failed: FileNotFoundError.*project.json"):
+        ct2_model.time_compute_types({"int8": tmp_path}, 1)
 
 
 def test_overwrite_replaces_an_export_holding_a_timing_cached_since(toy_translator, tmp_path: Path,
