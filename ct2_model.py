@@ -146,8 +146,8 @@ def auto_rule(device: str, quantization: str, info: CpuInfo) -> Rule:
       - AVX2 without AVX-512: int8 (on the Zen 3 int8 beat float32, greedy and at beam 5);
       - AVX-512, with or without VNNI, BF16 or AMX: float32 or int8, whichever a timing finds faster:
         the measurements disagree (a Zen 4 ran int8 faster on one day and model, float32 on another;
-        the Xeon ran float32 on oneDNN fastest), and CTranslate2 has no bfloat16 on CPUs, so BF16 and
-        AMX add no type to time;
+        a Zen 5 and the Xeon ran float32 on oneDNN fastest), and CTranslate2 has no bfloat16 on CPUs,
+        so BF16 and AMX add no type to time;
     - other CPUs, and int16 weights (MKL's type): the export's own type (`default`) on CTranslate2's
       default backend."""
     if device == "cuda":

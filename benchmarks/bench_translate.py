@@ -154,7 +154,9 @@ def table(result: dict[str, Any]) -> str:
                      f"{row['bleu']:.2f} | {row['chrf']:.2f} |")
     lines += ["", f"BLEU signature: {result['bleu_signature']}", f"chrF signature: {result['chrf_signature']}"]
     for machine, timing in result["auto_timing"].items():
-        rates = ", ".join(f"{name} {rate}" for name, rate in timing["sentences_per_s"].items())
+        weights = timing.get("weights", {})  # what each type ran on: its own export, or the int8 export
+        rates = ", ".join(f"{name} on {weights.get(name, '?')} weights {rate}"
+                          for name, rate in timing["sentences_per_s"].items())
         lines.append(f"export.py's timing on {machine}: {rates} sentences/s: {timing['compute_type']}")
     for name, value in result["targets"].items():
         lines.append(f"{name}: {value['value']:.2f} (target {value['target']}) {'met' if value['met'] else 'MISS'}")
