@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 from tokenizers import Tokenizer
 
@@ -48,8 +48,9 @@ ONEDNN = {"CT2_USE_MKL": "0"}  # CTranslate2's CPU backend on x86 under `auto`: 
 # decoded to exactly TIMED_LENGTH tokens so that every compute type does the same work.
 TIMED_BEAM, TIMED_LENGTH, TIMED_ROUNDS = 5, 16, 3
 TIMED_SOURCE_LENGTHS = (6, 9, 12, 15, 18, 24) * 6
-PROJECT = Path(__file__).resolve().parent  # where a timing child imports this module from
-TIMING_CHILD = "import sys, ct2_model; print(ct2_model.beam_rate(sys.argv[1], sys.argv[2], int(sys.argv[3])))"
+CODE_FOLDER = str(Path(__file__).resolve().parent)  # where a timing child imports this module from
+TIMING_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); import ct2_model; "
+                "print(ct2_model.beam_rate(sys.argv[2], sys.argv[3], int(sys.argv[4])))")
 
 
 def write_project_files(folder: Path, tok_src: Tokenizer, tok_tgt: Tokenizer, project: dict[str, Any]) -> None:
@@ -267,9 +268,8 @@ def time_compute_types(folders: dict[str, Path], threads: int) -> dict[str, floa
     rates = dict.fromkeys(folders, 0.0)
     for _ in range(TIMED_ROUNDS):
         for name, folder in folders.items():
-            path = os.path.abspath(folder)  # the child runs in the project's folder
-            pinned = re.fullmatch(r"/proc/self/fd/(\d+)", path)  # pinned_folder's: the child gets the descriptor
-            child = subprocess.run([sys.executable, "-c", TIMING_CHILD, path, name, str(threads)], cwd=PROJECT,
+            pinned = re.fullmatch(r"/proc/self/fd/(\d+)", str(folder))  # pinned_folder's: passed to the child
+            child = subprocess.run([sys.executable, "-c", TIMING_CHILD, CODE_FOLDER, str(folder), name, str(threads)],
                                    capture_output=True, text=True, pass_fds=(int(pinned[1]),) if pinned else ())
             if child.returncode != 0:
                 reason = (child.stderr.strip().splitlines() or [f"exit status {child.returncode}"])[-1]
