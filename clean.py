@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 
-from atomic_files import atomic_write_bytes
-from cleaning import (REASONS, Cleaner, CleaningReport, CleaningSettings, Removal, dual_conditional_cross_entropy,
+from nmt.atomic_files import atomic_write_bytes
+from nmt.corpora.cleaning import (REASONS, Cleaner, CleaningReport, CleaningSettings, Removal, dual_conditional_cross_entropy,
                       load_scoring_models, scoring_summary, settings_from_config)
 from config import CLEAN, ConfigError, Corpus, OneLineParser, build_parser, corpora, corpus_name, parse_args
-from sources import DataError, Pair, open_source, read_pairs
-from device import pick_device
-from translator import TorchTranslator
+from nmt.corpora.sources import DataError, Pair, open_source, read_pairs
+from nmt.device import pick_device
+from nmt.inference.translator import TorchTranslator
 
 
 def print_report(name: str, split: str, report: CleaningReport) -> None:

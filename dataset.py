@@ -23,9 +23,9 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
-from diagnostics import log
-from sources import DataError
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_texts
+from nmt.diagnostics import log
+from nmt.corpora.sources import DataError
+from nmt.corpora.tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_texts
 
 
 class BilingualDataset(Dataset):

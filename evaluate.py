@@ -49,15 +49,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from checkpoint import CheckpointError
-from confidence import CalibrationError, confidence_report, fit_on_pairs, save_calibrator, sentence_chrfs
+from nmt.training.checkpoint import CheckpointError
+from nmt.inference.confidence import CalibrationError, confidence_report, fit_on_pairs, save_calibrator, sentence_chrfs
 from config import EVALUATE, ConfigError, OneLineParser, build_parser, corpus_entries, corpus_name, parse_args
-from diagnostics import log
-from glossary import GlossaryError, read_glossary
-from scoring import corpus_scores, grouped_scores
-from sources import DataError
-from store import eval_pairs, held_out_problem, read_data_record
-from translator import (DecodingOptions, TextTranslation, Translator, TranslatorError, add_translator_arguments,
+from nmt.diagnostics import log
+from nmt.inference.glossary import GlossaryError, read_glossary
+from nmt.inference.scoring import corpus_scores, grouped_scores
+from nmt.corpora.sources import DataError
+from nmt.corpora.store import eval_pairs, held_out_problem, read_data_record
+from nmt.inference.translator import (DecodingOptions, TextTranslation, Translator, TranslatorError, add_translator_arguments,
                         load_translator, split_sentences_on)
 
 

@@ -62,15 +62,15 @@ from typing import Any, Callable
 
 import torch
 
-from atomic_files import atomic_write_bytes, lock_folder
-from checkpoint import CheckpointError, load_for_inference
-from confidence import CalibrationError, read_calibrator
+from nmt.atomic_files import atomic_write_bytes, lock_folder
+from nmt.training.checkpoint import CheckpointError, load_for_inference
+from nmt.inference.confidence import CalibrationError, read_calibrator
 from config import EXPORT, ConfigError, OneLineParser, build_parser, choose_run, parse_args, weights_dir
-from ct2_model import MARKER, QUANTIZATIONS, TIMINGS, export_quantization, read_project_files, timed_export, \
+from nmt.inference.ct2_model import MARKER, QUANTIZATIONS, TIMINGS, export_quantization, read_project_files, timed_export, \
     write_project_files
-from diagnostics import first_line, log
+from nmt.diagnostics import first_line, log
 from model import Transformer
-from tokenizer import EOS, SOS, UNK, missing_target_tag
+from nmt.corpora.tokenizer import EOS, SOS, UNK, missing_target_tag
 
 LAYER_NORM_EPSILON = 1e-5  # nn.LayerNorm's default, which model.py uses
 MARKER_NOTE = ("a model directory written by export.py, which may replace it when given --overwrite if it holds no "

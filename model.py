@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cpu_kernels import Dropout, Linear, linear, relu_dropout
+from nmt.cpu_kernels import Dropout, Linear, linear, relu_dropout
 
 
 class InputEmbeddings(nn.Module):

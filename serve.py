@@ -88,13 +88,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from checkpoint import CheckpointError
+from nmt.training.checkpoint import CheckpointError
 from config import SERVE, ConfigError, OneLineParser, build_parser, choose_run, parse_args
-from connection_guard import ConnectionGuard, connection_limit, raise_file_limit, tls_context
-from cpu_kernels import release_freed_memory
-from glossary import GlossaryError, check_pairs
-from sentences import TextPlan
-from translator import (DecodingOptions, Hypothesis, Translator, TranslatorError, add_translator_arguments,
+from nmt.serving.connection_guard import ConnectionGuard, connection_limit, raise_file_limit, tls_context
+from nmt.cpu_kernels import release_freed_memory
+from nmt.inference.glossary import GlossaryError, check_pairs
+from nmt.inference.sentences import TextPlan
+from nmt.inference.translator import (DecodingOptions, Hypothesis, Translator, TranslatorError, add_translator_arguments,
                         load_translator, split_sentences_on)
 
 STATIC = Path(__file__).resolve().parent / "static"

@@ -48,35 +48,35 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from atomic_files import atomic_write_bytes
-from attention_plot import attention_figure
-from checkpoint import (CheckpointError, adopt_unlisted, check_unlisted_above, checkpoint_files, load_checkpoint,
+from nmt.atomic_files import atomic_write_bytes
+from nmt.training.attention_plot import attention_figure
+from nmt.training.checkpoint import (CheckpointError, adopt_unlisted, check_unlisted_above, checkpoint_files, load_checkpoint,
                         load_latest, load_weights, named, read_manifest, reconcile_manifest, save_average,
                         save_checkpoint)
-from cleaning import NOT_CLEANED, cleaning_changes, cleaning_scalars
-from confidence import CalibrationError, fit_on_pairs, save_calibrator
+from nmt.corpora.cleaning import NOT_CLEANED, cleaning_changes, cleaning_scalars
+from nmt.inference.confidence import CalibrationError, fit_on_pairs, save_calibrator
 from config import (IDENTITY_KEYS, MODEL_KEYS, TRAIN, ConfigError, OneLineParser, build_parser, corpora, corpus_entries,
                     corpus_name, get_config, parse_args, runs_dir, validate_config, weights_dir)
-from cpu_kernels import keep_freed_memory, linear
+from nmt.cpu_kernels import keep_freed_memory, linear
 from dataset import BatchPlan, BilingualDataset, CorpusMix, MicroBatches, padding_waste
-from decoding import REPEAT_SHARE, REPEAT_SIZES, repeat_free_ngram_size
-from diagnostics import log
-from device import pick_device
-from loss import loss_sum
+from nmt.inference.decoding import REPEAT_SHARE, REPEAT_SIZES, repeat_free_ngram_size
+from nmt.diagnostics import log
+from nmt.device import pick_device
+from nmt.training.loss import loss_sum
 from model import Transformer, build_model, set_dropout, train_flops
-from optimizer import build_optimizer, decay_start, length_free, length_free_until, lr_factor, warmup_steps
-from time_budget import (FIT_SHARE, PLAN_SKIP_STEPS, PLAN_TIMED_STEPS, Plan, decay_retime_step, halfway_retime_step,
+from nmt.training.optimizer import build_optimizer, decay_start, length_free, length_free_until, lr_factor, warmup_steps
+from nmt.training.time_budget import (FIT_SHARE, PLAN_SKIP_STEPS, PLAN_TIMED_STEPS, Plan, decay_retime_step, halfway_retime_step,
                          plan_from_dict, plan_run, planned_batch_tokens, planned_layers, planned_width)
-from precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
-from ranks import GracefulStop, RankFailed, Ranks, RankWatch, StopRequested, join_ranks
-from run_lock import RunLock, RunLockError
-from scoring import corpus_scores, grouped_scores, improves
-from sources import DataError
-from store import (DATA_RECORD, TextStore, TokenStore, data_changes, data_identity, data_record, text_stores,
+from nmt.precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
+from nmt.training.ranks import GracefulStop, RankFailed, Ranks, RankWatch, StopRequested, join_ranks
+from nmt.training.run_lock import RunLock, RunLockError
+from nmt.inference.scoring import corpus_scores, grouped_scores, improves
+from nmt.corpora.sources import DataError
+from nmt.corpora.store import (DATA_RECORD, TextStore, TokenStore, data_changes, data_identity, data_record, text_stores,
                    token_stores, tokenizer_sample)
-from tokenizer import (EOS_ID, TokenizerError, encode_texts, load_tokenizers, save_tokenizers, tag_id,
+from nmt.corpora.tokenizer import (EOS_ID, TokenizerError, encode_texts, load_tokenizers, save_tokenizers, tag_id,
                        tokenizer_from_json, train_tokenizers)
-from translator import DecodingOptions, TorchTranslator, TranslatorError
+from nmt.inference.translator import DecodingOptions, TorchTranslator, TranslatorError
 
 
 # ---------------------------------------------------------------------------- the parts of a run

@@ -68,12 +68,12 @@ from itertools import accumulate, islice
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
 
-from atomic_files import atomic_write_bytes
-from checkpoint import CheckpointError
+from nmt.atomic_files import atomic_write_bytes
+from nmt.training.checkpoint import CheckpointError
 from config import TRANSLATE, ConfigError, OneLineParser, build_parser, parse_args
-from documents import FORMATS, DocumentError, document_format
-from glossary import GlossaryError, read_glossary
-from translator import (DecodingOptions, TextTranslation, Translator, TranslatorError, add_translator_arguments,
+from nmt.inference.documents import FORMATS, DocumentError, document_format
+from nmt.inference.glossary import GlossaryError, read_glossary
+from nmt.inference.translator import (DecodingOptions, TextTranslation, Translator, TranslatorError, add_translator_arguments,
                         load_translator, split_sentences_on)
 
 
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         return stdout_closed()
     report_cut(cut, translator)
     if args.plot_attention is not None and first_sentence is not None:
-        from attention_plot import save_attention_plot  # matplotlib is only needed here
+        from nmt.training.attention_plot import save_attention_plot  # matplotlib is only needed here
         try:
             save_attention_plot(translator.cross_attention(first_sentence, options.target_lang), args.plot_attention)
         except (OSError, ValueError) as error:

@@ -78,19 +78,19 @@ from torch import nn
 if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the project
     sys.exit("bench.py: run it from the repository root as: python -m benchmarks.bench")
 
-import cpu_kernels  # noqa: E402  (after the check above)
-from checkpoint import MANIFEST, checkpoint_name, load_checkpoint, read_manifest  # noqa: E402
+from nmt import cpu_kernels  # noqa: E402  (after the check above)
+from nmt.training.checkpoint import MANIFEST, checkpoint_name, load_checkpoint, read_manifest  # noqa: E402
 from config import PRESETS, ConfigError, get_config  # noqa: E402
 from dataset import BatchPlan, BilingualDataset, padding_waste  # noqa: E402
-from decoding import greedy_decode, max_output_tokens  # noqa: E402
-from device import pick_device  # noqa: E402
-from loss import loss_sum  # noqa: E402
+from nmt.inference.decoding import greedy_decode, max_output_tokens  # noqa: E402
+from nmt.device import pick_device  # noqa: E402
+from nmt.training.loss import loss_sum  # noqa: E402
 from model import PositionalEncoding, build_model, train_flops  # noqa: E402
-from optimizer import build_optimizer  # noqa: E402
-from precision import amp_dtype, autocast_context, native_bf16_cpu  # noqa: E402
-from sources import DataError, open_source, read_pairs  # noqa: E402
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, TokenizerError, decode_ids, train_tokenizer  # noqa: E402
-from translator import DecodingOptions, TorchTranslator  # noqa: E402
+from nmt.training.optimizer import build_optimizer  # noqa: E402
+from nmt.precision import amp_dtype, autocast_context, native_bf16_cpu  # noqa: E402
+from nmt.corpora.sources import DataError, open_source, read_pairs  # noqa: E402
+from nmt.corpora.tokenizer import EOS_ID, PAD_ID, SOS_ID, TokenizerError, decode_ids, train_tokenizer  # noqa: E402
+from nmt.inference.translator import DecodingOptions, TorchTranslator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository, where train.py runs from
 
@@ -678,7 +678,7 @@ def translation_rows(dataset: BilingualDataset, tok_src: Any, tok_tgt: Any, sett
     quantization = "float16" if device.type == "cuda" else "int8"
     try:
         from export import export_model
-        from translator import CTranslate2Translator
+        from nmt.inference.translator import CTranslate2Translator
         import ctranslate2  # noqa: F401  (only to learn whether it is installed)
     except ImportError as error:
         return {"rows": rows, "skipped": f"ctranslate2 {quantization}: {error}"}

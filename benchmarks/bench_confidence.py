@@ -21,14 +21,14 @@ if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the p
     sys.exit("bench_confidence.py: run it from the repository root as: python -m benchmarks.bench_confidence")
 
 from benchmarks.bench_glossary import search, search_parser  # noqa: E402  (the batched search both measure)
-from checkpoint import CheckpointError  # noqa: E402
-from confidence import (CalibrationError, confidence_report, features, fit_calibrator,  # noqa: E402
+from nmt.training.checkpoint import CheckpointError  # noqa: E402
+from nmt.inference.confidence import (CalibrationError, confidence_report, features, fit_calibrator,  # noqa: E402
                         sentence_chrfs)
 from config import EVALUATE, ConfigError, parse_args, weights_dir  # noqa: E402
-from device import pick_device  # noqa: E402
-from sources import DataError, Pair, open_source, read_all_pairs  # noqa: E402
-from tokenizer import decode_ids  # noqa: E402
-from translator import TorchTranslator, TranslatorError  # noqa: E402
+from nmt.device import pick_device  # noqa: E402
+from nmt.corpora.sources import DataError, Pair, open_source, read_all_pairs  # noqa: E402
+from nmt.corpora.tokenizer import decode_ids  # noqa: E402
+from nmt.inference.translator import TorchTranslator, TranslatorError  # noqa: E402
 
 
 def decoded(translator: TorchTranslator, pairs: Sequence[Pair], beam: int,

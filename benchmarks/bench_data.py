@@ -46,7 +46,7 @@ def write_corpus(folder: Path, pairs: int, source: Path, seed: int = 0) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from sources import open_source, read_pairs
+    from nmt.corpora.sources import open_source, read_pairs
     base = [pair for batch in read_pairs(open_source(str(source), "en", "it"), "train", "en", "it") for pair in batch]
     rng = random.Random(seed)
     (folder / "en-it").mkdir(parents=True)

@@ -43,15 +43,15 @@ import torch
 if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the project
     sys.exit("bench_glossary.py: run it from the repository root as: python -m benchmarks.bench_glossary")
 
-from checkpoint import CheckpointError  # noqa: E402  (after the check above)
+from nmt.training.checkpoint import CheckpointError  # noqa: E402  (after the check above)
 from config import EVALUATE, ConfigError, build_parser, parse_args, weights_dir  # noqa: E402
-from decoding import Hypothesis, max_output_tokens  # noqa: E402
-from device import pick_device  # noqa: E402
-from glossary import Glossary, GlossaryError, term_alternatives  # noqa: E402
-from scoring import corpus_scores  # noqa: E402
-from sources import DataError, Pair, open_source, read_all_pairs  # noqa: E402
-from tokenizer import decode_ids  # noqa: E402
-from translator import DecodingOptions, TorchTranslator, TranslatorError  # noqa: E402
+from nmt.inference.decoding import Hypothesis, max_output_tokens  # noqa: E402
+from nmt.device import pick_device  # noqa: E402
+from nmt.inference.glossary import Glossary, GlossaryError, term_alternatives  # noqa: E402
+from nmt.inference.scoring import corpus_scores  # noqa: E402
+from nmt.corpora.sources import DataError, Pair, open_source, read_all_pairs  # noqa: E402
+from nmt.corpora.tokenizer import decode_ids  # noqa: E402
+from nmt.inference.translator import DecodingOptions, TorchTranslator, TranslatorError  # noqa: E402
 
 WORD = re.compile(r"\w+")
 MIN_PAIRS = 3

@@ -35,13 +35,13 @@ if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the p
 from benchmarks.bench import bench_settings, load_data, on_device, project_step, timed  # noqa: E402
 from config import ConfigError  # noqa: E402
 from dataset import BatchPlan  # noqa: E402
-from decoding import greedy_decode  # noqa: E402
-from device import pick_device  # noqa: E402
+from nmt.inference.decoding import greedy_decode  # noqa: E402
+from nmt.device import pick_device  # noqa: E402
 from model import build_model  # noqa: E402
-from optimizer import build_optimizer  # noqa: E402
-from precision import amp_dtype  # noqa: E402
-from sources import DataError  # noqa: E402
-from tokenizer import EOS_ID, PAD_ID, TokenizerError  # noqa: E402
+from nmt.training.optimizer import build_optimizer  # noqa: E402
+from nmt.precision import amp_dtype  # noqa: E402
+from nmt.corpora.sources import DataError  # noqa: E402
+from nmt.corpora.tokenizer import EOS_ID, PAD_ID, TokenizerError  # noqa: E402
 
 SETTINGS = ("project", "torch default")
 PROFILED_BATCHES = 4

@@ -42,12 +42,12 @@ if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the p
 import torch  # noqa: E402  (after the check above)
 
 from benchmarks.bench_segmentation import paragraphs  # noqa: E402
-from checkpoint import CheckpointError, load_for_inference  # noqa: E402
+from nmt.training.checkpoint import CheckpointError, load_for_inference  # noqa: E402
 from config import EVALUATE, build_parser, parse_args, weights_dir  # noqa: E402
-from scoring import corpus_scores  # noqa: E402
-from sources import DataError  # noqa: E402
-from store import eval_pairs  # noqa: E402
-from translator import CTranslate2Translator, DecodingOptions, TorchTranslator, Translator  # noqa: E402
+from nmt.inference.scoring import corpus_scores  # noqa: E402
+from nmt.corpora.sources import DataError  # noqa: E402
+from nmt.corpora.store import eval_pairs  # noqa: E402
+from nmt.inference.translator import CTranslate2Translator, DecodingOptions, TorchTranslator, Translator  # noqa: E402
 
 REPEATS = 5
 API_CLIENTS = 8

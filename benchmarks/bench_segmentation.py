@@ -48,8 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]  # the repository
 if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the project
     sys.exit("bench_segmentation.py: run it from the repository root as: python -m benchmarks.bench_segmentation")
 
-from sources import DataError, open_source, read_all_pairs  # noqa: E402  (after the check above)
-from sentences import plan_lines, sentence_spans  # noqa: E402
+from nmt.corpora.sources import DataError, open_source, read_all_pairs  # noqa: E402  (after the check above)
+from nmt.inference.sentences import plan_lines, sentence_spans  # noqa: E402
 
 DEFAULT_DATA = [f"{ROOT.parent}/shared/data/flores200_devtest:test", f"{ROOT.parent}/shared/data/newstest2009:test",
                 f"{ROOT}/data/tatoeba:validation"]

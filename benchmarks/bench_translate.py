@@ -38,13 +38,13 @@ import torch
 if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the project
     sys.exit("bench_translate.py: run it from the repository root as: python -m benchmarks.bench_translate")
 
-from checkpoint import CheckpointError, load_for_inference  # noqa: E402  (after the check above)
+from nmt.training.checkpoint import CheckpointError, load_for_inference  # noqa: E402  (after the check above)
 from config import EVALUATE, Resolved, build_parser, parse_args, weights_dir  # noqa: E402
-from ct2_model import cpu_info, read_timings  # noqa: E402
-from scoring import corpus_scores  # noqa: E402
-from sources import DataError  # noqa: E402
-from store import eval_pairs  # noqa: E402
-from tokenizer import encode_texts  # noqa: E402
+from nmt.inference.ct2_model import cpu_info, read_timings  # noqa: E402
+from nmt.inference.scoring import corpus_scores  # noqa: E402
+from nmt.corpora.sources import DataError  # noqa: E402
+from nmt.corpora.store import eval_pairs  # noqa: E402
+from nmt.corpora.tokenizer import encode_texts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository, where the children run from
 
@@ -65,7 +65,7 @@ def peak_rss_gb() -> float:
 
 def child(args: argparse.Namespace, resolved: Resolved) -> int:
     """Time one engine and beam size on the sentences in --sources; one JSON line on stdout."""
-    from translator import DecodingOptions, load_translator
+    from nmt.inference.translator import DecodingOptions, load_translator
 
     engine_args = argparse.Namespace(engine="pytorch", model_dir=None, checkpoint=args.checkpoint, average=1)
     if args.model_dir is not None:

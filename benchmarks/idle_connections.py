@@ -35,8 +35,8 @@ if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the p
 from benchmarks.loadtest import (REFUSED, ServerProcess, classify, latency_stats, pinned, plan_pinning,  # noqa: E402
                                  resident_mb)
 from config import SERVE, build_parser  # noqa: E402
-from connection_guard import raise_file_limit  # noqa: E402
-from translator import add_translator_arguments  # noqa: E402
+from nmt.serving.connection_guard import raise_file_limit  # noqa: E402
+from nmt.inference.translator import add_translator_arguments  # noqa: E402
 
 PROBES = [("GET", "/health/live", None), ("GET", "/health/ready", None),
           ("POST", "/translate", {"text": ["Where is the station?"], "beam_size": 1})]

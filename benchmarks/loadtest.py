@@ -67,9 +67,9 @@ if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the p
     sys.exit("loadtest.py: run it from the repository root as: python -m benchmarks.loadtest")
 
 from config import EVALUATE, SERVE, ConfigError, build_parser, get_config, parse_args  # noqa: E402  (after the check above)
-from sources import DataError  # noqa: E402
-from store import eval_pairs  # noqa: E402
-from translator import ENGINES  # noqa: E402
+from nmt.corpora.sources import DataError  # noqa: E402
+from nmt.corpora.store import eval_pairs  # noqa: E402
+from nmt.inference.translator import ENGINES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository, where serve.py runs from
 SERVING = re.compile(r"^serve\.py: serving .* on https?://\[?([^\]]+?)\]?:(\d+)/$")

@@ -39,12 +39,12 @@ ROOT = Path(__file__).resolve().parents[1]  # the repository
 if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the project
     sys.exit("noisy_corpus.py: run it from the repository root as: python -m benchmarks.noisy_corpus")
 
-from atomic_files import atomic_write_bytes  # noqa: E402  (after the check above)
-from checkpoint import CheckpointError  # noqa: E402
-from cleaning import Cleaner, CleaningSettings, Removal, dual_conditional_cross_entropy, keep_best  # noqa: E402
-from sources import open_source, read_pairs  # noqa: E402
-from device import pick_device  # noqa: E402
-from translator import TorchTranslator, TranslatorError  # noqa: E402
+from nmt.atomic_files import atomic_write_bytes  # noqa: E402  (after the check above)
+from nmt.training.checkpoint import CheckpointError  # noqa: E402
+from nmt.corpora.cleaning import Cleaner, CleaningSettings, Removal, dual_conditional_cross_entropy, keep_best  # noqa: E402
+from nmt.corpora.sources import open_source, read_pairs  # noqa: E402
+from nmt.device import pick_device  # noqa: E402
+from nmt.inference.translator import TorchTranslator, TranslatorError  # noqa: E402
 
 PAIR = ("en", "it")
 KINDS = ("misaligned", "target_both", "copy", "swapped", "boilerplate")

@@ -1,4 +1,4 @@
-"""Fixtures shared by the test modules: the project on sys.path, a CLI runner, a toy translator
+"""Fixtures shared by the test modules: a CLI runner, a toy translator
 trained in seconds, and one tiny end-to-end training run that is resumed once (shared because
 training is the slow part of the suite)."""
 from __future__ import annotations
@@ -24,15 +24,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-# Plain `pytest` (not only `python -m pytest`) must import the project's flat modules.
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-from config import parse_config, runs_dir, weights_dir  # noqa: E402  (needs the sys.path entry above)
-from checkpoint import MANIFEST, load_checkpoint  # noqa: E402
+from config import parse_config, runs_dir, weights_dir  # noqa: E402  (pytest.ini puts the project on sys.path)
+from nmt.training.checkpoint import MANIFEST, load_checkpoint  # noqa: E402
 from model import Transformer, build_transformer, causal_mask  # noqa: E402
 from synthetic_data import synthetic_pairs, write_hub_dataset  # noqa: E402
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_ids, train_tokenizer  # noqa: E402
+from nmt.corpora.tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_ids, train_tokenizer  # noqa: E402
 
 
 # ---------------------------------------------------------------------------- command line
@@ -118,7 +115,7 @@ class Toy:
     def translator(self) -> Any:
         """The toy model behind the translator interface."""
         from config import get_config
-        from translator import TorchTranslator
+        from nmt.inference.translator import TorchTranslator
         return TorchTranslator(self.model, self.tok_src, self.tok_tgt, dict(get_config(), seq_len=self.seq_len))
 
     def encode(self, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
@@ -145,7 +142,7 @@ class Toy:
 def train_toy(train_pairs: list[tuple[str, str]], steps: int) -> Toy:
     """A 1-layer, d_model 32 model with WordLevel tokenizers trained on `train_pairs` for `steps`
     steps of 64 pairs, lr decaying linearly to zero."""
-    from loss import loss_sum
+    from nmt.training.loss import loss_sum
 
     torch.manual_seed(0)
     rng = random.Random(0)
@@ -187,7 +184,7 @@ def untrained_checkpoint() -> Callable[[Path, list[tuple[str, str]], str, str], 
     """A function that writes the checkpoint file of an untrained tiny model from lang_src into
     lang_tgt, its tokenizers trained on `pairs`, into a folder: the scoring models of cleaning's
     tests."""
-    from checkpoint import save_checkpoint
+    from nmt.training.checkpoint import save_checkpoint
     from model import build_model
 
     def write(folder: Path, pairs: list[tuple[str, str]], lang_src: str, lang_tgt: str) -> Path:

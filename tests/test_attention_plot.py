@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from attention_plot import attention_figure, save_attention_plot
-from translator import CrossAttention
+from nmt.training.attention_plot import attention_figure, save_attention_plot
+from nmt.inference.translator import CrossAttention
 
 
 def attention(heads: int) -> CrossAttention:

@@ -14,11 +14,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.testing import assert_close
 from torch.utils.flop_counter import FlopCounterMode
 
-import cpu_kernels
+from nmt import cpu_kernels
 from benchmarks import bench
 from config import PRESETS, get_config
 from model import MultiHeadAttention, build_model, causal_mask, train_flops
-from tokenizer import PAD_ID
+from nmt.corpora.tokenizer import PAD_ID
 
 
 @pytest.fixture

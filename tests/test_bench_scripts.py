@@ -19,12 +19,12 @@ import torch
 from benchmarks import (bench_data, bench_glossary, bench_new_shapes, bench_paragraphs, bench_segmentation,
                         bench_translate)
 from config import Resolved, get_config
-from ct2_model import CpuInfo
-from scoring import corpus_scores
-from sources import open_source, read_pairs
+from nmt.inference.ct2_model import CpuInfo
+from nmt.inference.scoring import corpus_scores
+from nmt.corpora.sources import open_source, read_pairs
 from synthetic_data import synthetic_pairs, write_hub_dataset
 from test_ct2_model import GRAVITON, ZEN3, ZEN4
-from translator import DecodingOptions, TorchTranslator
+from nmt.inference.translator import DecodingOptions, TorchTranslator
 
 
 def test_bench_data_writes_an_opus_books_shaped_corpus(tmp_path: Path) -> None:

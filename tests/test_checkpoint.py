@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint import (DIGEST_KEY, MANIFEST, CheckpointError, atomic_write, atomic_write_bytes, best_checkpoint,
+from nmt.training.checkpoint import (DIGEST_KEY, MANIFEST, CheckpointError, atomic_write, atomic_write_bytes, best_checkpoint,
                         checkpoint_candidates, checkpoint_name, content_digest, load_checkpoint, load_latest,
                         reconcile_manifest, save_average, save_checkpoint)
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import atomic_files
+from nmt import atomic_files
 import train
 import translate as translate_py
-from checkpoint import (DIGEST_KEY, MANIFEST, CheckpointError, content_digest, load_checkpoint, load_for_inference,
+from nmt.training.checkpoint import (DIGEST_KEY, MANIFEST, CheckpointError, content_digest, load_checkpoint, load_for_inference,
                         load_latest, save_average, save_checkpoint)
 from synthetic_data import tiny_corpus
 

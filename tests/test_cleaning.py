@@ -12,15 +12,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cleaning import (NOT_CLEANED, REASONS, Cleaner, CleaningSettings, Removal, cleaning_changes,
+from nmt.corpora.cleaning import (NOT_CLEANED, REASONS, Cleaner, CleaningSettings, Removal, cleaning_changes,
                       cleaning_description, cleaning_scalars, conditional_cross_entropy,
                       dual_conditional_cross_entropy, keep_best, near_duplicate_key, report_line,
                       settings_from_config)
 from config import get_config
 from model import build_transformer
-from sources import DataError
-from tokenizer import EOS_ID, SOS_ID, encode_ids, train_tokenizer
-from translator import TorchTranslator
+from nmt.corpora.sources import DataError
+from nmt.corpora.tokenizer import EOS_ID, SOS_ID, encode_ids, train_tokenizer
+from nmt.inference.translator import TorchTranslator
 
 ROOT = Path(__file__).resolve().parents[1]
 KEPT = ("The station is on the other side of the river.", "La stazione è dall'altra parte del fiume.")

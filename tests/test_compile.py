@@ -10,7 +10,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import train
 from config import PRESETS, get_config
-from loss import loss_sum
+from nmt.training.loss import loss_sum
 from model import build_model
 
 # (sentences, source length, target length): token-budget batches of one run, with a single-sentence

@@ -15,7 +15,7 @@ from torch.testing import assert_close
 
 import translate
 
-from confidence import (CalibrationError, Calibrator, confidence_report, features, fit_calibrator,
+from nmt.inference.confidence import (CalibrationError, Calibrator, confidence_report, features, fit_calibrator,
                         sentence_chrfs)
 
 
@@ -103,7 +103,7 @@ def test_fitted_at_the_end_of_training_and_used_by_translate_the_api_and_an_expo
     import export
     from benchmarks.loadtest import ServerProcess
     from conftest import train_in_process
-    from confidence import CONFIDENCE_FILE, read_calibrator
+    from nmt.inference.confidence import CONFIDENCE_FILE, read_calibrator
     from synthetic_data import synthetic_pairs, write_hub_dataset
     from test_serve import call
 

@@ -20,7 +20,7 @@ import train
 import translate
 from config import (EVERY, GROUPS, OPTIONS, PRESETS, PROGRAMS, ConfigError, Resolved, choose_run, experiment_name,
                     get_config, options_table, parse_config, runs_dir, validate_config, weights_dir)
-from translator import DecodingOptions
+from nmt.inference.translator import DecodingOptions
 
 PARSERS = {"clean": clean.argument_parser, "train": train.argument_parser, "translate": translate.argument_parser,
            "evaluate": evaluate.argument_parser, "export": export.argument_parser, "serve": serve.argument_parser}

@@ -18,7 +18,7 @@ from typing import AsyncIterator
 
 import uvicorn
 
-from connection_guard import ConnectionGuard, connection_limit, tls_context
+from nmt.serving.connection_guard import ConnectionGuard, connection_limit, tls_context
 from test_serve_load import certificate
 
 HEAD = b"GET /health/live HTTP/1.1\r\nHost: test\r\n\r\n"

@@ -25,9 +25,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from conftest import train_in_process
 from config import get_config
 from dataset import BatchPlan, BilingualDataset, CorpusMix, token_batches
-from store import text_store, text_stores, token_stores, tokenizer_sample
+from nmt.corpora.store import text_store, text_stores, token_stores, tokenizer_sample
 from synthetic_data import synthetic_pairs, write_hub_dataset
-from tokenizer import encode_ids, tag_id, train_tokenizer, train_tokenizers
+from nmt.corpora.tokenizer import encode_ids, tag_id, train_tokenizer, train_tokenizers
 
 
 def numbered_pairs(count: int, prefix: str) -> list[tuple[str, str]]:

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from config import get_config
-import ct2_model
-from ct2_model import (ONEDNN, PROJECT_CONFIG, TIMINGS, CpuInfo, Rule, auto_rule, cpu_info, ct2_setup,
+from nmt.inference import ct2_model
+from nmt.inference.ct2_model import (ONEDNN, PROJECT_CONFIG, TIMINGS, CpuInfo, Rule, auto_rule, cpu_info, ct2_setup,
                        export_quantization, read_project_files, write_project_files)
-from tokenizer import train_tokenizer
+from nmt.corpora.tokenizer import train_tokenizer
 
 
 def test_project_files_round_trip_and_new_config_keys_take_their_defaults(tmp_path: Path) -> None:

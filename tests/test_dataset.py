@@ -8,9 +8,9 @@ import torch
 
 import dataset
 from dataset import BatchPlan, BilingualDataset, CorpusMix, MicroBatches, padding_waste, token_batches
-from sources import DataError
+from nmt.corpora.sources import DataError
 from synthetic_data import synthetic_pairs
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_ids, train_tokenizer
+from nmt.corpora.tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_ids, train_tokenizer
 
 
 # ---------------------------------------------------------------------------- tensors and masks

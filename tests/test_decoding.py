@@ -15,10 +15,10 @@ import torch
 from torch.testing import assert_close
 
 from conftest import TOY_SOURCE, TOY_TARGET, train_toy
-from decoding import (beam_search, block_repeats, brevity_term, expected_length, greedy_decode, hypothesis_score,
+from nmt.inference.decoding import (beam_search, block_repeats, brevity_term, expected_length, greedy_decode, hypothesis_score,
                       max_output_tokens, repeat_free_ngram_size, sample, source_token_counts)
 from model import KVCache, build_transformer, causal_mask
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_ids
+from nmt.corpora.tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_ids
 
 
 def source_batch(toy, sentences: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -571,7 +571,7 @@ def test_on_cuda_in_its_autocast_free_sentences_stay_bit_identical(toy_translato
     """The same on the GPU, in the dtype translator.py decodes in there."""
     import copy
 
-    from precision import autocast_context, inference_dtype
+    from nmt.precision import autocast_context, inference_dtype
     device = torch.device("cuda")
     model = copy.deepcopy(toy_translator.model).to(device)
     src, src_mask, constraints = mixed_batch

@@ -8,13 +8,13 @@ import re
 import pytest
 import torch
 
-import device
+from nmt import device
 import evaluate
 import train
 import translate
 from benchmarks import bench
 from config import ConfigError
-from device import pick_device
+from nmt.device import pick_device
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available() or torch.backends.mps.is_available(),
                                 reason="these cases need a machine without CUDA and MPS")

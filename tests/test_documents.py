@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from documents import DocumentError, document_format, plan_document, translate_document
+from nmt.inference.documents import DocumentError, document_format, plan_document, translate_document
 
 
 def bracketed(pieces: list[str]) -> list[str]:

@@ -13,13 +13,13 @@ import torch
 
 import evaluate
 import train
-from checkpoint import MANIFEST
+from nmt.training.checkpoint import MANIFEST
 from config import get_config
-from scoring import grouped_scores
-from store import text_store
+from nmt.inference.scoring import grouped_scores
+from nmt.corpora.store import text_store
 from synthetic_data import synthetic_pairs, tiny_corpus, write_hub_dataset
 from test_translator import several_targets  # noqa: F401  (a fixture: an untrained model of en -> fr+it)
-from translator import DecodingOptions, TorchTranslator
+from nmt.inference.translator import DecodingOptions, TorchTranslator
 
 
 @pytest.fixture(scope="module")

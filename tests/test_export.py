@@ -28,15 +28,15 @@ import evaluate
 import export
 import translate
 from config import get_config
-from decoding import beam_search, max_output_tokens
+from nmt.inference.decoding import beam_search, max_output_tokens
 from model import build_transformer
 from synthetic_data import synthetic_pairs
 from test_translator import several_targets  # noqa: F401  (a fixture: an untrained model of en -> fr+it)
-from tokenizer import EOS_ID, train_tokenizer
-import ct2_model
-from ct2_model import TIMINGS, CpuInfo
+from nmt.corpora.tokenizer import EOS_ID, train_tokenizer
+from nmt.inference import ct2_model
+from nmt.inference.ct2_model import TIMINGS, CpuInfo
 from test_ct2_model import GRAVITON, SAPPHIRE_RAPIDS, ZEN3, ZEN4, simulate_timings
-from translator import CTranslate2Translator, DecodingOptions, TorchTranslator, TranslatorError
+from nmt.inference.translator import CTranslate2Translator, DecodingOptions, TorchTranslator, TranslatorError
 
 SENTENCES = 80
 
@@ -439,7 +439,7 @@ def test_a_translator_never_reads_a_half_replaced_export(toy_translator, tmp_pat
     """export.py --overwrite replaces the export (float32 by int8) while a server loads it, after its
     tokenizers and config are read and before its weights: the translator gets one export whole (the
     new one, read again once the old one is gone), never the old one's files with the new weights."""
-    import translator as translator_module
+    from nmt.inference import translator as translator_module
     folder = tmp_path / "model"
     export_toy(toy_translator, folder, "float32")
     read_project_files, replacements = translator_module.read_project_files, []

@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-import cpu_kernels
+from nmt import cpu_kernels
 from config import PRESETS, get_config
 from model import build_model, causal_mask
-from tokenizer import PAD_ID
+from nmt.corpora.tokenizer import PAD_ID
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import file_digests
-from file_digests import FILE, ColumnsError, FileDigests
+from nmt.corpora import file_digests
+from nmt.corpora.file_digests import FILE, ColumnsError, FileDigests
 
 
 @pytest.fixture

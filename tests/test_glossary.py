@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from glossary import Glossary, GlossaryError, check_pairs, read_glossary, term_alternatives, term_ids
-from tokenizer import EOS_ID, UNK_ID, encode_ids, train_tokenizer
+from nmt.inference.glossary import Glossary, GlossaryError, check_pairs, read_glossary, term_alternatives, term_ids
+from nmt.corpora.tokenizer import EOS_ID, UNK_ID, encode_ids, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 

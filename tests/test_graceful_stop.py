@@ -19,7 +19,7 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from ranks import GracefulStop, StopRequested
+from nmt.training.ranks import GracefulStop, StopRequested
 from synthetic_data import tiny_corpus
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import train
-from sources import DataError
-from store import text_store
+from nmt.corpora.sources import DataError
+from nmt.corpora.store import text_store
 from config import get_config
 from synthetic_data import synthetic_pairs, tiny_corpus, write_hub_dataset
 

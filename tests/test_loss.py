@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import loss
-from loss import loss_sum
-from tokenizer import PAD_ID
+from nmt.training import loss
+from nmt.training.loss import loss_sum
+from nmt.corpora.tokenizer import PAD_ID
 
 
 def reference(logits: torch.Tensor, label: torch.Tensor, smoothing: float) -> torch.Tensor:

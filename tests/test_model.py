@@ -21,13 +21,13 @@ from torch.testing import assert_close
 
 import train
 from dataset import BilingualDataset
-from loss import loss_sum
+from nmt.training.loss import loss_sum
 from synthetic_data import tiny_corpus
-from translator import DecodingOptions, TorchTranslator
+from nmt.inference.translator import DecodingOptions, TorchTranslator
 from model import (DecoderBlock, EncoderBlock, InputEmbeddings, MultiHeadAttention, PositionalEncoding, Transformer,
                    build_model, build_transformer, causal_mask, set_dropout)
 from config import parse_config
-from tokenizer import PAD_ID
+from nmt.corpora.tokenizer import PAD_ID
 
 SRC_VOCAB, TGT_VOCAB, SEQ_LEN = 23, 29, 32
 

@@ -6,7 +6,7 @@ import torch
 
 from config import PRESETS, get_config
 from model import build_model
-from optimizer import build_optimizer, lr_factor
+from nmt.training.optimizer import build_optimizer, lr_factor
 
 
 def test_weight_decay_applies_to_weight_matrices_only() -> None:

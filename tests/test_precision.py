@@ -10,9 +10,9 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import precision
+from nmt import precision
 import train
-from checkpoint import load_latest
+from nmt.training.checkpoint import load_latest
 from config import parse_config, runs_dir, weights_dir
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from checkpoint import average_checkpoints, checkpoints_to_average, load_for_inference, save_checkpoint, CheckpointError
+from nmt.training.checkpoint import average_checkpoints, checkpoints_to_average, load_for_inference, save_checkpoint, CheckpointError
 from config import ConfigError, get_config, validate_config
 from model import build_transformer
 from synthetic_data import synthetic_pairs
-from tokenizer import decode_ids, encode_ids, train_tokenizer
-from translator import TorchTranslator
+from nmt.corpora.tokenizer import decode_ids, encode_ids, train_tokenizer
+from nmt.inference.translator import TorchTranslator
 
 # ---------------------------------------------------------------------------- tokenizers
 

@@ -29,11 +29,11 @@ from torch.overrides import TorchFunctionMode
 
 import train
 from config import PRESETS, get_config, parse_config
-from decoding import beam_search, greedy_decode, sample
-from loss import loss_sum
+from nmt.inference.decoding import beam_search, greedy_decode, sample
+from nmt.training.loss import loss_sum
 from model import build_model
 from synthetic_data import synthetic_pairs, write_hub_dataset
-from tokenizer import PAD_ID, SOS_ID
+from nmt.corpora.tokenizer import PAD_ID, SOS_ID
 
 AUDITED = {"model.py", "loss.py", "decoding.py", "cpu_kernels.py", "train.py"}
 FACTORIES = {torch.tensor, torch.as_tensor, torch.zeros, torch.ones, torch.full, torch.empty, torch.arange,

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 import train
-from run_lock import RunLock, RunLockError
+from nmt.training.run_lock import RunLock, RunLockError
 from synthetic_data import tiny_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
-HOLD_LOCK = "import sys, time; from run_lock import RunLock; lock = RunLock(sys.argv[1]); lock.acquire(); print('held', flush=True); time.sleep(60)"
+HOLD_LOCK = "import sys, time; from nmt.training.run_lock import RunLock; lock = RunLock(sys.argv[1]); lock.acquire(); print('held', flush=True); time.sleep(60)"
 
 
 def test_second_run_refuses_while_first_holds_the_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

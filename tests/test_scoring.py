@@ -7,7 +7,7 @@ from typing import Sequence
 import pytest
 import sacrebleu
 
-from scoring import corpus_scores, group_by_source, grouped_scores, improves
+from nmt.inference.scoring import corpus_scores, group_by_source, grouped_scores, improves
 
 REFERENCES = [
     "Il gatto è sul tavolo.",

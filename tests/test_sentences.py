@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from sentences import (distribute, plan_flows, plan_lines, sentence_spans, translate_lines)
+from nmt.inference.sentences import (distribute, plan_flows, plan_lines, sentence_spans, translate_lines)
 
 
 def bracketed(pieces: list[str]) -> list[str]:

@@ -39,7 +39,7 @@ from config import get_config
 from serve import WARM_UP, ApiError, Service
 from test_serve import AUTHORIZED, KEY, SENTENCES, exchange, metrics
 from test_serve import checkpoint, translator  # noqa: F401  (fixtures, shared with test_serve.py)
-from translator import DecodingOptions, Hypothesis, TorchTranslator
+from nmt.inference.translator import DecodingOptions, Hypothesis, TorchTranslator
 
 GATE_HOOK = '''"""sitecustomize of the servers of tests/test_serve_load.py: the model load waits until the file
 $SERVE_GATES/load exists; every translation after the first (the warm-up) says on stderr which
@@ -50,8 +50,7 @@ import sys
 import time
 from pathlib import Path
 
-import translator
-
+from nmt.inference import translator
 GATES = Path(os.environ["SERVE_GATES"])
 load_translator = translator.load_translator
 

@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import sources
+from nmt.corpora import sources
 from config import COMPRESSION_SUFFIXES, get_config
 from dataset import BilingualDataset, padding_waste, token_batches
-from file_digests import FILE, FileDigests
-from sources import PLAIN_SPLIT, DataError, carve, open_source, pair_of, read_all_pairs, read_pairs, text_hash
-from store import text_store
+from nmt.corpora.file_digests import FILE, FileDigests
+from nmt.corpora.sources import PLAIN_SPLIT, DataError, carve, open_source, pair_of, read_all_pairs, read_pairs, text_hash
+from nmt.corpora.store import text_store
 from synthetic_data import synthetic_pairs, write_hub_dataset
-from tokenizer import train_tokenizer
+from nmt.corpora.tokenizer import train_tokenizer
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

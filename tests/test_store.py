@@ -25,16 +25,16 @@ import numpy as np
 import pytest
 import torch
 
-import sources
-import store
+from nmt.corpora import sources
+from nmt.corpora import store
 import train
-from cleaning import dual_conditional_cross_entropy, keep_best
+from nmt.corpora.cleaning import dual_conditional_cross_entropy, keep_best
 from config import get_config
-from sources import DataError
-from store import TextStore, text_store, token_store, tokenizer_sample
+from nmt.corpora.sources import DataError
+from nmt.corpora.store import TextStore, text_store, token_store, tokenizer_sample
 from synthetic_data import synthetic_pairs, write_hub_dataset, write_parallel_files
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK_ID, encode_ids, train_tokenizers
-from translator import TorchTranslator
+from nmt.corpora.tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK_ID, encode_ids, train_tokenizers
+from nmt.inference.translator import TorchTranslator
 
 
 def numbered_pairs(count: int, prefix: str = "w") -> list[tuple[str, str]]:

@@ -13,15 +13,15 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import time_budget
+from nmt.training import time_budget
 import train
-from checkpoint import MANIFEST, load_checkpoint
+from nmt.training.checkpoint import MANIFEST, load_checkpoint
 from config import PRESETS, parse_config, runs_dir, weights_dir
-from optimizer import decay_start, lr_factor
+from nmt.training.optimizer import decay_start, lr_factor
 from synthetic_data import synthetic_pairs, write_hub_dataset
-from time_budget import (plan_run, planned_batch_tokens, planned_dropout, planned_layers, planned_width,
+from nmt.training.time_budget import (plan_run, planned_batch_tokens, planned_dropout, planned_layers, planned_width,
                          validations_until)
-from tokenizer import EOS_ID
+from nmt.corpora.tokenizer import EOS_ID
 
 
 def test_the_plan_fills_the_budget_with_steps_validations_and_checkpoints() -> None:
@@ -505,8 +505,8 @@ def test_the_validation_estimate_decodes_to_the_references_length_not_the_cap(
         planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A young model rarely ends a sentence: decoded to the cap, a validation's estimate would be
     several times what validations cost later, and the plan would leave much of its budget unused."""
-    from decoding import max_output_tokens
-    from translator import TorchTranslator
+    from nmt.inference.decoding import max_output_tokens
+    from nmt.inference.translator import TorchTranslator
     calls, decode = [], TorchTranslator.translate_batch
 
     def recorded(self, sources, options, max_tokens, *constraints):
@@ -525,7 +525,7 @@ def test_a_sample_that_ends_at_once_is_timed_as_if_it_ran_to_the_references_leng
     a moment; validations later run to the references' length. The plan's decodes run to the bound
     they are given whatever the model writes."""
     from model import Transformer
-    from translator import TorchTranslator
+    from nmt.inference.translator import TorchTranslator
     project, decode, ran = Transformer.project, TorchTranslator.translate_batch, []
 
     def ends_at_once(self, x):  # in evaluation, [EOS] first, far ahead of every other token
@@ -549,7 +549,7 @@ def test_the_validation_estimate_times_a_decode_whose_shapes_it_has_seen(
         planned: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     """A first decode pays once for its new shapes (on a GPU: kernels loaded, memory allocated), which
     a validation pays once, not once per batch: the plan times the sample's second decode."""
-    from translator import TorchTranslator
+    from nmt.inference.translator import TorchTranslator
     decode, estimates = TorchTranslator.translate_batch, {}
     for first in ("cold", "warm"):
         calls = []

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, trainers
 
-import tokenizer as tk
+from nmt.corpora import tokenizer as tk
 from config import get_config
-from tokenizer import (EOS_ID, PAD_ID, SOS_ID, SPECIAL_TOKENS, UNK_ID, TokenizerError, decode_ids, encode_ids,
+from nmt.corpora.tokenizer import (EOS_ID, PAD_ID, SOS_ID, SPECIAL_TOKENS, UNK_ID, TokenizerError, decode_ids, encode_ids,
                        load_tokenizer, load_tokenizers, save_tokenizers, tag_id, tokenizer_from_json, train_tokenizer,
                        train_tokenizers)
 

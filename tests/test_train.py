@@ -18,18 +18,18 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from torch.utils.tensorboard import SummaryWriter
 
-import sources
+from nmt.corpora import sources
 import train
-from checkpoint import MANIFEST, checkpoint_name, load_checkpoint, load_for_inference, load_latest
+from nmt.training.checkpoint import MANIFEST, checkpoint_name, load_checkpoint, load_for_inference, load_latest
 from config import parse_config, runs_dir, validate_config, weights_dir
-from store import text_store, token_store
+from nmt.corpora.store import text_store, token_store
 from synthetic_data import synthetic_pairs, write_hub_dataset, write_parallel_files
-from decoding import repeat_free_ngram_size
-from loss import loss_sum
-from optimizer import lr_factor
-from scoring import corpus_scores
-from tokenizer import PAD_ID, tokenizer_from_json
-from translator import DecodingOptions, TorchTranslator
+from nmt.inference.decoding import repeat_free_ngram_size
+from nmt.training.loss import loss_sum
+from nmt.training.optimizer import lr_factor
+from nmt.inference.scoring import corpus_scores
+from nmt.corpora.tokenizer import PAD_ID, tokenizer_from_json
+from nmt.inference.translator import DecodingOptions, TorchTranslator
 
 SCALARS = {"train/loss", "train/lr", "train/tokens_per_second", "train/skipped_steps", "val/loss", "val/bleu",
            "val/chrf", "val/bleu_nrefs1", "val/chrf_nrefs1", "val/cer", "val/wer"}

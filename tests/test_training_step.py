@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import train
-from loss import loss_sum
+from nmt.training.loss import loss_sum
 from config import get_config
 from dataset import BilingualDataset, token_batches
 from model import build_model
 from synthetic_data import synthetic_pairs, tiny_corpus
-from tokenizer import train_tokenizers
+from nmt.corpora.tokenizer import train_tokenizers
 
 
 def test_accumulating_four_micro_batches_equals_one_batch_of_all(tmp_path: Path) -> None:

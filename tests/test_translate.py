@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import documents
+from nmt.inference import documents
 import translate
 from test_translator import several_targets  # noqa: F401  (a fixture: an untrained model of en -> fr+it)
-from translator import DecodingOptions, TorchTranslator
+from nmt.inference.translator import DecodingOptions, TorchTranslator
 
 FIRST, SECOND = "The cat sees the dog.", "The dog eats the bread."
 

@@ -19,15 +19,15 @@ import pytest
 import torch
 from tokenizers import Tokenizer, trainers
 
-from checkpoint import save_checkpoint
-from confidence import Calibrator
+from nmt.training.checkpoint import save_checkpoint
+from nmt.inference.confidence import Calibrator
 from conftest import TOY_SOURCE
-from glossary import check_pairs
+from nmt.inference.glossary import check_pairs
 from config import PRESETS, get_config, validate_config, weights_dir
 from model import Transformer, build_model
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, SPECIAL_TOKENS, encode_ids, train_tokenizer
-import translator as translator_module
-from translator import CTranslate2Translator, DecodingOptions, TorchTranslator, TranslatorError
+from nmt.corpora.tokenizer import EOS_ID, PAD_ID, SOS_ID, SPECIAL_TOKENS, encode_ids, train_tokenizer
+from nmt.inference import translator as translator_module
+from nmt.inference.translator import CTranslate2Translator, DecodingOptions, TorchTranslator, TranslatorError
 
 TAGS = ["<2fr>", "<2it>"]
 WORDS = "the cat dog sees eats a red house bread".split()

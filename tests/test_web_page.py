@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from benchmarks.loadtest import ServerProcess
-from translator import DecodingOptions, TorchTranslator
+from nmt.inference.translator import DecodingOptions, TorchTranslator
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():

@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 
 from model import Transformer
-from tokenizer import EOS_ID, SOS_ID, SPECIAL_TOKENS
+from nmt.corpora.tokenizer import EOS_ID, SOS_ID, SPECIAL_TOKENS
 
 # Per sentence (None: free): its constraints, each a phrase of token ids or a list of alternative phrases.
 Constraints = Sequence[Sequence[Sequence[int] | Sequence[Sequence[int]]] | None]

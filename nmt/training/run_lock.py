@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from atomic_files import lock_file
+from nmt.atomic_files import lock_file
 
 
 class RunLockError(RuntimeError):

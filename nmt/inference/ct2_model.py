@@ -31,10 +31,10 @@ from typing import Any, Iterator
 
 from tokenizers import Tokenizer
 
-from atomic_files import atomic_write_bytes
+from nmt.atomic_files import atomic_write_bytes
 from config import get_config, validate_config
-from diagnostics import first_line, log
-from tokenizer import load_tokenizer
+from nmt.diagnostics import first_line, log
+from nmt.corpora.tokenizer import load_tokenizer
 
 QUANTIZATIONS = ("int8", "int16", "float32", "bfloat16", "float16", "int8_float16")  # the last two for GPUs
 SOURCE_TOKENIZER, TARGET_TOKENIZER, PROJECT_CONFIG = "tokenizer_source.json", "tokenizer_target.json", "project.json"
@@ -48,9 +48,17 @@ ONEDNN = {"CT2_USE_MKL": "0"}  # CTranslate2's CPU backend on x86 under `auto`: 
 # decoded to exactly TIMED_LENGTH tokens so that every compute type does the same work.
 TIMED_BEAM, TIMED_LENGTH, TIMED_ROUNDS = 5, 16, 3
 TIMED_SOURCE_LENGTHS = (6, 9, 12, 15, 18, 24) * 6
-CODE_FOLDER = str(Path(__file__).resolve().parent)  # where a timing child imports this module from
-TIMING_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); import ct2_model; "
-                "print(ct2_model.beam_rate(sys.argv[2], sys.argv[3], int(sys.argv[4])))")
+PROJECT_FOLDER = str(Path(__file__).resolve().parents[2])  # where a timing child imports this module from
+TIMING_CHILD = ("import sys; from nmt.inference import ct2_model; "
+                "print(ct2_model.beam_rate(sys.argv[1], sys.argv[2], int(sys.argv[3])))")
+
+
+def child_environment() -> dict[str, str]:
+    """The environment of a timing child: this one's, with the project's folder first on PYTHONPATH,
+    so the child imports this module whatever its working folder (a relative model folder stays
+    right) and whatever PYTHONSAFEPATH says."""
+    paths = [PROJECT_FOLDER, *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def write_project_files(folder: Path, tok_src: Tokenizer, tok_tgt: Tokenizer, project: dict[str, Any]) -> None:
@@ -269,8 +277,9 @@ def time_compute_types(folders: dict[str, Path], threads: int) -> dict[str, floa
     for _ in range(TIMED_ROUNDS):
         for name, folder in folders.items():
             pinned = re.fullmatch(r"/proc/self/fd/(\d+)", str(folder))  # pinned_folder's: passed to the child
-            child = subprocess.run([sys.executable, "-c", TIMING_CHILD, CODE_FOLDER, str(folder), name, str(threads)],
-                                   capture_output=True, text=True, pass_fds=(int(pinned[1]),) if pinned else ())
+            child = subprocess.run([sys.executable, "-c", TIMING_CHILD, str(folder), name, str(threads)],
+                                   capture_output=True, text=True, pass_fds=(int(pinned[1]),) if pinned else (),
+                                   env=child_environment())
             if child.returncode != 0:
                 reason = (child.stderr.strip().splitlines() or [f"exit status {child.returncode}"])[-1]
                 raise RuntimeError(f"timing {name} on {folder} failed: {reason}")

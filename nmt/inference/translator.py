@@ -64,20 +64,20 @@ from typing import Any, Iterator, NamedTuple, Sequence
 import torch
 from tokenizers import Tokenizer
 
-from checkpoint import load_for_inference
-from confidence import CalibrationError, Calibrator, features, read_calibrator
+from nmt.training.checkpoint import load_for_inference
+from nmt.inference.confidence import CalibrationError, Calibrator, features, read_calibrator
 from config import Resolved, choose_run, get_config, target_languages, target_tag, weights_dir
-from ct2_model import READ_ATTEMPTS, cpu_backend, ct2_setup, pinned_folder, read_project_files, replaced
-from decoding import Hypothesis as DecodedHypothesis
-from decoding import beam_search, brevity_term, expected_length, greedy_decode, max_output_tokens, sample
-from device import pick_device
-from diagnostics import first_line
-from documents import DocumentPlan, plan_document
-from glossary import Glossary
+from nmt.inference.ct2_model import READ_ATTEMPTS, cpu_backend, ct2_setup, pinned_folder, read_project_files, replaced
+from nmt.inference.decoding import Hypothesis as DecodedHypothesis
+from nmt.inference.decoding import beam_search, brevity_term, expected_length, greedy_decode, max_output_tokens, sample
+from nmt.device import pick_device
+from nmt.diagnostics import first_line
+from nmt.inference.documents import DocumentPlan, plan_document
+from nmt.inference.glossary import Glossary
 from model import Transformer, causal_mask
-from precision import autocast_context, inference_dtype
-from sentences import URL_OR_EMAIL, Sentence, TextPlan, plan_lines
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK, TokenizerError, decode_ids, encode_texts, missing_target_tag
+from nmt.precision import autocast_context, inference_dtype
+from nmt.inference.sentences import URL_OR_EMAIL, Sentence, TextPlan, plan_lines
+from nmt.corpora.tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK, TokenizerError, decode_ids, encode_texts, missing_target_tag
 
 ENGINES = ("pytorch", "ctranslate2")
 

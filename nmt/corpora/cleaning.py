@@ -55,13 +55,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from atomic_files import sha256_of
-from checkpoint import CheckpointError
+from nmt.atomic_files import sha256_of
+from nmt.training.checkpoint import CheckpointError
 from config import OPTIONS, corpus_name
-from sources import DataError, Pair, text_hash
-from precision import autocast_context, inference_dtype
-from tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_texts
-from translator import TorchTranslator, TranslatorError
+from nmt.corpora.sources import DataError, Pair, text_hash
+from nmt.precision import autocast_context, inference_dtype
+from nmt.corpora.tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_texts
+from nmt.inference.translator import TorchTranslator, TranslatorError
 
 CLEANING_VERSION = 2  # bump when a rule changes what it removes: stores built with the old rules are rebuilt
 REASONS = ("too_short", "too_long", "bad_characters", "copy", "length_ratio", "script", "language", "near_duplicate")

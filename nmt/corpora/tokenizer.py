@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from tokenizers import Encoding, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from atomic_files import atomic_write_bytes
+from nmt.atomic_files import atomic_write_bytes
 from config import target_languages, target_tag, tokenizer_tags
 
 UNK, PAD, SOS, EOS = "[UNK]", "[PAD]", "[SOS]", "[EOS]"

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tokenizer import PAD_ID
+from nmt.corpora.tokenizer import PAD_ID
 
 LOSS_CHUNK_ELEMENTS = 2 ** 22  # 16 MB of fp32 log-probabilities at a time
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from tokenizer import UNK_ID, encode_texts
+from nmt.corpora.tokenizer import UNK_ID, encode_texts
 
 WORD = re.compile(r"\w+")
 MAX_TERM_CHARS = 200  # either side of a pair

@@ -10,12 +10,12 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from atomic_files import atomic_write
+from nmt.atomic_files import atomic_write
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from translator import CrossAttention
+    from nmt.inference.translator import CrossAttention
 
 
 def attention_figure(attention: CrossAttention, per_head: bool = False) -> Figure:

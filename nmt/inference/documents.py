@@ -36,7 +36,7 @@ from typing import Sequence
 
 from markdown_it import MarkdownIt
 
-from sentences import EMAIL, URL, URL_OR_EMAIL, Sentence, Span, TextPlan, Translate, plan_flows
+from nmt.inference.sentences import EMAIL, URL, URL_OR_EMAIL, Sentence, Span, TextPlan, Translate, plan_flows
 
 FORMATS = {"text": (".txt", ".text"), "srt": (".srt",), "markdown": (".md", ".markdown")}
 

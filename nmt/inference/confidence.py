@@ -32,7 +32,7 @@ from typing import Any, Callable, Protocol, Sequence
 import sacrebleu
 import torch
 
-from atomic_files import atomic_write_bytes
+from nmt.atomic_files import atomic_write_bytes
 
 FEATURES = ("mean_log_prob", "lowest_log_prob", "log_length")
 MONOTONE = 2  # the first two features get weights > 0

@@ -37,11 +37,11 @@ from typing import Any, Callable
 
 import torch
 
-from atomic_files import atomic_write, atomic_write_bytes, sha256_of
+from nmt.atomic_files import atomic_write, atomic_write_bytes, sha256_of
 from config import ConfigError, get_config, validate_config
 from model import build_model
-from scoring import improves
-from tokenizer import TokenizerError, tokenizer_from_json, tokenizer_paths
+from nmt.inference.scoring import improves
+from nmt.corpora.tokenizer import TokenizerError, tokenizer_from_json, tokenizer_paths
 
 MANIFEST = "checkpoints.json"
 CHECKPOINT_PATTERN = re.compile(r"^ckpt_(\d{8,})\.pt$")  # what a run resumes from

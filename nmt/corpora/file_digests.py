@@ -23,7 +23,7 @@ import os
 import time
 from pathlib import Path
 
-from atomic_files import atomic_write_bytes, sha256_of
+from nmt.atomic_files import atomic_write_bytes, sha256_of
 
 FILE = "file_digests.json"
 RACY_NS = 3_000_000_000  # a file changed this recently may change again without its times changing

@@ -74,16 +74,16 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 from tokenizers import Tokenizer
 
-from atomic_files import atomic_write_bytes, lock_file, sha256_of
-from cleaning import (Cleaner, cleaning_description, dual_conditional_cross_entropy, load_scoring_models, report_line,
+from nmt.atomic_files import atomic_write_bytes, lock_file, sha256_of
+from nmt.corpora.cleaning import (Cleaner, cleaning_description, dual_conditional_cross_entropy, load_scoring_models, report_line,
                       scoring_summary, settings_from_config)
 from config import Corpus, corpora, corpus_entries, corpus_name, target_tag
 from dataset import BilingualDataset, fits
-from device import pick_device
-from diagnostics import log
-from file_digests import FileDigests
-from sources import SPLITS, DataError, Pair, Source, carve, open_source, read_all_pairs, read_pairs, text_hash
-from tokenizer import encode_texts, tag_id, tokenizer_hash
+from nmt.device import pick_device
+from nmt.diagnostics import log
+from nmt.corpora.file_digests import FileDigests
+from nmt.corpora.sources import SPLITS, DataError, Pair, Source, carve, open_source, read_all_pairs, read_pairs, text_hash
+from nmt.corpora.tokenizer import encode_texts, tag_id, tokenizer_hash
 
 STORE_FORMAT = 1
 CLEANING_FILE = "cleaning.json"  # in a text store: what cleaning removed from its training pairs

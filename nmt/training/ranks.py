@@ -44,7 +44,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from diagnostics import first_line, log
+from nmt.diagnostics import first_line, log
 
 PEER_SIGNAL = signal.SIGUSR1  # the watch thread's way to raise RankFailed or relay a stop in the main thread
 JOIN_S = 100.0  # the rendezvous's limit, unless --rank_timeout_s is longer

@@ -45,8 +45,8 @@ from urllib.parse import urlparse
 import numpy as np
 
 from config import OPTIONS
-from diagnostics import first_line, log
-from file_digests import ColumnsError, FileDigests
+from nmt.diagnostics import first_line, log
+from nmt.corpora.file_digests import ColumnsError, FileDigests
 
 Pair = tuple[str, str]
 SPLITS = ("train", "validation", "test")

@@ -1,0 +1,1 @@
+"""Serving: what serve.py needs besides its routes (the connection guard)."""
