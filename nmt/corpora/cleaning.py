@@ -374,7 +374,7 @@ class Cleaner:
                 yield judged
 
     def clean_batches(self, batches: Iterable[list[Pair]]) -> Iterator[list[Pair]]:
-        """`clean` over batches (dataset.read_pairs'), batch for batch."""
+        """`clean` over batches (sources.read_pairs'), batch for batch."""
         for batch in batches:
             yield list(self.clean(batch))
 
