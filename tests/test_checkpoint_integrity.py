@@ -21,6 +21,7 @@ import torch
 
 from nmt import atomic_files
 import train
+from nmt.training.resume import RESUME_KEYS
 import translate as translate_py
 from nmt.training.checkpoint import (DIGEST_KEY, MANIFEST, CheckpointError, content_digest, load_checkpoint, load_for_inference,
                         load_latest, save_average, save_checkpoint)
@@ -394,8 +395,8 @@ def test_a_checkpoint_holds_what_resuming_needs(trained: Path) -> None:
     """What Trainer.save writes is what check_resumable asks of a checkpoint: RESUME_KEYS, with the
     metrics, the digest, the run's plan (None unless it was planned to its clock; a checkpoint written
     before plans lacks it and still resumes), the depth, batch and width its plan chose (None unless it
-    chose them) and the record of its data (store.data_record; one written before it lacks it and
-    resumes unchecked)."""
+    chose them), the record of its data (store.data_record; one written before it lacks it and
+    resumes unchecked) and what the run decided beside its config (train.Trainer.decide)."""
     assert set(load_checkpoint(trained / "ckpt_00000012.pt")) == {
-        *train.RESUME_KEYS, "plan", "planned_layers", "planned_batch_tokens", "planned_width", "data", "metrics",
+        *RESUME_KEYS, "plan", "planned_layers", "planned_batch_tokens", "planned_width", "data", "metrics", "decided",
         DIGEST_KEY}

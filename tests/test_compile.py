@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-import train
+from nmt.training.step import compile_for_training
 from config import PRESETS, get_config
 from nmt.training.loss import loss_sum
 from model import build_model
@@ -27,7 +27,7 @@ def test_compiled_graphs_are_bounded_over_a_runs_batch_shapes() -> None:
     model = build_model(config, 60, 70)
     torch._dynamo.reset()
     counter = CompileCounterWithBackend("eager")
-    compiled = train.compile_for_training(model, backend=counter)
+    compiled = compile_for_training(model, backend=counter)
     for index, (sentences, source, target) in enumerate(SHAPES):
         src, tgt = torch.randint(4, 60, (sentences, source)), torch.randint(4, 70, (sentences, target))
         mask = None

@@ -1,4 +1,4 @@
-"""optimizer.py: weight decay on weight matrices only, and the learning-rate schedules."""
+"""optimizer.py: weight decay on weight matrices only, the fused kernels, and the settings a resume applies."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 from config import PRESETS, get_config
 from model import build_model
-from nmt.training.optimizer import build_optimizer, lr_factor
+from nmt.training.optimizer import apply_settings, build_optimizer
 
 
 def test_weight_decay_applies_to_weight_matrices_only() -> None:
@@ -27,57 +27,6 @@ def test_weight_decay_applies_to_weight_matrices_only() -> None:
         assert "encoder.layers.0.self_attention.w_q.bias" in kept and "decoder.norm.weight" in kept
         assert "src_embed.embedding.weight" in kept
         assert ("projection_layer.proj.weight" in decayed) is not tied
-
-
-def test_inverse_sqrt_schedule_without_warmup_decays_from_the_first_step() -> None:
-    config = dict(get_config(), lr=1e-3, warmup_steps=0, warmup_fraction=0.0)
-    assert [lr_factor(step, config, 100) for step in (0, 3, 99)] == pytest.approx([1.0, 0.5, 0.1])
-
-
-def test_inverse_sqrt_schedule_peaks_at_warmup() -> None:
-    config = dict(get_config(), lr=1e-3, warmup_steps=100)
-    factors = [lr_factor(step, config, 1000) for step in range(400)]
-    assert factors[99] == pytest.approx(1.0)
-    assert factors[0] == pytest.approx(0.01)
-    assert factors[399] == pytest.approx((100 / 400) ** 0.5)
-    assert max(factors) == pytest.approx(1.0)
-
-
-def test_warmup_is_a_fraction_of_the_run_unless_given_in_steps() -> None:
-    config = dict(get_config(), lr=1e-3)  # the defaults: warmup_steps 0, warmup_fraction 0.1
-    factors = [lr_factor(step, config, 4600) for step in range(4600)]
-    assert factors.index(max(factors)) == 459 and factors[459] == pytest.approx(1.0)
-    assert factors[-1] == pytest.approx((460 / 4600) ** 0.5)
-    assert lr_factor(99, dict(config, warmup_steps=100), 4600) == pytest.approx(1.0)
-
-
-def test_cosine_schedule_ends_at_min_lr() -> None:
-    config = dict(get_config(), lr=1e-3, warmup_steps=10, lr_schedule="cosine", min_lr=1e-5)
-    assert lr_factor(9, config, 100) == pytest.approx(1.0)
-    assert lr_factor(99, config, 100) == pytest.approx(1e-2)
-
-
-def test_wsd_holds_the_peak_then_decays_linearly_to_min_lr() -> None:
-    # 10 steps of warmup, 90 after it: the last 30% (27 steps) decay, the 63 before hold the peak.
-    config = dict(get_config(), lr=1e-3, warmup_steps=10, lr_schedule="wsd", decay_fraction=0.3, min_lr=1e-5)
-    factors = [lr_factor(step, config, 100) for step in range(100)]
-    assert factors[9:73] == pytest.approx([1.0] * 64)
-    assert factors[73] < 1.0 and factors[99] == pytest.approx(1e-2)
-    drops = [a - b for a, b in zip(factors[72:], factors[73:])]
-    assert drops == pytest.approx([drops[0]] * len(drops)) and drops[0] == pytest.approx(0.99 / 27)
-
-
-def test_a_decay_whose_end_moved_goes_on_from_where_it_stood_to_min_lr_at_the_new_end() -> None:
-    """Re-timed at step 85 of 100 (time_budget.decay_retime_step), the run now ends at 95: from
-    step 85 on the decay is linear from the multiplier it stood at to min_lr at step 95, no jump."""
-    config = dict(get_config(), lr=1e-3, warmup_steps=10, lr_schedule="wsd", decay_fraction=0.3, min_lr=1e-5)
-    anchor = (85, lr_factor(85, config, 100))
-    moved = [lr_factor(step, config, 95, 10, anchor) for step in range(95)]
-    assert moved[:85] == pytest.approx([lr_factor(step, config, 95) for step in range(85)])  # before it: the schedule's
-    assert moved[85] == anchor[1] and moved[94] == pytest.approx(1e-2)
-    drops = [a - b for a, b in zip(moved[85:], moved[86:])]
-    assert drops == pytest.approx([(anchor[1] - 1e-2) / 9] * 9)
-    assert lr_factor(85, config, 95) < anchor[1] - 0.1  # the schedule of 95 steps alone jumps down at 85
 
 
 def test_adamw_is_fused_on_cuda_and_the_cpu_and_torch_s_default_on_meta() -> None:
@@ -114,3 +63,17 @@ def test_the_fused_cpu_step_is_adamw_s_step() -> None:
     assert optimizers[0].param_groups[0]["fused"] and not optimizers[1].param_groups[0]["fused"]
     for a, b in zip(fused.parameters(), plain.parameters()):
         torch.testing.assert_close(a, b)
+
+
+def test_a_resume_applies_the_configs_betas_eps_and_weight_decay_and_says_what_changed(capsys) -> None:
+    config = {**get_config(), **PRESETS["tiny"], "weight_decay": 0.01}
+    optimizer = build_optimizer(build_model(config, 40, 50), config)
+    changed = {**config, "adam_beta2": 0.99, "adam_eps": 1e-6, "weight_decay": 0.05}
+    apply_settings(optimizer, changed, config)
+    decay, no_decay = optimizer.param_groups
+    assert decay["betas"] == no_decay["betas"] == (config["adam_beta1"], 0.99)
+    assert decay["eps"] == no_decay["eps"] == 1e-6 and (decay["weight_decay"], no_decay["weight_decay"]) == (0.05, 0.0)
+    assert capsys.readouterr().err == ("resuming with changed optimizer settings, applied from here on: --weight_decay "
+                                       "0.01 -> 0.05, --adam_beta2 0.98 -> 0.99, --adam_eps 1e-09 -> 1e-06\n")
+    apply_settings(optimizer, changed, changed)
+    assert capsys.readouterr().err == ""

@@ -31,11 +31,14 @@ import train
 from config import PRESETS, get_config, parse_config
 from nmt.inference.decoding import beam_search, greedy_decode, sample
 from nmt.training.loss import loss_sum
+from nmt.training.ranks import GracefulStop, RankExchange, Ranks
+from nmt.training.validation import validation_loss
 from model import build_model
 from synthetic_data import synthetic_pairs, write_hub_dataset
 from nmt.corpora.tokenizer import PAD_ID, SOS_ID
 
-AUDITED = {"model.py", "loss.py", "decoding.py", "cpu_kernels.py", "train.py"}
+AUDITED = {"model.py", "loss.py", "decoding.py", "cpu_kernels.py", "train.py", "schedule.py", "clock_plan.py",
+           "validation.py", "step.py", "run_data.py"}
 FACTORIES = {torch.tensor, torch.as_tensor, torch.zeros, torch.ones, torch.full, torch.empty, torch.arange,
              torch.rand, torch.randn, torch.randint, torch.eye, torch.linspace}
 
@@ -68,7 +71,7 @@ def trainer_on(device: torch.device, data: Path, tmp_path: Path) -> train.Traine
     config = parse_config(["--datasource", str(data), "--preset", "tiny", "--batch_tokens", "200", "--max_steps", "2",
                            "--log_every", "1000", "--model_folder", str(tmp_path / "w"), "--runs_folder",
                            str(tmp_path / "r"), "--store_folder", str(tmp_path / "s"), "--dropout", "0.1"])
-    trainer = train.Trainer(config, device, train.Ranks(), time.monotonic(), None, False)
+    trainer = train.Trainer(config, device, Ranks(), time.monotonic())
     trainer.start_or_resume()
     return trainer
 
@@ -81,23 +84,23 @@ def test_two_training_steps_and_the_validation_loss_run_on_the_meta_device(data:
         reads.extend(flag.device for flag in flags if isinstance(flag, torch.Tensor))
         return [False] * len(flags)
 
-    monkeypatch.setattr(train.Trainer, "on_any_rank", no_step_is_skipped)
+    monkeypatch.setattr(RankExchange, "on_any_rank", no_step_is_skipped)
     trainer = trainer_on(torch.device("meta"), data, tmp_path)
     assert next(trainer.raw_model.parameters()).is_meta
-    with train.GracefulStop() as graceful:
+    with GracefulStop() as graceful:
         assert trainer.train_epoch(graceful) == "max_steps"
     assert trainer.global_step == 2 and reads == [torch.device("meta")] * 2
     state = trainer.optimizer.state[next(trainer.raw_model.parameters())]
     assert state["exp_avg"].is_meta and int(state["step"]) == 2  # AdamW stepped (its step count lives on the host)
-    assert trainer.scheduler.last_epoch == 2
-    assert train.validation_loss(trainer.raw_model, trainer.val_ds, trainer.config, trainer.device)[0].is_meta
+    assert trainer.learning_rate.steps == 2
+    assert validation_loss(trainer.raw_model, trainer.val_ds, trainer.config, trainer.device)[0].is_meta
 
 
 def test_a_training_step_on_the_cpu_makes_no_host_tensor_in_project_code(data: Path, tmp_path: Path) -> None:
     trainer = trainer_on(torch.device("cpu"), data, tmp_path)
-    with HostTensorAudit() as audit, train.GracefulStop() as graceful:
+    with HostTensorAudit() as audit, GracefulStop() as graceful:
         trainer.train_epoch(graceful)
-        train.validation_loss(trainer.raw_model, trainer.val_ds, trainer.config, trainer.device)
+        validation_loss(trainer.raw_model, trainer.val_ds, trainer.config, trainer.device)
     assert audit.found == []
 
 

@@ -26,7 +26,9 @@ from nmt.corpora.store import text_store, token_store
 from synthetic_data import synthetic_pairs, write_hub_dataset, write_parallel_files
 from nmt.inference.decoding import repeat_free_ngram_size
 from nmt.training.loss import loss_sum
-from nmt.training.optimizer import lr_factor
+from nmt.training.resume import check_resumable
+from nmt.training.schedule import Schedule
+from nmt.training.validation import run_validation, validation_subset
 from nmt.inference.scoring import corpus_scores
 from nmt.corpora.tokenizer import PAD_ID, tokenizer_from_json
 from nmt.inference.translator import DecodingOptions, TorchTranslator
@@ -64,8 +66,12 @@ def test_first_run_stops_at_max_steps_with_a_checkpoint(trained_run) -> None:
     length_ratio = round(target_tokens / source_tokens, 4)
     assert f"length_ratio {length_ratio}:" in run.first.stderr
     assert config == {**run.config, "max_steps": run.FIRST_MAX_STEPS, "length_ratio": length_ratio}
-    # tokenizers and the resolved config sit beside the checkpoints
-    assert json.loads((run.folder / "config.json").read_text())["max_steps"] == run.SECOND_MAX_STEPS
+    assert state["decided"] == {"length_ratio": {"value": length_ratio, "by": "the training data"}}
+    # tokenizers and the run's config sit beside the checkpoints: what was given (the second run's
+    # command line), apart from what the run decided
+    record = json.loads((run.folder / "config.json").read_text())
+    assert record["config"]["max_steps"] == run.SECOND_MAX_STEPS and record["config"]["length_ratio"] == 0
+    assert "max_steps" in record["given"] and record["decided"] == state["decided"]
     assert (run.folder / "tokenizer_en.json").read_text() == state["tokenizers"]["src"]
     assert (run.folder / "tokenizer_it.json").read_text() == state["tokenizers"]["tgt"]
     assert set(state["metrics"]) == {"loss", "bleu", "chrf", "bleu_nrefs1", "chrf_nrefs1", "cer", "wer"}  # validated
@@ -159,7 +165,7 @@ def test_validation_scores_raw_text_and_teacher_forced_loss(trained_run, monkeyp
     monkeypatch.setattr(TorchTranslator, "translate_best", fixed_translations)
     val_ds = token_store(config, text, tok_src, tok_tgt).dataset("validation")
     writer = SummaryWriter(str(tmp_path))
-    metrics = train.run_validation(model, val_ds, pairs, tok_src, tok_tgt, config, torch.device("cpu"), writer, 77)
+    metrics = run_validation(model, val_ds, pairs, tok_src, tok_tgt, config, torch.device("cpu"), writer, 77)
     writer.close()
     assert seen_sources == sources
     lines = [fixed[s] for s, _ in pairs]
@@ -248,7 +254,7 @@ def test_a_checkpoint_from_before_the_corpus_keys_can_be_resumed(trained_run) ->
     state["config"] = {key: value for key, value in state["config"].items() if key not in added}
     best = state.pop("best_value")
     state["best_bleu"] = best  # the key before --best_metric, when the best was always BLEU's
-    train.check_resumable(state, parse_config(trained_run.args), path)
+    check_resumable(state, parse_config(trained_run.args), path)
     assert state["best_value"] == best and "best_bleu" not in state
 
 
@@ -405,7 +411,7 @@ def test_other_optimizer_settings_on_resume_are_applied_and_logged(stopped_mid_e
     decay, no_decay = state["optimizer"]["param_groups"]
     assert decay["betas"] == no_decay["betas"] == (0.9, 0.99)
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.01, 0.0)
-    assert decay["lr"] == pytest.approx(5e-3 * lr_factor(6, config, config["max_steps"]))
+    assert decay["lr"] == pytest.approx(5e-3 * Schedule.from_config(config, config["max_steps"]).factor(6))
 
 
 def test_other_accum_steps_mid_epoch_resume_at_the_next_batch(stopped_mid_epoch: list[str],
@@ -521,12 +527,12 @@ def test_validation_on_a_step_schedule_also_after_a_mid_epoch_resume(stopped_mid
 
 def test_the_validation_subset_is_fixed_by_the_seed_and_keeps_every_reference() -> None:
     pairs = [(f"source {i % 7}", f"reference {i}") for i in range(20)]  # 7 distinct sources, 2 or 3 references each
-    chosen = train.validation_subset(pairs, 3, seed=1)
+    chosen = validation_subset(pairs, 3, seed=1)
     sources = {source for source, _ in chosen}
     assert len(sources) == 3 and chosen == [pair for pair in pairs if pair[0] in sources]
-    assert train.validation_subset(pairs, 3, seed=1) == chosen
-    assert {s for s, _ in train.validation_subset(pairs, 3, seed=2)} != sources
-    assert train.validation_subset(pairs, 0, seed=1) == train.validation_subset(pairs, 7, seed=1) == pairs
+    assert validation_subset(pairs, 3, seed=1) == chosen
+    assert {s for s, _ in validation_subset(pairs, 3, seed=2)} != sources
+    assert validation_subset(pairs, 0, seed=1) == validation_subset(pairs, 7, seed=1) == pairs
 
 
 def test_early_stopping_after_patience_validations_without_a_better_bleu(stopped_mid_epoch: list[str],

@@ -3,49 +3,55 @@
 A fixed epoch count either leaves a fast machine's budget unused or is cut short by the clock on a
 slow one, its learning rate still high; a schedule that decays to the budget's end beats one cut
 short (Li et al., "Budgeted training", ICLR 2020). With `--max_minutes` and neither `--num_epochs`
-nor `--max_steps` given, train.py measures its first steps (after a few warm-up steps, and any
+nor `--max_steps` given, the run times its first steps (after a few warm-up steps, and any
 compile), estimates a validation and a checkpoint, and `plan_run` fixes the run's length in steps,
-and with it the learning-rate schedule: the warmup keeps its length in steps (at most half the run),
-the decay ends at the planned step. Where the dropout is the preset's (or the default), the plan
-scales it to the run's length (`planned_dropout`): a run of fewer epochs sees each pair fewer times
-and needs less. On a CPU whose rough epoch estimate (train.cpu_epoch_estimate, before the model is
-built) fits under num_epochs (a preset's, set for its depth and batch), the run trains one layer
-fewer (`planned_layers`), unless --num_layers is given, on smaller batches (`planned_batch_tokens`),
-unless --batch_tokens is given; where it fits under a quarter of them, a narrower model first
-(`planned_width`), unless --d_model or --d_ff is given, whose estimate the depth and batch then
-follow. Only the last epoch ends that fit VALIDATION_SHARE of the budget validate
-(`first_validated_step`); the others checkpoint, and their validations' time goes to steps; of those,
-as many as fit CHECKPOINT_SHARE of the budget, evenly spread (`checkpoint_interval`). The
-invocation that planned re-times the plan from the steps and validations it measured (a dozen steps
-and a young model's decoding are a small sample of a shared machine, and a GPU's first epoch pays
-once for each new batch shape): at every epoch end while the learning rate does not depend on the
-run's length (inverse square root; wsd until its decay), and once halfway where the run's end or the
-decay comes before the next epoch end (`halfway_retime_step`); once for cosine
-(train.Trainer.retime); and a wsd plan once more halfway through its decay (`decay_retime_step`),
+and with it the learning-rate schedule (schedule.py): the warmup keeps its length in steps (at most
+half the run), the decay ends at the planned step. Where the dropout is the preset's (or the
+default), the plan scales it to the run's length (`planned_dropout`): a run of fewer epochs sees each
+pair fewer times and needs less. What a plan sizes before the model is built (its depth, width and
+batch on a CPU) is planned_size.py's.
+
+Only the last epoch ends that fit VALIDATION_SHARE of the budget validate (`first_validated_step`);
+the others checkpoint, and their validations' time goes to steps; of those, as many as fit
+CHECKPOINT_SHARE of the budget, evenly spread (`checkpoint_interval`).
+
+The invocation that planned re-times the plan from the steps and validations it measured (a dozen
+steps and a young model's decoding are a small sample of a shared machine, and a GPU's first epoch
+pays once for each new batch shape): at every epoch end while the learning rate does not depend on
+the run's length (inverse square root; wsd until its decay), and once halfway where the run's end or
+the decay comes before the next epoch end (`halfway_retime_step`); once for cosine, at the last epoch
+end before its warmup ends; and a wsd plan once more halfway through its decay (`decay_retime_step`),
 from the steps since its last re-time, its decay going on from the learning rate it stands at to the
-new end (optimizer.lr_factor's `decay_from`), as does any re-time whose plan's decay would have
-begun by then (train.Trainer.planned). A wsd plan whose kept validations all follow its decay
-validates the last epoch end it re-times at where its estimate counts more than once after it, so
-that the re-time measures one. The plan is stored in every checkpoint and followed by a resumed run,
-so a resume stays bit-exact (it depends on the machine's speed: two runs of one seed on different
-machines differ).
+new end (Schedule.anchor_for), as does any re-time whose plan's decay would have begun by then. A
+plan whose kept validations all follow its decay validates the last epoch end it re-times at where
+its estimate counts more than once after it, so that the re-time measures one.
+
+`ClockPlan` is the component that does all of this for train.py: it is told when an epoch starts, a
+step ends, a validation or a checkpoint is timed, and it answers when to validate and checkpoint,
+whether the clock is up (its reserve keeps the last validation, checkpoint and fit inside the
+budget) and whether the run has reached its end. It takes the clock and, under torchrun, the way to
+agree with rank 0, whose plan every rank follows. Its state is saved in every checkpoint and
+followed by a resumed run, so a resume stays bit-exact (the plan depends on the machine's speed:
+two runs of one seed on different machines differ).
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable, Iterator, NamedTuple
+
+from nmt.diagnostics import log
+from nmt.training.schedule import LearningRate, Schedule
 
 PLAN_SKIP_STEPS = 3  # steps not timed: the first ones pay for allocation, caching and compiling
 PLAN_TIMED_STEPS = 12  # steps timed; the plan is made after PLAN_SKIP_STEPS + PLAN_TIMED_STEPS steps
-# Kept free of the budget for what the estimates miss (at least MARGIN_S). The last re-time is an
+# Kept free of the budget for what the estimates miss (at least MARGIN_S): the last re-time is an
 # epoch from the end, and the last validation's and the fit's estimates (a young model's decoding,
-# run to the references' length) run long: 5-minute plans here ended 6 to 18 s before they expected.
+# run to the references' length) run long.
 MARGIN_FRACTION = 0.02
 MARGIN_S = 3.0
 FIT_SHARE = 0.1  # of the budget: a confidence fit estimated to cost more is left out of the run
-WIDTH_SHARE = 0.75  # of the preset's d_model and d_ff: a very short CPU run's narrower model (planned_width)
-BATCH_FLOOR = 0.5  # of the preset's batch: the smallest a CPU run's planned batch gets (planned_batch_tokens)
 VALIDATION_SHARE = 0.1  # of the budget: what a planned run's epoch-end validations may cost
 CHECKPOINT_SHARE = 0.05  # of the budget: what the checkpoints of epoch ends that do not validate may cost
 
@@ -70,7 +76,7 @@ class Plan:
     validate_from: int = 0  # epoch ends before this step checkpoint without validating; 0: all validate
     first_validation_seconds: float = 0.0  # the first plan's validation_seconds (fit_seconds); 0 in older plans
     checkpoint_every: int = 1  # of the epoch ends that do not validate, every this-many-th checkpoints; 1 in older plans
-    decay_from: int = 0  # re-timed in wsd's decay: the schedule's step it decays anew from (lr_factor); 0: not
+    decay_from: int = 0  # re-timed in wsd's decay: the schedule's step it decays anew from; 0: not
     decay_from_lr: float = 1.0  # ... and the peak lr's multiplier at that step
 
     @property
@@ -80,7 +86,7 @@ class Plan:
 
     @property
     def decay_anchor(self) -> tuple[int, float] | None:
-        """optimizer.lr_factor's `decay_from`: where a decay re-timed while under way starts anew."""
+        """Schedule's `decay_from`: where a decay re-timed while under way starts anew."""
         return (self.decay_from, self.decay_from_lr) if self.decay_from else None
 
     @property
@@ -131,6 +137,11 @@ class Plan:
         return f", validating {which} (validations within {VALIDATION_SHARE:.0%} of the budget)"
 
 
+def plan_from_dict(state: dict[str, Any] | None) -> Plan | None:
+    """A checkpoint's stored plan (None: the run was not planned, or predates plans)."""
+    return Plan(**state) if state else None
+
+
 def validations_until(step: int, total: int, steps_per_epoch: int, every: int, validate_from: int = 0) -> int:
     """Validations after `step` up to and including `total`: each epoch's end from `validate_from`
     on, every `every` steps (0: none), and the run's end, each step counted once."""
@@ -149,12 +160,11 @@ def check_steps(step: int, total: int, steps_per_epoch: int, every: int, validat
 
 def halfway_retime_step(step: int, free_until: int | None, steps_per_epoch: int) -> int | None:
     """The step between epoch ends at which a plan made at `step` is re-timed once more: halfway to
-    `free_until` (the step from which its length is fixed: optimizer.length_free_until) where that
+    `free_until` (the step from which its length is fixed: Schedule.length_free_until) where that
     comes before the next epoch end, whose re-time would then be too late; None where it does not,
-    or where fewer than PLAN_TIMED_STEPS steps would be timed. On an H200 with cuDNN's attention
-    (device.py turns it off since) a paper-base first epoch (every batch a new shape) cost 0.82 s a
-    step (another H200's later epochs: 0.05): re-timed at its end, a 2-minute plan ended at step 71,
-    inside the second epoch, after 1.7 minutes."""
+    or where fewer than PLAN_TIMED_STEPS steps would be timed. A GPU's first epoch, whose every batch
+    is a new shape, can take many times as long a step as the next ones: a plan of a few epochs
+    needs a re-time made from steady steps before its length is fixed."""
     if free_until is None or free_until > (step // steps_per_epoch + 1) * steps_per_epoch:
         return None
     halfway = step + (free_until - step) // 2
@@ -165,9 +175,8 @@ def decay_retime_step(decay_start: int, total: int, last_retime: int) -> int | N
     """The step halfway through a wsd plan's decay (from `decay_start` to `total`) at which the plan
     is re-timed once more, from the steps timed since its last re-time (at step `last_retime`); None
     where fewer than PLAN_TIMED_STEPS steps would be timed, or no step is left to plan. Without it,
-    steps that slowed after the last epoch end before the decay stop the run on its clock: a
-    12-minute plan here, whose steps ran about a tenth slower after its last re-time, stopped at
-    step 3,124 of 3,189 with the learning rate at 12% of its peak instead of min_lr."""
+    steps that slow after the last epoch end before the decay (a shared machine) stop the run on its
+    clock with the learning rate still far above min_lr."""
     halfway = decay_start + (total - decay_start) // 2
     return halfway if halfway - last_retime >= PLAN_TIMED_STEPS and halfway < total - 1 else None
 
@@ -186,11 +195,9 @@ def checkpoint_interval(total: int, steps_per_epoch: int, checkpoint_seconds: fl
     """Every how many epoch ends a planned run of `total` steps checkpoints where it does not
     validate: 1 (every one) where all of them fit CHECKPOINT_SHARE of the budget, else evenly
     spread, at least one. A checkpoint is what a killed run resumes from, so they keep coming
-    through the run; but a paper-base one (AdamW's moments too, about 700 MB) took 1.7-2.3 s to
-    hash, write and fsync on an H200, whose tatoeba epoch (38 steps) took 1.6-2.0: checkpointed at
-    every epoch end, a 2-minute run there spent 48 s on them and trained 827 steps (seed 42; 950
-    for seed 1), thinned to 5% 7.6 s and 1,445 (1,672). A validated epoch end checkpoints
-    whatever this says: it may be the best."""
+    through the run; but a large model's (AdamW's moments too) can take longer to hash, write and
+    fsync than a short epoch on a GPU takes to train. A validated epoch end checkpoints whatever
+    this says: it may be the best."""
     ends = (total - 1) // steps_per_epoch
     if checkpoint_seconds <= 0 or ends <= 0:
         return 1
@@ -202,13 +209,9 @@ def first_validated_step(total: int, steps_per_epoch: int, validation_seconds: f
     """The first epoch end a planned run of `total` steps validates at: as many of its last epoch
     ends as fit VALIDATION_SHARE of the budget with the last step's validation, 0 (all) where
     they all fit. An epoch end before it still checkpoints. A validation decodes the subset to
-    pick the best checkpoint; a wsd or cosine run's best is one of its last (seeds 42/1/2 at 15
-    minutes: the last or the one before, of 19-21), and a young model's loops make the early ones
-    the dearest: 8.0 s for the first of a 2-minute run here, 4.0 for the next, a sixth of its
-    budget in all. The share keeps a 15-minute run's validations from before the decay, whose
-    measured cost corrects the estimate's (a 32-sentence sample decoded to its longest reference:
-    10.9 s, where they take about 4.5): at 5% only its last 3 epoch ends validated, and the run
-    ended 63 s early."""
+    pick the best checkpoint; a decaying run's best is one of its last, and a young model's loops
+    make the early ones the dearest. The share keeps some validations before the decay, whose
+    measured cost corrects the first estimate's."""
     if validation_seconds <= 0:
         return 0
     ends = math.floor(VALIDATION_SHARE * budget_s / validation_seconds) - 1
@@ -218,37 +221,67 @@ def first_validated_step(total: int, steps_per_epoch: int, validation_seconds: f
     return last_end - (ends - 1) * steps_per_epoch if ends > 0 else total
 
 
-def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, validation_seconds: float,
-             checkpoint_seconds: float, steps_per_epoch: int, validate_every: int, save_every: int,
-             warmup_steps: int, warmup_fraction: float, final_seconds: float = 0.0,
-             dropout: float | None = None, dropout_epochs: int = 0, first_validation_seconds: float = 0.0) -> Plan:
-    """The most steps whose cost fits what is left of `budget_s` after `elapsed_s`, a margin kept:
-    each remaining step at `step_seconds`, each validation still to come (those
-    `first_validated_step` keeps), the checkpoints of those and of the epoch ends
-    `checkpoint_interval` keeps, those of `save_every`, and
-    `final_seconds` of work after the last checkpoint (the confidence fit), unless that is over
-    FIT_SHARE of the budget: then the run leaves the fit out; with `first_validation_seconds`, the
-    fit's estimate is scaled as the validations measured since (`fit_seconds`). Never fewer than
-    `step` + 1. The warmup: the config's `warmup_steps`, at most half the run; where it is 0,
-    `warmup_fraction` of the run. The dropout: `planned_dropout` of `dropout` (None: the run keeps
-    its config's)."""
+@dataclass(frozen=True)
+class Costs:
+    """What a plan is made from: the seconds of a step, a validation and a checkpoint as measured or
+    estimated, the confidence fit's estimate (`final_seconds`, 0 without a fit) and the first plan's
+    validation estimate, which the fit's was made with (`fit_seconds`)."""
+
+    step_seconds: float
+    validation_seconds: float
+    checkpoint_seconds: float
+    final_seconds: float = 0.0
+    first_validation_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class PlanRules:
+    """What a run's plans keep from its config: the budget, the epoch's steps, the steps that validate
+    (`validate_every`) and checkpoint (`save_every`), the warmup (`warmup_steps`, else
+    `warmup_fraction` of the run) and the dropout to scale (None: the run keeps its own) from the
+    `dropout_epochs` it was set for."""
+
+    budget_s: float
+    steps_per_epoch: int
+    validate_every: int = 0
+    save_every: int = 0
+    warmup_steps: int = 0
+    warmup_fraction: float = 0.0
+    dropout: float | None = None
+    dropout_epochs: int = 0
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], steps_per_epoch: int, scale_dropout: bool) -> PlanRules:
+        return cls(60 * config["max_minutes"], steps_per_epoch, config["validate_every_steps"],
+                   config["save_every_steps"], config["warmup_steps"], config["warmup_fraction"],
+                   config["dropout"] if scale_dropout else None, config["num_epochs"])
+
+
+def plan_run(step: int, elapsed_s: float, rules: PlanRules, costs: Costs) -> Plan:
+    """The most steps whose cost fits what is left of the budget after `elapsed_s`, a margin kept:
+    each remaining step at its seconds, each validation still to come (those `first_validated_step`
+    keeps), the checkpoints of those and of the epoch ends `checkpoint_interval` keeps, those of
+    `save_every`, and the confidence fit after the last checkpoint, unless that is over FIT_SHARE of
+    the budget: then the run leaves the fit out. Never fewer than `step` + 1. The warmup: the rules'
+    `warmup_steps`, at most half the run; where it is 0, `warmup_fraction` of the run. The dropout:
+    `planned_dropout` of the rules' (None: the run keeps its config's)."""
+    budget_s, steps_per_epoch = rules.budget_s, rules.steps_per_epoch
     left = budget_s - elapsed_s - max(MARGIN_S, MARGIN_FRACTION * budget_s)
-    # A 2-minute run here counted 28.8 s for a fit (beam 5 over 500 sentences) that a model so young
-    # cannot pass (every sentence below the chrF threshold): a quarter of the budget, steps not taken.
-    fitting = fit_seconds(final_seconds, validation_seconds, first_validation_seconds)
+    # A young model's fit can cost a quarter of a short budget and pass nothing (every sentence below
+    # the chrF threshold): over the share, its time goes to steps.
+    fitting = fit_seconds(costs.final_seconds, costs.validation_seconds, costs.first_validation_seconds)
     fit = fitting <= FIT_SHARE * budget_s
-    after_last = fitting if fit else 0.0
 
     def cost(total: int) -> float:
-        validate_from = first_validated_step(total, steps_per_epoch, validation_seconds, budget_s)
-        validated = validations_until(step, total, steps_per_epoch, validate_every, validate_from)
-        checkpoints = checkpoint_steps(step, total, steps_per_epoch, validate_every, validate_from,
-                                       checkpoint_interval(total, steps_per_epoch, checkpoint_seconds, budget_s))
-        saves = (total // save_every - step // save_every) if save_every else 0
-        return (total - step) * step_seconds + validated * validation_seconds + \
-            (len(checkpoints) + saves) * checkpoint_seconds + after_last
+        validate_from = first_validated_step(total, steps_per_epoch, costs.validation_seconds, budget_s)
+        validated = validations_until(step, total, steps_per_epoch, rules.validate_every, validate_from)
+        checkpoints = checkpoint_steps(step, total, steps_per_epoch, rules.validate_every, validate_from,
+                                       checkpoint_interval(total, steps_per_epoch, costs.checkpoint_seconds, budget_s))
+        saves = (total // rules.save_every - step // rules.save_every) if rules.save_every else 0
+        return (total - step) * costs.step_seconds + validated * costs.validation_seconds + \
+            (len(checkpoints) + saves) * costs.checkpoint_seconds + (fitting if fit else 0.0)
 
-    low, high = step + 1, step + 1 + max(1, int(left / max(step_seconds, 1e-9)))
+    low, high = step + 1, step + 1 + max(1, int(left / max(costs.step_seconds, 1e-9)))
     # The largest total whose cost fits: cost grows with total, but for the checkpoints' spacing,
     # which can drop one or two as the run lengthens (a few seconds: at most CHECKPOINT_SHARE).
     while low < high:
@@ -259,25 +292,26 @@ def plan_run(step: int, elapsed_s: float, budget_s: float, step_seconds: float, 
             high = middle - 1
     total = low
     # Warmup steadies the first updates of a model still at its random start (Adam's moments, the
-    # attention's softmax): it takes steps, whatever the run's length. Shrunk with the run (24 of a
-    # planned 577), the full learning rate came too early and 5 minutes ended at a validation loss
-    # of 4.04, where the fixed schedule stood at 3.26 at the same step.
-    warmup = min(warmup_steps, total // 2) if warmup_steps else round(warmup_fraction * total)
-    return Plan(total, warmup, steps_per_epoch, step_seconds, validation_seconds, checkpoint_seconds, step,
-                budget_s, elapsed_s + cost(total), final_seconds, fit,
-                None if dropout is None else planned_dropout(dropout, total / steps_per_epoch, dropout_epochs),
-                first_validated_step(total, steps_per_epoch, validation_seconds, budget_s), first_validation_seconds,
-                checkpoint_interval(total, steps_per_epoch, checkpoint_seconds, budget_s))
+    # attention's softmax): it takes steps, whatever the run's length; shrunk with a short run, the
+    # full learning rate comes too early.
+    warmup = min(rules.warmup_steps, total // 2) if rules.warmup_steps else round(rules.warmup_fraction * total)
+    dropout = None if rules.dropout is None else planned_dropout(rules.dropout, total / steps_per_epoch,
+                                                                  rules.dropout_epochs)
+    return Plan(total_steps=total, warmup_steps=warmup, steps_per_epoch=steps_per_epoch,
+                step_seconds=costs.step_seconds, validation_seconds=costs.validation_seconds,
+                checkpoint_seconds=costs.checkpoint_seconds, planned_at_step=step, budget_s=budget_s,
+                expected_end_s=elapsed_s + cost(total), final_seconds=costs.final_seconds, confidence_fit=fit,
+                dropout=dropout, validate_from=first_validated_step(total, steps_per_epoch, costs.validation_seconds,
+                                                                    budget_s),
+                first_validation_seconds=costs.first_validation_seconds,
+                checkpoint_every=checkpoint_interval(total, steps_per_epoch, costs.checkpoint_seconds, budget_s))
 
 
 def fit_seconds(estimated_fit_seconds: float, validation_seconds: float, first_validation_seconds: float) -> float:
-    """The confidence fit's time: its estimate (train.Trainer.estimated_validation_seconds, made
-    with the validation's, `first_validation_seconds`) scaled as validations measured since came
-    out (`validation_seconds`); unscaled without a first estimate (0), never raised. Both estimates
-    decode a sample to its longest reference, in one batch: a 5-minute plan here counted 5.3 s a
-    validation and 13.9 s for the fit, and measured validations took 2.1, so the fit, about 5 s,
-    left 9 s of the budget unused. A 2-minute plan measures its one validation at its end, and keeps
-    the estimate: a model that young loops to the limit, and its fit (16 s) is left out."""
+    """The confidence fit's time: its estimate (made with the first plan's validation estimate,
+    `first_validation_seconds`) scaled as the validations measured since came out
+    (`validation_seconds`); unscaled without a first estimate (0), never raised. Both estimates
+    decode a sample to its longest reference, so both run long by about the same factor."""
     if first_validation_seconds <= 0:
         return estimated_fit_seconds
     return estimated_fit_seconds * min(1.0, validation_seconds / first_validation_seconds)
@@ -286,94 +320,319 @@ def fit_seconds(estimated_fit_seconds: float, validation_seconds: float, first_v
 def planned_dropout(dropout: float, epochs: float, dropout_epochs: int) -> float:
     """`dropout`, set for runs of `dropout_epochs` epochs (a preset's epoch count), scaled down in
     proportion for a run of fewer `epochs`; never raised. Dropout trades how fast a model fits for
-    how well it generalises once it sees each pair many times: the cpu preset's 0.15 was tuned for
-    its 21 epochs, and a 5-minute run here has about 6. Seed 1 at 650 steps (5.8 epochs, wsd):
-    dropout 0.15 ended at validation loss 3.084 and greedy BLEU 15.07, 0.05 at 2.859 and 21.55,
-    0 at 2.873 and 21.48; this rule gives 0.041."""
+    how well it generalises once it sees each pair many times: a run that sees each pair a few
+    times gains little from it and fits more slowly (docs/quality.md)."""
     if dropout_epochs <= 0:
         return dropout
     return round(dropout * min(1.0, epochs / dropout_epochs), 4)
 
 
-def planned_layers(num_layers: int, estimated_epochs: float, preset_epochs: int) -> int:
-    """The depth a run of about `estimated_epochs` epochs trains: `num_layers`, one fewer where the
-    budget fits fewer than the `preset_epochs` its depth was chosen for, the threshold under which
-    planned_batch_tokens shrinks the batch. A smaller model takes more steps in the same time, and a
-    short run is limited by its steps, not by what the model can hold. The cpu preset (3 + 3, 21
-    epochs) on a 2-core Zen 4, planned 3 + 3 against 2 + 2 (grouped validation BLEU; test BLEU at
-    beam 5, docs/quality.md): 5 minutes (about 7 epochs of 3 + 3 estimated; seeds 42 / 1 / 2), test
-    +2.26 / +1.92 / -0.22 for 2 + 2, chrF2 p 0.001 each; 9 minutes (13.7-15.5 estimated; 42 / 1 /
-    2), validation 32.06 / 32.07 / 32.45 for 3 + 3, 31.95 / 32.22 / 33.60 for 2 + 2, test +1.67 /
-    +0.30 / +1.78, chrF2 p <= 0.02 each; 12 minutes (16.8 / 20.7 estimated; 42 / 1), validation
-    33.91 / 33.25 for 3 + 3, 33.57 / 33.59 for 2 + 2, test +0.41 / -0.09 (p 0.18 / 0.35); 15 minutes
-    (25.7 estimated; 42 / 1 / 2), validation 34.22 / 34.33 / 34.41 for 3 + 3, 35.59 / 34.45 / 35.01
-    for 2 + 2, test -0.71 / -0.14 / +0.38, no p under 0.09. The smaller model wins where the preset's
-    epochs are far from fitting and ties near them, so a run that fits them trains the preset as
-    designed, the 15-minute plan among them; past 25.7 estimated epochs 2 + 2 is not measured."""
-    if num_layers > 1 and preset_epochs > 0 and estimated_epochs < preset_epochs:
-        return num_layers - 1
-    return num_layers
+class PlanMark(NamedTuple):
+    """Where a plan's timing starts: the step, the clock, and the validations' and checkpoints'
+    seconds and counts so far, which the steps' time leaves out."""
+
+    step: int
+    clock: float
+    validation_seconds: float
+    validations: int
+    checkpoint_seconds: float
+    checkpoints: int
 
 
-def planned_width(d_model: int, d_ff: int, num_heads: int, estimated_epochs: float,
-                  preset_epochs: int) -> tuple[int, int]:
-    """The d_model and d_ff of a run of about `estimated_epochs` epochs: the preset's, narrowed to
-    WIDTH_SHARE of them (d_model an even multiple of `num_heads`) where under a quarter of its
-    `preset_epochs` fit. A narrower model takes more steps in the same time, and early in training
-    more steps gain more than more width. The cpu preset on a 2-core Zen 4 (2 + 2 layers;
-    grouped validation BLEU, beam 5; seeds 42 / 1 / 2): 2 minutes (1.7-3.3 epochs estimated), d_model
-    192 and d_ff 384 against 256 and 512, 1,108 / 844 / 1,004 steps against 744 / 686 / 805,
-    validation 25.62 / 22.40 / 23.48 against 21.99 / 21.23 / 24.14 (test +3.84 / +2.20 / +0.57, p
-    0.001 / 0.001 / 0.13); 5 minutes (7.3-8.0 estimated), 30.76 / 29.78 / 29.60 against 30.84 /
-    29.54 / 29.53, a tie, so a longer run keeps its width."""
-    if preset_epochs <= 0 or estimated_epochs >= preset_epochs / 4:
-        return d_model, d_ff
-    unit = math.lcm(num_heads, 2)  # validate_config: heads of equal width, sinusoidal positions in pairs
-    narrow = round(d_model * WIDTH_SHARE / unit) * unit
-    if not 0 < narrow < d_model:
-        return d_model, d_ff
-    return narrow, round(d_ff * narrow / d_model)
+class ClockPlan:
+    """A run's length and its clock: planned to --max_minutes (`planning`: the plan is made once
+    enough steps are timed), followed from a checkpoint's plan, or the config's epochs, and the
+    clock's stop of any run with --max_minutes.
 
+    `learning_rate` follows each plan's schedule; `set_dropout` is called with a plan's dropout
+    (unless --dropout was given); `estimate` returns a validation's, the confidence fit's and a
+    checkpoint's estimated seconds for the first plan; `agree` hands rank 0's value to every rank
+    (torchrun) and `is_main` says whether this is rank 0, which alone plans and reads the clock for
+    the stop. `writer`, once set, is rank 0's TensorBoard writer."""
 
-def planned_batch_tokens(batch_tokens: int, estimated_epochs: float, preset_epochs: int) -> int:
-    """The batch of a run of about `estimated_epochs` epochs: `batch_tokens`, set for the
-    `preset_epochs` of a preset, times the square root of the share of them that fits, at least
-    BATCH_FLOOR of it; never raised. Early in training a gradient's noise is small against its
-    signal, so a smaller batch takes more steps from the same tokens without wasting them (the
-    critical batch grows as the loss falls: McCandlish et al. 2018); a long run needs the large batch
-    late. On a 2-core Zen 4, 2-minute plans (3.4 epochs estimated) with batches of 1,500 / 1,000 /
-    700 / 500 tokens took 446 / 659 / 893 / 1,032 steps (seed 42) and ended at validation loss
-    3.146 / 3.020 / 2.982 / 3.147, greedy BLEU 10.74 / 13.74 / 19.30 / 14.24; seed 1: 3.268 /
-    3.022 / 3.166 / 3.049, BLEU 8.03 / 13.60 / 12.41 / 14.32. Under 700 a step costs more per token
-    (1,032 steps of 500 against 893 of 700). This rule gives 750; the square root is a choice
-    between the two ends, not a measured law."""
-    if preset_epochs <= 0:
-        return batch_tokens
-    share = max(BATCH_FLOOR, min(1.0, math.sqrt(max(estimated_epochs, 0.0) / preset_epochs)))
-    return round(batch_tokens * share)
+    def __init__(self, config: dict[str, Any], clock: Callable[[], float], started: float, steps_per_epoch: int,
+                 learning_rate: LearningRate, *, planning: bool, given: frozenset[str] = frozenset(),
+                 set_dropout: Callable[[float], None] = lambda dropout: None,
+                 estimate: Callable[[], tuple[float, float, float]] = lambda: (0.0, 0.0, 0.0),
+                 agree: Callable[[Any], Any] = lambda value: value, is_main: bool = True) -> None:
+        self.config, self.clock, self.started, self.steps_per_epoch = config, clock, started, steps_per_epoch
+        self.learning_rate, self.given, self.set_dropout, self.estimate = learning_rate, given, set_dropout, estimate
+        self.agree, self.is_main, self.writer = agree, is_main, None
+        # A plan scales the config's dropout, unless --dropout was given; not when compiling either
+        # (a new value would compile every graph again), but a resumed run follows it.
+        self.rules = PlanRules.from_config(config, steps_per_epoch, "dropout" not in given and not config["compile"])
+        self.planning, self.plan = planning, None
+        self.step_times: list[tuple[int, float, float]] = []  # (step, clock, validation seconds so far)
+        self.plan_mark: PlanMark | None = None  # where the plan's (or first re-time's) timing starts
+        self.last_mark: PlanMark | None = None  # where the last plan or re-time was made: a decay re-time times from it
+        self.retimed = False  # re-timed since planning: later re-times measure from the first
+        self.halfway_retime: int | None = None  # a re-time between epoch ends (halfway_retime_step)
+        self.decay_retime: int | None = None  # a re-time halfway through the decay (decay_retime_step)
+        self.validations, self.validation_seconds, self.last_validation_seconds = 0, 0.0, 0.0  # this invocation's
+        self.checkpoints, self.checkpoint_seconds = 0, 0.0  # written (or waited for) in this invocation
 
+    # ------------------------------------------------------------------ the run's length
 
-def plan_from_dict(state: dict[str, Any] | None) -> Plan | None:
-    """A checkpoint's stored plan (None: the run was not planned, or predates plans)."""
-    return Plan(**state) if state else None
+    def epochs_left(self, epoch: int) -> bool:
+        """Whether epoch `epoch` is trained: a planned run ends at its planned step, however many
+        epochs that is; another at its config's epoch count."""
+        return self.planning or self.plan is not None or epoch < self.config["num_epochs"]
 
+    def reached_end(self, step: int) -> bool:
+        """Whether `step` is the plan's last."""
+        return self.plan is not None and step >= self.plan.total_steps
 
-def timed_window(step: int) -> bool:
-    """Whether optimizer step `step` (1-based, the step just finished) ends inside the timed window."""
-    return PLAN_SKIP_STEPS < step <= PLAN_SKIP_STEPS + PLAN_TIMED_STEPS
+    def already_done(self, step: int, epoch: int) -> str | None:
+        """Why a resumed run has nothing left to train (None: it has)."""
+        config = self.config
+        if config["max_steps"] and step >= config["max_steps"]:
+            return f"already trained {step} steps (--max_steps {config['max_steps']}); raise --max_steps to go on"
+        if self.reached_end(step):
+            return (f"already trained the {self.plan.total_steps} steps of the run's plan; start a new run "
+                    f"(--experiment_name) for another")
+        if not self.epochs_left(epoch):
+            return f"already trained {epoch} epochs; raise --num_epochs to go on"
+        return None
 
+    @property
+    def ends_with_fit(self) -> bool:
+        """Whether training ends with the confidence fit: with --confidence_sentences, unless the
+        plan left it out (FIT_SHARE)."""
+        return bool(self.config["confidence_sentences"]) and (self.plan is None or self.plan.confidence_fit)
 
-def is_planning_step(step: int, steps_per_epoch: int) -> bool:
-    """Whether the plan is made after optimizer step `step`: after the timed window, or at the end of
-    a first epoch too short to hold it."""
-    return step == min(PLAN_SKIP_STEPS + PLAN_TIMED_STEPS, max(steps_per_epoch, 1))
+    # ------------------------------------------------------------------ the clock
 
+    def elapsed_minutes(self) -> float:
+        return (self.clock() - self.started) / 60
 
-def window_start(steps_per_epoch: int) -> int:
-    """The step after which timing starts: PLAN_SKIP_STEPS, or fewer in a very short first epoch."""
-    end = min(PLAN_SKIP_STEPS + PLAN_TIMED_STEPS, max(steps_per_epoch, 1))
-    return min(PLAN_SKIP_STEPS, max(end - 1, 0))
+    def out_of_time(self) -> bool:
+        """Whether rank 0's clock, with the reserve for what a stop still does, is past --max_minutes."""
+        budget = self.config["max_minutes"]
+        return self.is_main and bool(budget) and self.clock() - self.started + self.reserve() >= 60 * budget
 
+    def reserve(self) -> float:
+        """The seconds a clock stop still spends after its step, kept inside --max_minutes: its
+        validation (the last one's time, or before any the plan's estimate: a planned run may
+        validate only at its end), its checkpoint (this invocation's mean, or the plan's estimate),
+        and the confidence fit a plan keeps (steps that slow after the last re-time would otherwise
+        push the fit past the budget)."""
+        plan = self.plan
+        validation = self.last_validation_seconds or (plan.validation_seconds if plan is not None else 0.0)
+        checkpoint = self.checkpoint_seconds / self.checkpoints if self.checkpoints else \
+            (plan.checkpoint_seconds if plan is not None else 0.0)
+        fit = plan.fit_seconds if plan is not None and self.ends_with_fit else 0.0
+        return validation + checkpoint + fit
 
-def expected_epochs(plan: Plan) -> int:
-    return math.ceil(plan.total_steps / plan.steps_per_epoch)
+    @contextlib.contextmanager
+    def timing_validation(self) -> Iterator[None]:
+        """Times a validation: its seconds are left out of the steps' and go to the plan's estimate."""
+        started = self.clock()
+        yield
+        self.last_validation_seconds = self.clock() - started
+        self.validation_seconds += self.last_validation_seconds
+        self.validations += 1
+
+    @contextlib.contextmanager
+    def timing_checkpoint(self) -> Iterator[None]:
+        """Times a checkpoint (or rank 0's, waited for): left out of the steps' time, as validations."""
+        started = self.clock()
+        yield
+        self.checkpoints += 1
+        self.checkpoint_seconds += self.clock() - started
+
+    # ------------------------------------------------------------------ planning and re-timing
+
+    def epoch_started(self, step: int) -> None:
+        if self.planning:
+            self.step_times.append((step, self.clock(), self.validation_seconds))
+
+    def step_done(self, step: int, epoch_ended: bool) -> None:
+        """Records the clock after a step while planning; once enough steps are timed (or the first
+        epoch ends before), makes the plan: rank 0's, which every rank follows."""
+        if not self.planning:
+            return
+        self.step_times.append((step, self.clock(), self.validation_seconds))
+        if len(self.step_times) - 1 < PLAN_SKIP_STEPS + PLAN_TIMED_STEPS and not epoch_ended:
+            return
+        self.follow_agreed(self.first_plan(step) if self.is_main else None)
+        self.plan_mark = self.last_mark = self.mark(step)
+        self.schedule_halfway_retime(step)
+        self.schedule_decay_retime()
+
+    def first_plan(self, step: int) -> Plan:
+        """The plan from the timed steps (the first PLAN_SKIP_STEPS left out where there are more),
+        the estimated validation, fit and checkpoint, and the clock."""
+        skip = min(PLAN_SKIP_STEPS, len(self.step_times) - 2)
+        (first, started, validated), (last, ended, validated_end) = self.step_times[skip], self.step_times[-1]
+        step_seconds = max(ended - started - (validated_end - validated), 0.0) / max(last - first, 1)
+        validation_seconds, fit, checkpoint_seconds = self.estimate()
+        return self.planned(step, Costs(step_seconds, validation_seconds, checkpoint_seconds, fit, validation_seconds),
+                            "")
+
+    def retime_within_epoch(self, step: int) -> bool:
+        """The re-time due at `step` between epoch ends, if any (halfway_retime_step, or halfway
+        through the decay); whether one was made: its checkpoint holds the plan."""
+        if step == self.halfway_retime:
+            self.retime(step, epoch_end=False)
+            return True
+        if step == self.decay_retime:
+            self.retime_decay(step)
+            return True
+        return False
+
+    def retime_at_epoch_end(self, step: int) -> bool:
+        """The epoch end's re-time, then the decay's if it falls here; whether the decay's was made
+        (its checkpoint holds the plan, though the epoch end would not checkpoint)."""
+        self.retime(step)
+        if step == self.decay_retime:
+            self.retime_decay(step)
+            return True
+        return False
+
+    def retime(self, step: int, epoch_end: bool = True) -> None:
+        """The plan again from the steps and validations measured, by the invocation that planned,
+        the checkpoint's and the fit's estimates kept where none was measured: at every epoch end
+        while the rate does not depend on the run's length (from the first epoch's end on, which
+        pays once for each new batch shape), else once, at the last epoch end before the decay
+        starts; where the plan's length is fixed before the next epoch end, once more halfway there
+        (`epoch_end` False). Made before a checkpoint, which holds it: a run resumed from there
+        follows it bit for bit and keeps it."""
+        plan, mark = self.plan, self.plan_mark
+        if plan is None or mark is None or step - mark.step < PLAN_TIMED_STEPS or step >= plan.total_steps:
+            return
+        schedule = self.learning_rate.schedule
+        again = schedule.length_free(step)
+        if not again and (self.retimed or step + self.steps_per_epoch <= schedule.decay_start()):
+            return
+        retimed = self.measured_plan(step, mark, "re-timed ")
+        if not again:
+            self.plan_mark = None
+        elif not self.retimed:
+            self.plan_mark = self.mark(step)
+        self.retimed = True
+        self.follow_agreed(retimed)
+        self.halfway_retime = None
+        if self.plan.decay_anchor is not None:  # its decay has begun (`planned`): the last re-time
+            self.end_retiming()
+            return
+        if epoch_end:
+            self.schedule_halfway_retime(step)
+        self.schedule_decay_retime()
+
+    def retime_decay(self, step: int) -> None:
+        """Halfway through a decay that can move (decay_retime_step): the plan once more from the
+        steps since its last re-time, its decay going on from the rate it stands at to the new last
+        step. The last re-time."""
+        self.follow_agreed(self.measured_plan(step, self.last_mark, "re-timed in the decay: ", decaying=True))
+        self.end_retiming()
+
+    def end_retiming(self) -> None:
+        """After a re-time whose decay starts anew from where it stands: no re-time follows it."""
+        self.plan_mark = self.last_mark = self.decay_retime = None
+
+    def measured_plan(self, step: int, mark: PlanMark, label: str, decaying: bool = False) -> Plan | None:
+        """Rank 0's plan from the steps, validations and checkpoints measured since `mark`, the
+        first plan's estimates where none was measured; None on the other ranks. Every rank marks
+        here where a decay re-time's measurement starts (`last_mark`)."""
+        self.last_mark = self.mark(step)
+        if not self.is_main:
+            return None
+        plan = self.plan
+        validated = self.validation_seconds - mark.validation_seconds
+        saved = self.checkpoint_seconds - mark.checkpoint_seconds
+        step_seconds = max(self.last_mark.clock - mark.clock - validated - saved, 0.0) / (step - mark.step)
+        validations, checkpoints = self.validations - mark.validations, self.checkpoints - mark.checkpoints
+        # The checkpoints measured replace the estimate, a serialisation in memory: writing and
+        # fsyncing depend on the disk.
+        return self.planned(step, Costs(step_seconds, validated / validations if validations else plan.validation_seconds,
+                                        saved / checkpoints if checkpoints else plan.checkpoint_seconds,
+                                        plan.final_seconds, plan.first_validation_seconds), label, decaying)
+
+    def planned(self, step: int, costs: Costs, label: str, decaying: bool = False) -> Plan:
+        """The plan for what is left of the clock from `step`, logged and recorded in TensorBoard. A
+        re-timed plan whose decay is under way (`decaying`), or would have begun by now, decays from
+        the rate it stands at (Schedule.anchor_for), at the schedule's step count, which skipped
+        steps do not advance."""
+        plan = plan_run(step, self.clock() - self.started, self.rules, costs)
+        if self.plan is not None:
+            anchor = self.learning_rate.schedule.anchor_for(plan.total_steps, plan.warmup_steps,
+                                                            self.learning_rate.steps, decaying)
+            if anchor is not None:
+                plan = replace(plan, decay_from=anchor[0], decay_from_lr=anchor[1])
+        log(label + plan.describe())
+        if self.writer is not None:
+            self.writer.add_text("plan", label + plan.describe(), step)
+            for name in ("total_steps", "warmup_steps", "step_seconds", "validation_seconds", "expected_end_s"):
+                self.writer.add_scalar(f"plan/{name}", getattr(plan, name), step)
+            if plan.dropout is not None:
+                self.writer.add_scalar("plan/dropout", plan.dropout, step)
+            self.writer.add_scalar("plan/epochs", plan.epochs, step)
+        return plan
+
+    def mark(self, step: int) -> PlanMark:
+        return PlanMark(step, self.clock(), self.validation_seconds, self.validations, self.checkpoint_seconds,
+                        self.checkpoints)
+
+    def schedule_halfway_retime(self, step: int) -> None:
+        """After the plan or an epoch end's re-time: the step between epoch ends to re-time at, if any."""
+        free_until = self.learning_rate.schedule.length_free_until()
+        self.halfway_retime = halfway_retime_step(step, free_until, self.steps_per_epoch)
+
+    def schedule_decay_retime(self) -> None:
+        """After the plan or a re-time: the step halfway through a decay that can move, if any."""
+        schedule = self.learning_rate.schedule
+        self.decay_retime = None if not schedule.decay_can_move or self.last_mark is None else decay_retime_step(
+            schedule.decay_start(), schedule.total_steps, self.last_mark.step)
+
+    def follow_agreed(self, plan: Plan | None) -> None:
+        """`follow` rank 0's plan (`plan` on rank 0, None on the others), on every rank."""
+        self.follow(plan_from_dict(self.agree(plan.as_dict() if plan is not None else None)))
+
+    def follow(self, plan: Plan) -> None:
+        """From here on the run's length, learning-rate schedule and dropout (unless given) are the plan's."""
+        self.plan, self.planning = plan, False
+        self.learning_rate.follow(Schedule.from_plan(self.config, plan))
+        if plan.dropout is not None and "dropout" not in self.given:
+            self.set_dropout(plan.dropout)
+
+    # ------------------------------------------------------------------ validations and checkpoints
+
+    def validates_epoch_end(self, step: int) -> bool:
+        """Whether the epoch end at `step` validates: every one without a plan; with one, those it
+        keeps (Plan.validates_epoch_end), and the last to re-time before the plan's length is fixed
+        where no validation was measured yet (`last_retime_measures_a_validation`)."""
+        return self.plan is None or self.plan.validates_epoch_end(step, self.config["validate_every_steps"]) or \
+            self.last_retime_measures_a_validation(step)
+
+    def checkpoints_epoch_end(self, step: int) -> bool:
+        """Whether the epoch end at `step` checkpoints: every one without a plan; with one, those it keeps."""
+        return self.plan is None or self.plan.checkpoints_epoch_end(step, self.config["validate_every_steps"])
+
+    def last_retime_measures_a_validation(self, step: int) -> bool:
+        """Whether this epoch end validates though the plan thins it: the last epoch end to re-time
+        before the plan's length is fixed, where no validation has been measured since the plan (or
+        its first re-time) and the plan counts the estimate more than one validation's worth after
+        it (a validated epoch end besides the last step, or a fit that costs more than one).
+        Without it the first estimate (a young model's decoding, run to the references' length)
+        stands to the end, and the run ends well before its budget. The re-time after it plans the
+        rest."""
+        plan, mark = self.plan, self.plan_mark
+        if mark is None or self.validations > mark.validations:
+            return False
+        if not plan.validated_epoch_ends and not (plan.confidence_fit and plan.fit_seconds > plan.validation_seconds):
+            return False
+        free_until = self.learning_rate.schedule.length_free_until()
+        return free_until is not None and step < free_until <= step + self.steps_per_epoch
+
+    # ------------------------------------------------------------------ a checkpoint's share
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """What a checkpoint holds of the plan (its "plan"): None for a run that was not planned."""
+        return self.plan.as_dict() if self.plan is not None else None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """A checkpoint's plan, followed from here (none: the run keeps its config's length)."""
+        if (plan := plan_from_dict(state)) is not None:
+            self.follow(plan)
+            log(f"following the run's plan: {plan.total_steps} steps ({plan.epochs:.1f} epochs); --max_minutes "
+                f"{self.config['max_minutes']:g} bounds this invocation's own clock")

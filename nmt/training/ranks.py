@@ -333,6 +333,33 @@ class RankWatch:
             dist.destroy_process_group()
 
 
+class RankExchange:
+    """What the ranks of a run hand each other, through the watch (RankWatch) and one all-reduce; in a
+    single process (no watch), each value stays where it is."""
+
+    def __init__(self, ranks: Ranks, watch: RankWatch | None, device: torch.device) -> None:
+        self.ranks, self.watch, self.device = ranks, watch, device
+
+    def from_rank0(self, value: Any = None) -> Any:
+        """Rank 0's `value` on every rank once rank 0 gets here, the others waiting on its heartbeat
+        (RankWatch.from_rank0): the waits for rank 0's long work; `value` in a single process."""
+        return self.watch.from_rank0(value) if self.watch is not None else value
+
+    def gather_to_rank0(self, name: str, value: Any) -> list[Any] | None:
+        """Every rank's `value` on rank 0, in rank order (RankWatch.gather_to_rank0); None on the
+        others; `[value]` in a single process."""
+        return self.watch.gather_to_rank0(name, value) if self.watch is not None else [value]
+
+    def on_any_rank(self, *flags: bool | torch.Tensor) -> list[bool]:
+        """Each flag (a bool, or a one-element tensor on the device) OR-ed over all ranks in one
+        all-reduce, and read back to the host once; a single process's own flags."""
+        if not self.ranks.distributed:
+            return [bool(flag) for flag in flags]
+        shared = torch.stack([torch.as_tensor(flag, device=self.device).reshape(()) for flag in flags]).int()
+        dist.all_reduce(shared, op=dist.ReduceOp.MAX)
+        return [bool(value) for value in shared.tolist()]
+
+
 class GracefulStop:
     """The first SIGINT or SIGTERM asks the run to stop after the current step and save a checkpoint;
     a second SIGINT quits at once (KeyboardInterrupt), and so does any of them inside `at_once()`
