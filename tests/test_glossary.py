@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nmt.inference.glossary import Glossary, GlossaryError, check_pairs, read_glossary, term_alternatives, term_ids
+from nmt.inference.glossary import (Glossary, GlossaryError, check_pairs, config_glossary, read_glossary,
+                                    term_alternatives, term_ids)
 from nmt.corpora.tokenizer import EOS_ID, UNK_ID, encode_ids, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,3 +109,19 @@ def test_a_term_the_vocabulary_cannot_spell_is_refused_by_name(tok_tgt) -> None:
         assert "cannot be spelled by the model's vocabulary" in str(error)
     with pytest.raises(GlossaryError, match=r"is \d+ tokens long, more than the 3 allowed"):
         term_ids(tok_tgt, "il gatto nero è qui", max_term_tokens=3)
+
+
+def test_a_glossary_saved_with_a_byte_order_mark_keeps_its_first_term(tmp_path: Path) -> None:
+    """Excel and Windows editors write U+FEFF first: it is no part of the first source term."""
+    path = write(tmp_path, "\ufeffcat\tgatto\ndog\tcane\n")
+    assert read_glossary(path, 10) == [("cat", "gatto"), ("dog", "cane")]
+    with pytest.raises(GlossaryError, match=r"glossary .*glossary.tsv is not UTF-8 text \(byte 0\): it is UTF-16"):
+        read_glossary(write(tmp_path, "cat\tgatto\n".encode("utf-16")), 10)
+
+
+def test_config_glossary_reads_the_configs_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "cat\tgatto\ndog\tcane\n")
+    assert config_glossary({"glossary": str(path), "glossary_max_terms": 5}) == [("cat", "gatto"), ("dog", "cane")]
+    assert config_glossary({"glossary": "", "glossary_max_terms": 5}) is None
+    with pytest.raises(GlossaryError, match="more than the 1 allowed"):
+        config_glossary({"glossary": str(path), "glossary_max_terms": 1})

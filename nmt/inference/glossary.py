@@ -2,8 +2,8 @@
 term is a constraint of that sentence's beam search (decoding.ConstraintBanks).
 
 A glossary is a list of (source term, target term) pairs, several words allowed on either side:
-read from a TSV file (`read_glossary`: UTF-8, one pair a line, source TAB target, blank lines
-skipped) or given as pairs (a request's `glossary`), checked alike (`check_pairs`): two non-empty
+read from a TSV file (`read_glossary`: UTF-8 with or without a byte-order mark, one pair a line,
+source TAB target, blank lines skipped) or given as pairs (a request's `glossary`), checked alike (`check_pairs`): two non-empty
 sides of at most MAX_TERM_CHARS characters, at most `max_terms` pairs, a source term given twice
 only with the same target. Each error is one line naming the row.
 
@@ -38,6 +38,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from nmt.corpora.tokenizer import UNK_ID, encode_texts
+from nmt.text_files import TextFileError, read_text
 
 WORD = re.compile(r"\w+")
 MAX_TERM_CHARS = 200  # either side of a pair
@@ -52,11 +53,11 @@ class GlossaryError(ValueError):
 def read_glossary(path: Path, max_terms: int) -> list[tuple[str, str]]:
     """The pairs of the TSV glossary at `path`, checked by `check_pairs`; rows named path:line."""
     try:
-        text = Path(path).read_bytes().decode("utf-8")
+        text = read_text(path, f"glossary {path}")
     except OSError as error:
         raise GlossaryError(f"cannot read glossary {path}: {error.strerror or error}") from None
-    except UnicodeDecodeError as error:
-        raise GlossaryError(f"glossary {path} is not UTF-8 text (byte {error.start})") from None
+    except TextFileError as error:
+        raise GlossaryError(str(error)) from None
     rows, labels = [], []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -68,6 +69,12 @@ def read_glossary(path: Path, max_terms: int) -> list[tuple[str, str]]:
         rows.append(columns)
         labels.append(f"{path}:{number}")
     return check_pairs(rows, max_terms, labels)
+
+
+def config_glossary(config: dict[str, Any]) -> list[tuple[str, str]] | None:
+    """The pairs of the config's `glossary` file (read_glossary, at most `glossary_max_terms`), None
+    when it names none: what translate.py and evaluate.py read before the model loads."""
+    return read_glossary(Path(config["glossary"]), config["glossary_max_terms"]) if config["glossary"] else None
 
 
 def check_pairs(pairs: Sequence[Any], max_terms: int, labels: Sequence[str] | None = None) -> list[tuple[str, str]]:
