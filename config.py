@@ -25,7 +25,9 @@ import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
+
+from nmt.text_files import TextFileError, read_text
 
 VERSION = "1.0.0"
 
@@ -53,7 +55,8 @@ GROUPS = {
 @dataclass(frozen=True)
 class Range:
     """Allowed numbers: at least `low` (above it when `low_open`), at most `high` (below it when
-    `high_open`); None is no bound."""
+    `high_open`); None is no bound. NaN is never a number, and an infinity only where a closed
+    bound names it (Range(0, math.inf): an option whose help then says what infinity means)."""
 
     low: float | None = None
     high: float | None = None
@@ -61,6 +64,8 @@ class Range:
     high_open: bool = False
 
     def admits(self, value: float) -> bool:
+        if math.isnan(value) or (math.isinf(value) and value not in (self.low, self.high)):
+            return False
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
         return self.high is None or (value < self.high if self.high_open else value <= self.high)
@@ -390,7 +395,8 @@ class ConfigError(ValueError):
 
 def check_value(key: str, value: Any) -> Any:
     """`value` as key's type (an int is taken where a float is expected, as JSON writes 1.0 as 1),
-    within its choices and range; a ConfigError names the key otherwise."""
+    within its choices and range (never NaN, an infinity only where the range names it: Range); a
+    ConfigError names the key otherwise."""
     option = OPTIONS[key]
     if option.kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
@@ -399,7 +405,8 @@ def check_value(key: str, value: Any) -> Any:
     if option.choices and value not in option.choices:
         raise ConfigError(f"--{key} must be one of {', '.join(map(str, option.choices))}, got {value!r}")
     if option.range is not None and not option.range.admits(value):
-        raise ConfigError(f"--{key} must be {option.range}, got {value}")
+        finite = "" if math.isfinite(value) else "a finite number, "
+        raise ConfigError(f"--{key} must be {finite}{option.range}, got {value}")
     return value
 
 
@@ -460,10 +467,10 @@ def check_training(config: dict[str, Any]) -> None:
         raise ConfigError(f"--min_lr {config['min_lr']} is above the peak --lr {config['lr']}")
 
 
-def closest(name: str) -> str:
-    """'; did you mean --X?' for the known key closest to `name`, or ''."""
-    found = difflib.get_close_matches(name.lstrip("-"), OPTIONS, n=1, cutoff=0.6)
-    return f"; did you mean --{found[0]}?" if found else ""
+def closest(name: str, known: Iterable[str] = OPTIONS, prefix: str = "--") -> str:
+    """'; did you mean --X?' for the name among `known` (the config's keys) closest to `name`, or ''."""
+    found = difflib.get_close_matches(name.lstrip("-"), list(known), n=1, cutoff=0.6)
+    return f"; did you mean {prefix}{found[0]}?" if found else ""
 
 
 # ---------------------------------------------------------------------------- command lines and files
@@ -533,36 +540,116 @@ def build_parser(program: str | tuple[str, ...], description: str) -> OneLinePar
     return parser
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
-    """Keys from a JSON file (a run's config.json) or a TOML file (.toml): a flat table of keys, or
-    tables whose names are groups; every key checked (`check_value`)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"--config {path}: cannot read it: {getattr(error, 'strerror', None) or error}") from None
-    try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as error:
-        raise ConfigError(f"--config {path}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'}: {error}") \
-            from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: expected a table of keys")
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in GROUPS and isinstance(value, dict):
-            flat.update(value)
-        else:
-            flat[key] = value
+RUN_FILE_KEYS = ("config", "given", "preset", "decided")  # the layout of the config.json train.py writes
+
+
+@dataclass
+class ConfigFile:
+    """What --config FILE holds: its values, the keys among them that count as given, and the preset
+    of the run it describes (a run's config.json; None in a file of keys)."""
+
+    values: dict[str, Any]
+    given: set[str]
+    preset: str | None = None
+
+
+def read_config_file(path: Path) -> ConfigFile:
+    """--config FILE, JSON or TOML (.toml), UTF-8 with or without a byte-order mark: a run's
+    config.json (`run_config`: only its "given" keys count as given) or a table of keys, all given,
+    flat or in tables named by their groups (`flat_keys`); every value checked (`check_value`)."""
+    data = parse_config_text(path)
+    if "config" in data:
+        return run_config(data, path)
+    flat = flat_keys(data, path)
     if isinstance(flat.get("datasource"), list):
         flat["datasource"] = corpora_from_tables(flat["datasource"], path)
-    for key, value in flat.items():
+    return ConfigFile(checked_values(flat, path), set(flat))
+
+
+def parse_config_text(path: Path) -> dict[str, Any]:
+    """The table a config file holds; a ConfigError in one line naming the file for one that cannot
+    be read, is not UTF-8, JSON or TOML, gives a JSON key twice in one table, or holds no table."""
+    toml = path.suffix == ".toml"
+    try:
+        text = read_text(path, f"--config {path}")
+    except OSError as error:
+        raise ConfigError(f"--config {path}: cannot read it: {error.strerror or error}") from None
+    except TextFileError as error:
+        raise ConfigError(str(error)) from None
+    try:
+        data = tomllib.loads(text) if toml else json.loads(text, object_pairs_hook=unique_keys)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"--config {path}: not valid {'TOML' if toml else 'JSON'}: {error}") from None
+    except ConfigError as error:
+        raise ConfigError(f"--config {path}: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a table of keys")
+    return data
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, refusing a key given twice (json.loads keeps the last, silently)."""
+    table: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in table:
+            raise ConfigError(f"{key} is given twice in one table")
+        table[key] = value
+    return table
+
+
+def flat_keys(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A config file's keys taken out of their tables: a table named by a group (GROUPS) holds that
+    group's keys alone, and a key is given once, at the top level or in its table."""
+    flat: dict[str, Any] = {}
+    places: dict[str, str] = {}
+    for name, value in data.items():
+        table = name if name in GROUPS and isinstance(value, dict) else ""
+        for key, item in value.items() if table else [(name, value)]:
+            if table and key in OPTIONS and OPTIONS[key].group != table:
+                raise ConfigError(f"--config {path}: {key} belongs in [{OPTIONS[key].group}], not in [{table}]")
+            place = f"in [{table}]" if table else "at the top level"
+            if key in flat:
+                raise ConfigError(f"--config {path}: {key} is given twice ({places[key]} and {place})")
+            flat[key], places[key] = item, place
+    return flat
+
+
+def checked_values(values: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A config file's values, each known and checked (`check_value`), or a ConfigError naming the file."""
+    checked = {}
+    for key, value in values.items():
         if key not in OPTIONS:
             raise ConfigError(f"--config {path}: unknown key {key!r}{closest(key)}")
         try:
-            flat[key] = check_value(key, value)
+            checked[key] = check_value(key, value)
         except ConfigError as error:
             raise ConfigError(f"--config {path}: {error}") from None
-    return flat
+    return checked
+
+
+def run_config(data: dict[str, Any], path: Path) -> ConfigFile:
+    """A run's config.json as train.py writes it: {"config": {every resolved key: value}, "given":
+    [the keys its user gave], "preset": NAME or null, "decided": {key: {"value": v, "by": "..."}}}.
+    The values are "config"'s, and only "given" counts as given; "decided" (what the data, the plan
+    or a checkpoint settled) is the record of that run alone, not applied: a run decides again."""
+    unknown = sorted(set(data) - set(RUN_FILE_KEYS))
+    if unknown:
+        raise ConfigError(f"--config {path}: unknown key {unknown[0]!r} in a run's config.json (its keys: "
+                          f"{', '.join(RUN_FILE_KEYS)}){closest(unknown[0], RUN_FILE_KEYS, '')}")
+    values, given, preset = data["config"], data.get("given"), data.get("preset")
+    if not isinstance(values, dict):
+        raise ConfigError(f"--config {path}: 'config' must be a table of keys")
+    if not isinstance(given, list) or not all(isinstance(key, str) for key in given):
+        raise ConfigError(f"--config {path}: 'given' must be the list of the keys the run's user gave")
+    strays = [key for key in given if key not in values]
+    if strays:
+        raise ConfigError(f"--config {path}: 'given' names {strays[0]!r}, which 'config' does not hold")
+    if preset is not None and preset not in PRESETS:
+        raise ConfigError(f"--config {path}: 'preset' must be one of {', '.join(sorted(PRESETS))} or null, "
+                          f"got {preset!r}")
+    if not isinstance(data.get("decided", {}), dict):
+        raise ConfigError(f"--config {path}: 'decided' must be a table of keys")
+    return ConfigFile(checked_values(values, path), set(given), preset)
 
 
 def corpora_from_tables(tables: list[Any], path: Path) -> str:
@@ -593,13 +680,15 @@ class Resolved:
 
 def resolve(args: argparse.Namespace) -> Resolved:
     """Defaults, then --config, then the preset, then explicit options; sampling without an explicit
-    beam implies beam_size 1; validated."""
+    beam implies beam_size 1; validated. Given: the options and the file's given keys (all of a file
+    of keys); the preset's keys: --preset's, else those of the preset a run's config.json names."""
     config = get_config()
-    from_file = read_config_file(args.config) if getattr(args, "config", None) else {}
-    config.update(from_file)
-    preset = PRESETS[args.preset] if getattr(args, "preset", None) else {}
-    config.update(preset)
-    given = set(from_file)
+    from_file = read_config_file(args.config) if getattr(args, "config", None) else ConfigFile({}, set())
+    config.update(from_file.values)
+    # --preset's values go over the file's; a run's config.json holds its own preset's already
+    config.update(PRESETS[args.preset] if getattr(args, "preset", None) else {})
+    preset = getattr(args, "preset", None) or from_file.preset
+    given = set(from_file.given)
     for key in OPTIONS:
         value = getattr(args, key, None)
         if value is not None:
@@ -608,7 +697,7 @@ def resolve(args: argparse.Namespace) -> Resolved:
     if (config["sampling_topk"] or config["sampling_topp"]) and "beam_size" not in given:
         config["beam_size"] = 1
     validate_config(config)
-    return Resolved(config, given, set(preset) - given)
+    return Resolved(config, given, set(PRESETS[preset] if preset else {}) - given)
 
 
 def parse_args(program: str | tuple[str, ...], argv: Sequence[str] | None = None, description: str = "",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import subprocess
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -18,8 +19,9 @@ import export
 import serve
 import train
 import translate
-from config import (EVERY, GROUPS, OPTIONS, PRESETS, PROGRAMS, ConfigError, Resolved, choose_run, experiment_name,
-                    get_config, options_table, parse_config, runs_dir, validate_config, weights_dir)
+from config import (EVERY, GROUPS, OPTIONS, PRESETS, PROGRAMS, ConfigError, Range, Resolved, choose_run,
+                    experiment_name, get_config, options_table, parse_args, parse_config, runs_dir, validate_config,
+                    weights_dir)
 from nmt.inference.translator import DecodingOptions
 
 PARSERS = {"clean": clean.argument_parser, "train": train.argument_parser, "translate": translate.argument_parser,
@@ -34,6 +36,8 @@ def test_every_key_is_declared_once_with_type_help_group_and_programs() -> None:
         assert option.programs and option.programs <= EVERY, key
         assert not option.choices or option.default in option.choices, key
         assert option.range is None or option.range.admits(option.default), key
+        # an option that takes infinity says what it means
+        assert option.range is None or not option.range.admits(math.inf) or "inf" in option.help, key
     validate_config(get_config())
 
 
@@ -113,17 +117,110 @@ def test_a_runs_config_file_reproduces_it_and_options_win(tmp_path: Path) -> Non
     assert (mine["datasource"], mine["d_model"], mine["num_heads"], mine["lr"]) == ("corpus", 64, 2, 1.0)
 
 
-@pytest.mark.parametrize("text, message", [('{"d_modle": 64}', "did you mean --d_model"),
-                                           ('{"d_model": "wide"}', "'d_model' must be int"),
-                                           ('{"d_model": ', "not valid JSON"), ('[1, 2]', "a table of keys")])
-def test_a_bad_config_file_is_one_line_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture, text: str,
-                                                       message: str) -> None:
-    (tmp_path / "bad.json").write_text(text)
+@pytest.mark.parametrize("name, text, message", [
+    ("bad.json", '{"d_modle": 64}', "did you mean --d_model"),
+    ("bad.json", '{"d_model": "wide"}', "'d_model' must be int"),
+    ("bad.json", '{"d_model": ', "not valid JSON"), ("bad.json", '[1, 2]', "a table of keys"),
+    # numbers that are not numbers, in JSON (which Python reads as NaN and Infinity) and TOML
+    ("bad.json", '{"max_minutes": NaN}', "--max_minutes must be a finite number, >= 0, got nan"),
+    ("bad.json", '{"optimisation": {"lr": Infinity}}', "--lr must be a finite number, > 0, got inf"),
+    ("bad.toml", "max_minutes = nan\n", "--max_minutes must be a finite number"),
+    ("bad.toml", "[run]\nmax_minutes = inf\n", "--max_minutes must be a finite number"),
+    ("bad.toml", "[serving]\nserve_drain_grace_s = inf\n", "--serve_drain_grace_s must be a finite number"),
+    # a key under another group's table, or given twice
+    ("bad.toml", "[model]\nd_model = 64\n[run]\nd_model = 128\n", "d_model belongs in [model], not in [run]"),
+    ("bad.toml", "d_model = 64\n[model]\nd_model = 128\n", "d_model is given twice (at the top level and in [model])"),
+    ("bad.json", '{"model": {"d_model": 64}, "d_model": 128}', "d_model is given twice (in [model] and at the top"),
+    ("bad.json", '{"d_model": 64, "d_model": 128}', "d_model is given twice in one table"),
+    ("bad.json", '{"model": {"lr": 1}}', "lr belongs in [optimisation], not in [model]"),
+])
+def test_a_bad_config_file_is_one_line_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture, name: str,
+                                                       text: str, message: str) -> None:
+    (tmp_path / name).write_text(text)
     with pytest.raises(SystemExit) as stop:
-        parse_config(["--config", str(tmp_path / "bad.json")])
+        parse_config(["--config", str(tmp_path / name)])
     lines = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(lines) == 1
-    assert "bad.json" in lines[0] and message in lines[0]
+    assert name in lines[0] and message in lines[0]
+
+
+@pytest.mark.parametrize("argv, message", [(["--max_minutes", "inf"], "--max_minutes must be a finite number"),
+                                           (["--max_minutes", "nan"], "--max_minutes must be a finite number"),
+                                           (["--max_minutes=-inf"], "--max_minutes must be a finite number"),
+                                           (["--lr", "nan"], "--lr must be a finite number"),
+                                           (["--dropout", "NaN"], "--dropout must be a finite number"),
+                                           (["--serve_request_timeout_s", "inf"], "--serve_request_timeout_s must be")])
+def test_numbers_that_are_not_numbers_are_one_line_naming_the_option(capsys: pytest.CaptureFixture, argv: list[str],
+                                                                     message: str) -> None:
+    program = "serve" if argv[0].startswith("--serve") else "train"
+    with pytest.raises(SystemExit) as stop:
+        parse_config(argv, program)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(lines) == 1 and message in lines[0]
+
+
+def test_a_range_admits_infinity_only_where_a_closed_bound_names_it() -> None:
+    assert not Range(0).admits(math.nan) and not Range(0).admits(math.inf) and Range(0).admits(1e308)
+    assert not Range(0, 1).admits(math.nan) and not Range(None, 0).admits(-math.inf)
+    assert Range(0, math.inf).admits(math.inf) and not Range(0, math.inf, high_open=True).admits(math.inf)
+
+
+@pytest.mark.parametrize("name", ["mine.json", "mine.toml"])
+def test_a_config_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                            name: str) -> None:
+    text = '{"d_model": 64, "num_heads": 2}' if name.endswith(".json") else "[model]\nd_model = 64\nnum_heads = 2\n"
+    (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    assert parse_config(["--config", str(tmp_path / name)])["d_model"] == 64
+    (tmp_path / name).write_bytes(text.encode("utf-16"))  # Notepad's "Unicode"
+    with pytest.raises(SystemExit):
+        parse_config(["--config", str(tmp_path / name)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"--config {tmp_path / name} is not UTF-8 text (byte 0): it is UTF-16" in lines[0]
+
+
+def run_layout(config: dict, given: list[str], preset: str | None, **more: object) -> str:
+    """A run's config.json as train.py writes it, by hand."""
+    return json.dumps({"config": config, "given": given, "preset": preset,
+                       "decided": {"num_layers": {"value": 2, "by": "the plan: a CPU too slow for the epochs"},
+                                   "length_ratio": {"value": 1.1, "by": "the training data"}}, **more})
+
+
+def test_a_runs_config_json_gives_only_its_given_keys_and_its_presets(tmp_path: Path) -> None:
+    config = parse_config(["--preset", "cpu", "--datasource", "data/tatoeba", "--seed", "7", "--d_model", "128"])
+    path = tmp_path / "config.json"
+    path.write_text(run_layout(config, ["datasource", "seed", "d_model"], "cpu"))
+    args, resolved = parse_args("train", ["--config", str(path)])
+    # "config"'s values, none of "decided"'s: the run decides again
+    assert resolved.config == config and resolved.config["num_layers"] == 3 and resolved.config["length_ratio"] == 0
+    assert resolved.given == {"datasource", "seed", "d_model"}
+    assert resolved.preset == set(PRESETS["cpu"]) - {"d_model"}
+    # options given here win and count as given; a --preset here is the preset
+    _, again = parse_args("train", ["--config", str(path), "--num_layers", "2", "--preset", "tiny"])
+    assert again.given == {"datasource", "seed", "d_model", "num_layers"}
+    assert again.preset == set(PRESETS["tiny"]) - again.given and again.config["lr"] == PRESETS["tiny"]["lr"]
+    assert (again.config["d_model"], again.config["num_layers"]) == (PRESETS["tiny"]["d_model"], 2)
+    path.write_text(run_layout(config, [], None))
+    assert parse_args("train", ["--config", str(path)])[1].preset == set()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"gven": []}, "unknown key 'gven' in a run's config.json (its keys: config, given, preset, decided); did you "
+                   "mean given?"),
+    ({"given": ["seed", "surprise"]}, "'given' names 'surprise', which 'config' does not hold"),
+    ({"given": "seed"}, "'given' must be the list of the keys"),
+    ({"preset": "huge"}, "'preset' must be one of base, big, cpu, tiny or null, got 'huge'"),
+    ({"config": {"d_modle": 64}, "given": []}, "unknown key 'd_modle'; did you mean --d_model?"),
+    ({"config": {"lr": math.nan}, "given": []}, "--lr must be a finite number"),
+    ({"decided": [1]}, "'decided' must be a table"),
+])
+def test_a_bad_runs_config_json_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture, change: dict,
+                                            message: str) -> None:
+    data = json.loads(run_layout({"seed": 7}, ["seed"], "cpu"))
+    (tmp_path / "config.json").write_text(json.dumps({**data, **change}))
+    with pytest.raises(SystemExit):
+        parse_config(["--config", str(tmp_path / "config.json")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
 
 
 def test_print_config_prints_the_resolved_config(capsys: pytest.CaptureFixture) -> None:
@@ -181,7 +278,6 @@ def run_folder(root: Path, *names: str) -> str:
 
 
 def resolved_for(model_folder: str, *argv: str, program: str = "translate") -> Resolved:
-    from config import parse_args
     return parse_args(program, [*argv, "--model_folder", model_folder])[1]
 
 
