@@ -9,6 +9,7 @@ import json
 import lzma
 import os
 import re
+from codecs import BOM_UTF8
 from pathlib import Path
 
 import numpy as np
@@ -276,17 +277,15 @@ def test_files_of_different_lengths_end_the_build_in_one_line(tmp_path: Path, lo
 
 def test_bad_lines_are_skipped_and_counted_by_reason(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     good = synthetic_pairs(3, 1)
-    write_lines(tmp_path / "c.en", b"\n".join([good[0][0].encode(), b"", b"Bad \xff.", b"   ", good[1][0].encode(),
-                                              b"No Italian.", good[2][0].encode()]) + b"\n")
-    write_lines(tmp_path / "c.it", [good[0][1], "Vuoto.", "Male.", "Spazi.", good[1][1], "", good[2][1]])
+    write_lines(tmp_path / "c.en", [good[0][0], "", good[1][0], "   ", "No Italian.", good[2][0]])
+    write_lines(tmp_path / "c.it", [good[0][1], "Vuoto.", good[1][1], "Spazi.", "", good[2][1]])
     assert plain_pairs(tmp_path / "c") == good
-    assert "train: skipped 4 of 7 rows (3 empty side, 1 invalid UTF-8)" in capsys.readouterr().err
+    assert "train: skipped 3 of 6 rows (3 empty side)" in capsys.readouterr().err
     tsv = [f"{good[0][0]}\t{good[0][1]}", "Three\tcolumns\there", "One column", "", f"\t{good[1][1]}",
            f"{good[2][0]}\t{good[2][1]}"]
-    write_lines(tmp_path / "t.tsv", "\n".join(tsv).encode("utf-8") + b"\nBad \xff\tline\n")
+    write_lines(tmp_path / "t.tsv", tsv)
     assert plain_pairs(tmp_path / "t.tsv") == [good[0], good[2]]
-    assert "train: skipped 5 of 7 rows (2 empty side, 1 invalid UTF-8, 2 not two TSV columns)" in \
-        capsys.readouterr().err
+    assert "train: skipped 4 of 6 rows (2 empty side, 2 not two TSV columns)" in capsys.readouterr().err
 
 
 def test_a_bom_and_windows_line_endings_are_stripped_and_only_newline_ends_a_line(tmp_path: Path) -> None:
@@ -376,14 +375,78 @@ def test_utf_16_and_nul_bytes_are_refused_in_one_line(tmp_path: Path, encoding: 
         read_all_pairs(open_source(str(path), "en", "it"), "train", "en", "it")
 
 
-def test_a_file_of_which_most_lines_are_not_utf_8_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """Latin-1 text whose every line has an accent: not trained on the lines that happen to be ASCII."""
-    rows = [f"Perché {i}?\tWhy {i}?" for i in range(6)] + [f"Ok {i}.\tOk {i}." for i in range(5)]
-    path = write_lines(tmp_path / "c.it-en.tsv", "".join(row + "\n" for row in rows).encode("latin-1"))
-    with pytest.raises(DataError, match=r"\(train\): 6 of its 11 rows are no UTF-8 text of pairs \(6 invalid UTF-8\)"):
-        read_all_pairs(open_source(str(path), "it", "en"), "train", "it", "en")
-    write_lines(path, "".join(row + "\n" for row in rows[5:]).encode("latin-1"))  # 1 bad row of 6: skipped
-    assert len(read_all_pairs(open_source(str(path), "it", "en"), "train", "it", "en")) == 5
+def test_a_tsv_file_most_of_whose_lines_are_no_pairs_is_refused(tmp_path: Path) -> None:
+    """A comma-separated file named .tsv: not trained on the lines that happen to hold a tab."""
+    rows = [f"Why {i}?,Perché {i}?" for i in range(6)] + [f"Ok {i}.\tOk {i}." for i in range(5)]
+    path = write_lines(tmp_path / "c.tsv", rows)
+    with pytest.raises(DataError, match=r"\(train\): 6 of its 11 rows are no text of pairs \(6 not two TSV columns\)"):
+        read_all_pairs(open_source(str(path), "en", "it"), "train", "en", "it")
+
+
+# Each form of plain files, as one reader reads it: (files written, the datasource, the file its bad line is in).
+PLAIN_FORMS = {"parallel files": (("c.en", "c.it"), "c", "c.it"), "TSV": (("c.tsv",), "c.tsv", "c.tsv"),
+               "gzip TSV": (("c.tsv.gz",), "c.tsv.gz", "c.tsv.gz"),
+               "bzip2 parallel files": (("c.en.bz2", "c.it.bz2"), "c", "c.en.bz2"),
+               "xz parallel files": (("c.en", "c.it.xz"), "c", "c.it.xz")}
+
+
+def write_form(folder: Path, form: str, pairs: list[tuple[str, str]], bad_line: int | None = None) -> str:
+    """`pairs` written in `form` (PLAIN_FORMS), each file starting with a UTF-8 BOM as Windows editors
+    save it; with `bad_line`, that line of the form's bad file is Windows-1252 (an è), not UTF-8."""
+    files, datasource, bad_file = PLAIN_FORMS[form]
+    for name in files:
+        side = name.startswith("c.it")
+        lines = [f"{s}\t{t}" for s, t in pairs] if len(files) == 1 else [pair[side] for pair in pairs]
+        data = [line.encode("utf-8") for line in lines]
+        if name == bad_file and bad_line:
+            data[bad_line - 1] = data[bad_line - 1].replace(b".", "è.".encode("cp1252"), 1)
+        write_lines(folder / name, "\ufeff".encode() + b"\n".join(data) + b"\n")
+    return str(folder / datasource)
+
+
+@pytest.mark.parametrize("form", PLAIN_FORMS)
+def test_plain_files_are_utf_8_with_or_without_a_bom_and_a_line_that_is_not_refuses_the_file(tmp_path: Path,
+                                                                                              form: str) -> None:
+    """The BOM is no part of the first sentence; a line of another encoding refuses its file in one
+    line naming it and the line, instead of training on the rest (the accented lines would be lost)."""
+    pairs = synthetic_pairs(4, 1)
+    assert plain_pairs(write_form(tmp_path / "good", form, pairs)) == pairs
+    datasource = write_form(tmp_path / "bad", form, pairs, bad_line=3)
+    bad_file = tmp_path / "bad" / PLAIN_FORMS[form][2]
+    with pytest.raises(DataError, match=rf"^{re.escape(str(bad_file))}: line 3 is not UTF-8 \(byte 0xE8 at byte \d+ "
+                                        rf"of the line\): save the file as UTF-8, .*iconv -f CP1252 -t UTF-8[^\n]*$"):
+        plain_pairs(datasource)
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_hub_folder_files_are_utf_8_with_or_without_a_bom_and_a_line_that_is_not_is_named(tmp_path: Path,
+                                                                                          suffix: str) -> None:
+    pairs = synthetic_pairs(4, 1)
+    folder = write_hub_dataset(tmp_path / "data", {"train": pairs})
+    path = folder / "en-it" / "train.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+
+    def write(rows: list[bytes]) -> Path:
+        written = write_lines(Path(f"{path}{suffix}"), b"".join([BOM_UTF8 + rows[0], *rows[1:]]))
+        readme = folder / "README.md"
+        readme.write_text(readme.read_text("utf-8").replace("train.jsonl\n", f"train.jsonl{suffix}\n"), "utf-8")
+        if suffix:
+            path.unlink(missing_ok=True)
+        return written
+
+    write(lines)
+    assert plain_pairs(folder) == pairs
+    written = write([*lines[:2], lines[2].replace(b".", "è.".encode("cp1252"), 1), lines[3]])
+    with pytest.raises(DataError, match=rf"^cannot read '{re.escape(str(folder))}' \(en-it\) train: "
+                                        rf"{re.escape(str(written))}: line 3 is not UTF-8 \(byte 0xE8 at byte \d+ "):
+        plain_pairs(folder)
+
+
+def test_a_held_out_file_with_a_bom_keeps_its_first_sentence_whole(tmp_path: Path) -> None:
+    corpus = write_prefix(tmp_path / "corpus", synthetic_pairs(40, 1))
+    dev = write_form(tmp_path / "dev", "TSV", synthetic_pairs(3, 2))
+    store = text_store(config_for(corpus, tmp_path, valid_data=dev))
+    assert store.pairs("validation") == synthetic_pairs(3, 2)
 
 
 def test_every_compression_a_corpus_name_drops_is_read() -> None:

@@ -12,10 +12,12 @@ store.py -> dataset.py).
    symbolic link that leads nowhere is named as such. `Source.fingerprint` is the source's identity
    by content: a Hub dataset by the revision its files resolve to, local files by the sha256 of
    their bytes (file_digests.py), with the split and languages each is read as. `read_pairs` streams
-   a split, keeping rows with two non-empty strings and counting the others by reason (a line that
-   is not UTF-8, longer than `max_line_bytes`, a TSV line without two columns); two files of
-   different lengths end the read with one line naming both counts, and so does a file that is
-   UTF-16 (by its byte-order mark), holds a NUL byte, or of which most rows are not UTF-8 text of pairs.
+   a split, keeping rows with two non-empty strings and counting the others by reason (a line
+   longer than `max_line_bytes`, a TSV line without two columns). Files are UTF-8, with or without
+   a byte-order mark (never part of the first sentence): a line that is not UTF-8 refuses its file
+   in one line naming the file and the line, and so does a UTF-16 byte-order mark or a NUL byte
+   (and, in a Hub folder's files, a line that is not JSON); two files of different lengths end the
+   read with one line naming both counts, and so does a TSV file most of whose lines are no pairs.
 2. `carve` splits a source that has only a train split, with the run's seed: validation and test
    each get `val_fraction` / `test_fraction` of it up to `val_max_pairs` / `test_max_pairs`, and
    training pairs whose source sentence also appears in either are removed (opus_books repeats
@@ -38,7 +40,6 @@ import zlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import islice, zip_longest
-from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, Sequence
 from urllib.parse import urlparse
 
@@ -53,8 +54,8 @@ SPLITS = ("train", "validation", "test")
 READ_BATCH = 10_000  # rows per streamed batch: bounds memory, amortises the per-batch cost
 MAX_LINE_BYTES = OPTIONS["max_line_bytes"].default
 TOO_LONG = "longer than max_line_bytes"
-# Rows skipped for these reasons say the file is no UTF-8 text of pairs; more than half of them refuse it.
-UNREADABLE = ("invalid UTF-8", "not two TSV columns")
+# Rows skipped for these reasons say the file is no text of pairs; more than half of them refuse it.
+UNREADABLE = ("not two TSV columns",)
 
 
 class DataError(RuntimeError):
@@ -71,18 +72,25 @@ def _hub_reachable(timeout: float = 5.0) -> bool:
         return False
 
 
-def _first_bad_json_line(folder: str) -> str | None:
-    """Name the first line of a local JSON-lines file that is not valid JSON."""
-    if not os.path.isdir(folder):
-        return None
-    for path in sorted(Path(folder).rglob("*.jsonl")):
-        with open(path, encoding="utf-8", errors="replace") as lines:
-            for number, line in enumerate(lines, start=1):
-                if line.strip():
+def _first_bad_line(files: Sequence[str]) -> str | None:
+    """Name the first line of the local files of a split (each optionally compressed) that is not
+    UTF-8, or, in a JSON-lines file, not valid JSON; a UTF-8 BOM at the start of a file is allowed."""
+    for path in filter(os.path.isfile, files):
+        json_lines = _uncompressed_name(path).endswith(".jsonl")
+        try:
+            with _open_binary(path) as handle:
+                for number, raw in enumerate(handle, start=1):
+                    raw = raw.removeprefix(BOM) if number == 1 else raw
                     try:
-                        json.loads(line)
+                        line = raw.decode("utf-8")
+                        if json_lines and line.strip():
+                            json.loads(line)
+                    except UnicodeDecodeError as error:
+                        return _not_utf8(path, number, raw, error)
                     except json.JSONDecodeError as error:
                         return f"{path}:{number} is not valid JSON ({error.msg})"
+        except (OSError, EOFError, zlib.error, lzma.LZMAError):
+            continue  # what the library said is all there is to say of it
     return None
 
 
@@ -199,7 +207,8 @@ class Source:
                 values = (wanted.decode_batch(columns) if wanted is not None else columns)["translation"]
                 yield [{"translation": value} for value in values]
         except (ValueError, OSError, datasets.exceptions.DatasetGenerationError) as error:
-            detail = _first_bad_json_line(self.datasource) or first_line(error)
+            files = [str(path) for path in (self.builder.config.data_files or {}).get(split, [])]
+            detail = _first_bad_line(files) or first_line(error)
             raise DataError(f"cannot read {self.datasource!r} ({self.pair}) {split}: {detail}") from None
 
 
@@ -237,13 +246,13 @@ def bounded_lines(handle: BinaryIO, max_bytes: int) -> Iterator[bytes | None]:
             yield None
 
 
-def _text_lines(path: str, max_bytes: int) -> Iterator[str | None | object]:
+def _text_lines(path: str, max_bytes: int) -> Iterator[str | object]:
     """The lines of a plain or compressed file, ended by "\\n" alone (not str.splitlines, which also
     ends one at U+2028, a form feed and the like inside a sentence), without it or a UTF-8 BOM at the
     start of the file (the "\\r" of Windows line endings goes with the whitespace pair_of strips);
-    None for a line that is not valid UTF-8, _LONG for one longer than `max_bytes` (never held whole).
-    A file that starts with a UTF-16 byte-order mark or holds a NUL byte is no UTF-8 text: one
-    DataError line saying so, as is a file that cannot be read or decompressed, also halfway through."""
+    _LONG for a line longer than `max_bytes` (never held whole). A file that is not UTF-8 (a line
+    that does not decode, a UTF-16 byte-order mark, a NUL byte) is refused: one DataError line naming
+    the file and the line, as is a file that cannot be read or decompressed, also halfway through."""
     try:
         with _open_binary(path) as handle:
             for number, line in enumerate(bounded_lines(handle, max_bytes)):
@@ -252,25 +261,40 @@ def _text_lines(path: str, max_bytes: int) -> Iterator[str | None | object]:
                     continue
                 if number == 0 and line.startswith(UTF16_BOMS):
                     raise DataError(f"{path} is UTF-16 (it starts with a UTF-16 byte-order mark), not UTF-8: convert "
-                                    f"it first, e.g. iconv -f UTF-16 -t UTF-8 {path} > {_uncompressed_name(path)}.utf8")
+                                    f"it first, e.g. {_conversion(path, 'UTF-16')}")
                 if b"\0" in line:
                     raise DataError(f"{path} holds a NUL byte on line {number + 1}: it is no UTF-8 text (UTF-16 "
                                     f"without a byte-order mark, or a binary file?)")
+                if number == 0:
+                    line = line.removeprefix(BOM)
                 try:
-                    yield (line.removeprefix(BOM) if number == 0 else line).decode("utf-8")
-                except UnicodeDecodeError:
-                    yield None
+                    yield line.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise DataError(_not_utf8(path, number + 1, line, error)) from None
     except (OSError, EOFError, zlib.error, lzma.LZMAError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else first_line(error)
         raise DataError(f"cannot read {path}: {reason}") from None
 
 
-def _plain_row(languages: tuple[str, str], texts: Sequence[str | None | object]) -> dict | str:
+def _not_utf8(path: str, number: int, line: bytes, error: UnicodeDecodeError) -> str:
+    """One line saying that line `number` of `path` is not UTF-8, where, and how to convert the file."""
+    return (f"{path}: line {number} is not UTF-8 (byte 0x{line[error.start]:02X} at byte {error.start + 1} of the "
+            f"line): save the file as UTF-8, e.g. from Windows-1252 or Latin-1: {_conversion(path, 'CP1252')}")
+
+
+def _conversion(path: str, encoding: str) -> str:
+    """The command that converts `path` from `encoding` to UTF-8, decompressing it first."""
+    target = f"{_uncompressed_name(path)}.utf8"
+    reader = {".gz": "zcat", ".bz2": "bzcat", ".xz": "xzcat"}.get(os.path.splitext(path)[1])
+    if reader:
+        return f"{reader} {path} | iconv -f {encoding} -t UTF-8 > {target}"
+    return f"iconv -f {encoding} -t UTF-8 {path} > {target}"
+
+
+def _plain_row(languages: tuple[str, str], texts: Sequence[str | object]) -> dict | str:
     """A Hub-shaped row of two texts, or why there is none: pair_of checks it as any other row."""
     if texts[0] is _LONG or texts[1] is _LONG:
         return TOO_LONG
-    if texts[0] is None or texts[1] is None:
-        return "invalid UTF-8"
     return {"translation": {languages[0]: texts[0], languages[1]: texts[1]}}
 
 
@@ -521,8 +545,8 @@ def pair_of(row: Any, lang_src: str, lang_tgt: str, max_bytes: int = MAX_LINE_BY
 
 def read_pairs(source: Source, split: str, lang_src: str, lang_tgt: str, label: str = "") -> Iterator[list[Pair]]:
     """The usable pairs of `split` in batches; skipped rows are counted by reason and reported as
-    `label`'s (default: the split's name). A source of which more than half the rows are no UTF-8
-    text of pairs (UNREADABLE) is refused, once read, with one DataError line naming the counts."""
+    `label`'s (default: the split's name). A source of which more than half the rows are no text of
+    pairs (UNREADABLE) is refused, once read, with one DataError line naming the counts."""
     skipped: dict[str, int] = {}
     rows = 0
     for batch in source.rows(split):
@@ -538,8 +562,8 @@ def read_pairs(source: Source, split: str, lang_src: str, lang_tgt: str, label: 
     detail = ", ".join(f"{count} {reason}" for reason, count in sorted(skipped.items()))
     unreadable = sum(skipped.get(reason, 0) for reason in UNREADABLE)
     if 2 * unreadable > rows:
-        raise DataError(f"{source.datasource} ({label or split}): {unreadable} of its {rows} rows are no UTF-8 text "
-                        f"of pairs ({detail}): not a corpus this can read, so refused rather than trained on the rest")
+        raise DataError(f"{source.datasource} ({label or split}): {unreadable} of its {rows} rows are no text of "
+                        f"pairs ({detail}): not a corpus this can read, so refused rather than trained on the rest")
     if skipped:
         log(f"{label or split}: skipped {sum(skipped.values())} of {rows} rows ({detail})")
 
