@@ -24,7 +24,7 @@ from nmt.corpora.store import text_store
 from synthetic_data import synthetic_pairs, write_hub_dataset
 from nmt.corpora.tokenizer import train_tokenizer
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+TATOEBA = Path(__file__).resolve().parents[1] / "data" / "tatoeba"  # shipped with the code
 
 
 def config_for(datasource: Path, tmp_path: Path, **overrides) -> dict:
@@ -564,9 +564,8 @@ def test_training_pairs_whose_source_is_held_out_are_removed(capsys: pytest.Capt
 
 # ---------------------------------------------------------------------------- real data
 
-@pytest.mark.skipif(not (SHARED_DATA / "tatoeba").is_dir(), reason="../shared/data/tatoeba is absent")
 def test_tatoeba_loads_whole_and_deterministically(tmp_path: Path) -> None:
-    folder = SHARED_DATA / "tatoeba"
+    folder = TATOEBA
     usable = {}
     for split, size in (("train", 15359), ("validation", 679), ("test", 1282)):
         rows = [json.loads(line) for line in (folder / "en-it" / f"{split}.jsonl").read_text("utf-8").splitlines()]
