@@ -859,13 +859,17 @@ def corpus_name(source: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", base) or "data"
 
 
+def datasource_name(datasource: str) -> str:
+    """What names a run's data in its experiment: its corpora's short names, each once, joined by +."""
+    return "+".join(dict.fromkeys(corpus_name(source) for source, _, _ in corpus_entries(datasource)))
+
+
 def experiment_name(config: dict[str, Any]) -> str:
     """`experiment_name`, or one derived from the corpora and the pair: opus_books_en-it,
     europarl+news_en-it, europarl+news_en-fr+it."""
     if config["experiment_name"]:
         return config["experiment_name"]
-    base = "+".join(dict.fromkeys(corpus_name(source) for source, _, _ in corpus_entries(config["datasource"])))
-    return f"{base}_{config['lang_src']}-{config['lang_tgt']}"
+    return f"{datasource_name(config['datasource'])}_{config['lang_src']}-{config['lang_tgt']}"
 
 
 def weights_dir(config: dict[str, Any]) -> Path:
@@ -887,25 +891,92 @@ def trained_runs(model_folder: str) -> list[str]:
                   if (entry / "config.json").is_file() or (entry / "checkpoints.json").is_file())
 
 
+RUN_FLAGS = ("datasource", "lang_src", "lang_tgt")  # what a run translates, and from what
+
+
+def run_record(run_folder: Path) -> dict[str, str] | None:
+    """A run's RUN_FLAGS as its config.json records them (a flat file, or train.py's layout under
+    "config"); None where it does not say (no such file, or one that cannot be read)."""
+    try:
+        data = json.loads(read_text(Path(run_folder) / "config.json"))
+    except (OSError, ValueError):  # ValueError: not UTF-8 (TextFileError) or not JSON
+        return None
+    values = data.get("config") if isinstance(data, dict) and isinstance(data.get("config"), dict) else data
+    if not isinstance(values, dict) or not all(isinstance(values.get(key), str) for key in RUN_FLAGS):
+        return None
+    return {key: values[key] for key in RUN_FLAGS}
+
+
+def run_agrees(record: dict[str, str], config: dict[str, Any], flags: Sequence[str]) -> bool:
+    """Whether a run's `record` has the config's value of each of `flags`: its languages equal, its
+    datasource naming the same corpora (data/tatoeba and /home/me/data/tatoeba/ do)."""
+    return all(record[key] == config[key] or (key == "datasource" and same_corpora(record[key], config[key]))
+               for key in flags)
+
+
+def same_corpora(one: str, other: str) -> bool:
+    try:
+        return datasource_name(one) == datasource_name(other)
+    except ConfigError:  # a recorded datasource this version cannot read as a list of corpora
+        return False
+
+
+def describe_run(name: str, record: dict[str, str]) -> str:
+    return f"{name} ({record['lang_src']}->{record['lang_tgt']} from {record['datasource']})"
+
+
+def run_by_flags(config: dict[str, Any], runs: list[str], flags: Sequence[str]) -> str | None:
+    """The one run under model_folder whose config.json agrees with `flags` (run_agrees), said on
+    stderr; None when none does and some run does not say what it translates. A ConfigError says
+    which runs exist and what they translate when several agree, or none while all say."""
+    folder = config["model_folder"]
+    records = {run: run_record(Path(folder) / run) for run in runs}
+    matching = [run for run, record in records.items() if record is not None and run_agrees(record, config, flags)]
+    asked = " ".join(f"--{key} {config[key]}" for key in flags)
+    if len(matching) == 1:
+        which = "the only run" if len(runs) == 1 else f"the one run that matches {asked}"
+        print(f"using {which} under {folder}/: {describe_run(matching[0], records[matching[0]])}; "
+              f"--experiment_name names another", file=sys.stderr)
+        return matching[0]
+    if matching:
+        raise ConfigError(f"{len(matching)} runs under {folder}/ match {asked}: name one with --experiment_name "
+                          f"({', '.join(describe_run(run, records[run]) for run in matching[:8])})")
+    if runs and all(records.values()):
+        there = "the only run there is" if len(runs) == 1 else "the runs there are"
+        raise ConfigError(f"no run under {folder}/ matches {asked}: {there} "
+                          f"{', '.join(describe_run(run, records[run]) for run in runs[:8])}; drop the flag, name a "
+                          f"run with --experiment_name, or train one")
+    return None
+
+
 def choose_run(resolved: Resolved, fall_back: bool = False) -> str:
     """The experiment a program that translates with a trained model uses, written into the config:
     --experiment_name; else the one --datasource and the language pair name, as train.py named it;
-    else the only run under model_folder (said on stderr). With several runs, or none, a ConfigError
-    lists what there is. `fall_back` (evaluate.py, where --datasource is the data to score): a
-    --datasource that names no run of its own is scored with the only run."""
+    else the one run whose config.json agrees with the --datasource, --lang_src and --lang_tgt
+    given (`run_by_flags`: one that disagrees says which runs exist); else the only run under
+    model_folder (said on stderr). With several runs, or none, a ConfigError lists what there is.
+    `fall_back` (evaluate.py, where --datasource is the data to score, not the run's): only the
+    languages are matched, and a --datasource that names no run of its own is scored with the only run."""
     config, given = resolved.config, resolved.given
-    named = {"datasource", "lang_src", "lang_tgt"} & given
     if config["experiment_name"]:
         return config["experiment_name"]
+    named = set(RUN_FLAGS) & given
     runs = trained_runs(config["model_folder"])
     derived = experiment_name(config)
-    if named and (derived in runs or not fall_back):
-        config["experiment_name"] = derived
-        return derived
-    folder = config["model_folder"]
+    flags = [key for key in RUN_FLAGS if key in named and not (fall_back and key == "datasource")]
+    chosen = derived if named and derived in runs else run_by_flags(config, runs, flags) if flags else None
+    if chosen is None and flags and not fall_back:
+        chosen = derived  # runs that do not say what they translate: the name train.py would have given it
+    if chosen is None:
+        chosen = only_run(config["model_folder"], runs)
+    config["experiment_name"] = chosen
+    return chosen
+
+
+def only_run(folder: str, runs: list[str]) -> str:
+    """The only run under `folder` (said on stderr), or a ConfigError listing what there is."""
     if len(runs) == 1:
         print(f"using the only run under {folder}/: {runs[0]} (--experiment_name names another)", file=sys.stderr)
-        config["experiment_name"] = runs[0]
         return runs[0]
     if not runs:
         raise ConfigError(f"no trained run under {folder}/: train one first (python train.py --datasource "

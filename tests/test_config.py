@@ -295,6 +295,53 @@ def test_with_no_run_named_the_only_run_is_used_and_said(tmp_path: Path, capsys:
         "mine_en-it"
 
 
+def recorded_run(root: Path, name: str, datasource: str, lang_src: str, lang_tgt: str, layout: bool = False) -> str:
+    """A run folder whose config.json records what it translates: flat, or in train.py's new layout."""
+    values = {**get_config(), "datasource": datasource, "lang_src": lang_src, "lang_tgt": lang_tgt}
+    (root / name).mkdir(parents=True)
+    (root / name / "config.json").write_text(json.dumps(
+        {"config": values, "given": ["datasource"], "preset": "cpu", "decided": {}} if layout else values))
+    return str(root)
+
+
+def test_a_flag_that_matches_the_only_run_finds_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    folder = recorded_run(tmp_path / "weights", "tatoeba_en-it", "data/tatoeba", "en", "it")
+    for argv in (["--lang_src", "en"], ["--lang_tgt", "it"], ["--datasource", str(ROOT / "data" / "tatoeba") + "/"],
+                 ["--lang_src", "en", "--datasource", "data/tatoeba"]):
+        assert choose_run(resolved_for(folder, *argv)) == "tatoeba_en-it", argv
+    assert capsys.readouterr().err.count("using the only run under") == 2  # the others name it as train.py did
+    # evaluate.py: the languages must agree; its --datasource is the data to score
+    assert choose_run(resolved_for(folder, "--lang_src", "en", "--datasource", "flores", program="evaluate"),
+                      fall_back=True) == "tatoeba_en-it"
+    mine = recorded_run(tmp_path / "new", "mine", "corpus", "en", "fr", layout=True)
+    assert choose_run(resolved_for(mine, "--lang_tgt", "fr")) == "mine"
+
+
+@pytest.mark.parametrize("argv, program", [(["--lang_src", "fr"], "translate"),
+                                           (["--lang_tgt", "de", "--datasource", "data/tatoeba"], "translate"),
+                                           (["--datasource", "europarl"], "serve"),
+                                           (["--lang_tgt", "fr", "--datasource", "flores"], "evaluate")])
+def test_a_flag_that_disagrees_with_the_only_run_says_which_there_is(tmp_path: Path, argv: list[str],
+                                                                      program: str) -> None:
+    folder = recorded_run(tmp_path / "weights", "tatoeba_en-it", "data/tatoeba", "en", "it")
+    with pytest.raises(ConfigError, match=r"no run under .*weights/ matches --.*: the only run there is "
+                                          r"tatoeba_en-it \(en->it from data/tatoeba\)"):
+        choose_run(resolved_for(folder, *argv, program=program), fall_back=program == "evaluate")
+
+
+def test_among_several_runs_the_one_that_matches_is_used(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    root = tmp_path / "weights"
+    recorded_run(root, "tatoeba_en-it", "data/tatoeba", "en", "it")
+    folder = recorded_run(root, "tatoeba_en-fr", "data/tatoeba", "en", "fr", layout=True)
+    assert choose_run(resolved_for(folder, "--lang_tgt", "fr")) == "tatoeba_en-fr"
+    assert "the one run that matches --lang_tgt fr" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=r"2 runs under .* match --lang_src en: name one with --experiment_name "
+                                          r"\(tatoeba_en-fr \(en->fr from data/tatoeba\), tatoeba_en-it"):
+        choose_run(resolved_for(folder, "--lang_src", "en"))
+    with pytest.raises(ConfigError, match="no run under .* matches --lang_tgt de: the runs there are tatoeba_en-fr"):
+        choose_run(resolved_for(folder, "--lang_tgt", "de"))
+
+
 def test_several_runs_or_none_is_one_line_listing_them(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="2 runs under .*: name one with --experiment_name \\(a_en-it, b_en-it\\)"):
         choose_run(resolved_for(run_folder(tmp_path / "two", "a_en-it", "b_en-it")))

@@ -388,3 +388,13 @@ def test_scores_without_a_calibrator_is_one_line(trained_run, capsys: pytest.Cap
     code, out, err = run_main(capsys, experiment(trained_run) + ["--scores", FIRST])
     assert code == 2 and out == [] and "has no confidence calibrator; fit one with evaluate.py --fit_confidence" \
         in err[-1]
+
+
+def test_a_language_flag_that_matches_the_only_run_finds_it(trained_run, expected: dict[str, str],
+                                                            capsys: pytest.CaptureFixture) -> None:
+    """--lang_src en names the only run (en->it) without its --datasource: the run, not opus_books_en-it."""
+    code, out, err = run_main(capsys, ["--model_folder", str(trained_run.model_folder), "--lang_src", "en", FIRST])
+    assert (code, out) == (0, [expected[FIRST]]) and "using the only run under" in err[0]
+    code, out, err = run_main(capsys, ["--model_folder", str(trained_run.model_folder), "--lang_src", "fr", FIRST])
+    assert (code, out) == (2, []) and len(err) == 1
+    assert f"matches --lang_src fr: the only run there is {trained_run.folder.name} (en->it from" in err[0]
