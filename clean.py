@@ -1,11 +1,14 @@
-"""Run the cleaning alone on a corpus and report: `python clean.py --datasource ../shared/data/tatoeba`.
+"""Run the cleaning alone on a corpus and report: `python clean.py --datasource data/tatoeba`.
 
-Reads the split (`--split`, default train: the one training cleans) of every corpus of
---datasource through dataset.py, as training reads it, passes its pairs through cleaning.Cleaner
-with the `--clean_*` thresholds (defaults: cleaning.CleaningSettings), and prints, per corpus, the
-pairs kept and removed by reason, and a sample of each reason's pairs (`--clean_samples` per
-reason) with what the rule saw. `--report FILE.json` also writes the whole report (settings,
-counts, samples) as JSON. Nothing is written to the data store; training is not needed.
+Cleans what training cleans, with the `--clean_*` thresholds (defaults: cleaning.CleaningSettings):
+the training pairs of every corpus of --datasource that its text store keeps once the held-out
+splits are carved or given apart and repeats dropped (store.text_stores, as train.py calls it,
+under store_folder, so that train.py with the same options opens the same stores instead of
+cleaning again); and prints, per corpus, the pairs kept and removed by reason, and a sample of
+each reason's pairs (`--clean_samples` per reason) with what the rule saw. `--split validation`
+or `test` cleans that split of the corpus as it is read instead (training never cleans it).
+`--report FILE.json` also writes the whole report (settings, counts, samples) as JSON. Training is
+not needed.
 
 With `--clean_score_forward CKPT --clean_score_backward CKPT` (a model each way, trained on this
 corpus: the first step of the two-step recipe in docs/cleaning.md) the pairs the rules keep are
@@ -27,6 +30,7 @@ from nmt.corpora.cleaning import (REASONS, Cleaner, CleaningReport, CleaningSett
                       load_scoring_models, scoring_summary, settings_from_config)
 from config import CLEAN, ConfigError, Corpus, OneLineParser, build_parser, corpora, corpus_name, parse_args
 from nmt.corpora.sources import DataError, Pair, open_source, read_pairs
+from nmt.corpora.store import text_stores
 from nmt.device import pick_device
 from nmt.inference.translator import TorchTranslator
 
@@ -64,9 +68,25 @@ def score_kept(pairs: list[Pair], rows: list[int], models: tuple[TorchTranslator
                                   "score": float(scores[i])} for i in worst]}
 
 
-def clean_corpus(corpus: Corpus, config: dict[str, Any], args: argparse.Namespace, settings: CleaningSettings,
-                 models: tuple[TorchTranslator, TorchTranslator] | None) -> dict[str, Any]:
-    """Clean one corpus's split, print its report (and its scoring with `models`), and return it."""
+def clean_training_pairs(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Build (or open) every corpus's text store with the rules on, print what their cleaning removed
+    from the training pairs (and what scoring kept), and return the reports."""
+    reports = []
+    for corpus, text in zip(corpora(config), text_stores({**config, "clean": True})):
+        cleaning = text.cleaning()
+        print_report(corpus_name(corpus.source), "train", CleaningReport(**cleaning["rules"]))
+        report = {"corpus": corpus.source, "split": "train", **cleaning["rules"]}
+        if cleaning["scoring"]:
+            report["scoring"] = cleaning["scoring"]
+            print_scoring(report["scoring"])
+        reports.append(report)
+    return reports
+
+
+def clean_split(corpus: Corpus, config: dict[str, Any], args: argparse.Namespace, settings: CleaningSettings,
+                models: tuple[TorchTranslator, TorchTranslator] | None) -> dict[str, Any]:
+    """Clean one corpus's held-out split as it is read, print its report (and its scoring with
+    `models`), and return it."""
     lang_src, lang_tgt = config["lang_src"], corpus.lang_tgt
     source = open_source(corpus.source, lang_src, lang_tgt, config["max_line_bytes"])
     if args.split not in source.splits:
@@ -91,7 +111,8 @@ def clean_corpus(corpus: Corpus, config: dict[str, Any], args: argparse.Namespac
 
 def argument_parser() -> OneLineParser:
     parser = build_parser(CLEAN, __doc__.splitlines()[0])
-    parser.add_argument("--split", default="train", help="split to clean (default: train, the one training cleans)")
+    parser.add_argument("--split", default="train",
+                        help="split to clean (default: train, the pairs training cleans; another as it is read)")
     parser.add_argument("--report", type=Path, default=None, help="also write the whole report to this JSON file")
     return parser
 
@@ -102,8 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     config = resolved.config
     settings = settings_from_config(config)  # its ranges are the config's, checked by parse_args
     try:
-        models = load_scoring_models(config, pick_device(config["device"])) if config["clean_score_forward"] else None
-        reports = [clean_corpus(corpus, config, args, settings, models) for corpus in corpora(config)]
+        if args.split == "train":
+            reports = clean_training_pairs(config)
+        else:
+            models = load_scoring_models(config, pick_device(config["device"])) if config["clean_score_forward"] \
+                else None
+            reports = [clean_split(corpus, config, args, settings, models) for corpus in corpora(config)]
     except ConfigError as error:
         parser.error(str(error))
     except (DataError, ValueError) as error:

@@ -2,16 +2,28 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 import clean
+from config import parse_config
+from nmt.corpora.store import text_store
 from synthetic_data import write_hub_dataset
 
 GOOD = [("The station is on the other side of the river.", "La stazione è dall'altra parte del fiume."),
         ("I would like a cup of coffee, please.", "Vorrei una tazza di caffè, per favore."),
         ("We are going to the sea tomorrow morning.", "Domani mattina andiamo al mare.")]
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """clean.py builds the text stores train.py would, under store_folder (stores/ of the working folder)."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture
@@ -86,4 +98,29 @@ def test_scores_the_kept_pairs_with_a_model_each_way(corpus: Path, tmp_path: Pat
            f"{scoring['cut']:.3f}\n" in out
     assert exit_code(["--datasource", str(corpus), "--clean_score_forward", str(backward), "--clean_score_backward",
                       str(forward)]) == 1
-    assert capsys.readouterr().err == "clean.py: error: the forward model translates it into en, not en into it\n"
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        f"clean.py: error: cannot score {str(corpus)!r} with --clean_score_forward and --clean_score_backward: the " \
+        f"forward model translates it into en, not en into it"
+
+
+def test_cleans_the_training_pairs_training_cleans(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A train-only corpus of 60 pairs: train.py carves 3 validation and 3 test pairs (rows 7, 17, 24;
+    18, 28, 55 with the default seed), then cleans the 54 left, and so does clean.py (it cleaned all
+    60): of two copies, the one carved into validation is not counted; the store it built is the one
+    train.py opens."""
+    pairs = [(f"I have {i} red apples in my bag.", f"Ho {i} mele rosse nella borsa.") for i in range(60)]
+    pairs[7], pairs[9] = ("Tom is here.", "Tom is here."), ("Mary is here.", "Mary is here.")
+    corpus = write_hub_dataset(tmp_path / "data", {"train": pairs})
+    assert clean.main(["--datasource", str(corpus)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "data en-it train: kept 53 of 54 pairs (98.15%), sides swapped 0, NFC-normalised 0",
+        "  removed copy                   1  (1.85%)", "  copy (sample of 1; row numbers from 1):",
+        "    row 10: 'Mary is here.' ||| 'Mary is here.'  [source equals target]"]
+    store = text_store(parse_config(["--datasource", str(corpus)]))
+    assert (store.size("validation"), store.size("test"), store.size("train")) == (3, 3, 53)
+    assert pairs[7] in store.pairs("validation") and pairs[7] not in store.pairs("train")
+
+
+def test_the_help_example_names_data_a_clone_has() -> None:
+    example = re.search(r"`python clean\.py --datasource (\S+)`", clean.argument_parser().description).group(1)
+    assert (REPO / example).is_dir() and REPO in (REPO / example).resolve().parents, example
