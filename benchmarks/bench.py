@@ -578,7 +578,15 @@ def training_rows(dataset: BilingualDataset, settings: dict[str, Any], vocab: tu
             memory = {"kind": peak.kind, "bytes": peak.peak}
         del model, optimizer
 
-    # The tutorial way: the same sentences' distribution, 8 to a batch, padded to seq_len.
+    rows["tutorial"] = tutorial_row(dataset, settings, vocab, device, seed)
+    return rows, waste, memory
+
+
+def tutorial_row(dataset: BilingualDataset, settings: dict[str, Any], vocab: tuple[int, int], device: torch.device,
+                 seed: int) -> dict[str, Any]:
+    """The tutorial way's throughput row: the same sentences' distribution, 8 to a batch, padded to
+    seq_len, through the tutorials' model, Adam and cross-entropy."""
+    config = settings["config"]
     seq_len = settings["tutorial_seq_len"]
     fitting = [i for i in range(len(dataset)) if dataset.src_lens[i] <= seq_len and dataset.tgt_lens[i] <= seq_len]
     rng = np.random.default_rng(seed)
@@ -591,15 +599,14 @@ def training_rows(dataset: BilingualDataset, settings: dict[str, Any], vocab: tu
     loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_ID, label_smoothing=config["label_smoothing"])
     mean_target = float(dataset.tgt_lens[fitting].mean())
     with PeakMemory(device) as peak:
-        rows["tutorial"] = measure_training(
+        row = measure_training(
             "tutorial", functools.partial(tutorial_step, model, optimizer, config=config, loss_fn=loss_fn),
             tutorial_batches[:1],
             tutorial_batches[1:], lambda batch: train_flops(TUTORIAL_BATCH, seq_len, seq_len, config, vocab[1]),
             config, vocab[1], device, tokens_per_batch=TUTORIAL_BATCH * mean_target)
-    rows["tutorial"].update({"dtype": "float32", "parameters": sum(p.numel() for p in model.parameters()),
-                             "peak_memory_bytes": peak.peak})
-    del model, optimizer
-    return rows, waste, memory
+    row.update({"dtype": "float32", "parameters": sum(p.numel() for p in model.parameters()),
+                "peak_memory_bytes": peak.peak})
+    return row
 
 
 # ---------------------------------------------------------------------------- decoding

@@ -261,10 +261,7 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, m
     memory = model.encode(src, src_mask)
     cache = model.new_cache() if use_cache else None
     sentences = torch.arange(count, device=device)  # original row of each sentence still searching
-    tokens = torch.full((count * k, 1), SOS_ID, dtype=torch.long, device=device)
-    log_probs_so_far = torch.full((count, k), float("-inf"), device=device)
-    log_probs_so_far[:, 0] = 0.0  # the beams start identical: extend only the first
-    lowest_so_far = torch.zeros((count, k), device=device)
+    tokens, log_probs_so_far, lowest_so_far = _start_beams(count, k, device)
     finished = FinishedHypotheses(count, n_best, max_tokens, device)
     best_reachable_divisor = max_tokens ** length_penalty
     for step in range(max_tokens):
@@ -278,34 +275,24 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, m
         opened = extensions.take((ends.long() * ends.size(1) + positions).argsort(dim=1)[:, :k])
         origin = opened.beam + torch.arange(len(sentences), device=device)[:, None] * k
 
-        # Those of the first k extensions that end are finished: their tokens are their beam's so far.
-        history = tokens[:, 1:].view(len(sentences), k, step)
-        first = extensions.take(positions[:k].expand(len(sentences), -1))
         divisor = (step + 1) ** length_penalty
         terms = brevity_term(step + 1, expected[sentences], brevity_penalty)[:, None]
+        # Those of the first k extensions that end are finished: their tokens are their beam's so far.
+        first = extensions.take(positions[:k].expand(len(sentences), -1))
         finished.add(sentences, torch.where(ends[:, :k], first.scores.double() / divisor + terms, float("-inf")),
-                     history.gather(1, first.beam[:, :, None].expand(-1, -1, step)), step, _features(first, step + 1))
+                     tokens[:, 1:].view(len(sentences), k, step).gather(1, first.beam[:, :, None].expand(-1, -1, step)),
+                     step, _features(first, step + 1))
         open_best = opened.scores.amax(dim=1).double()
         can_improve = torch.isfinite(open_best) & (open_best / best_reachable_divisor > finished.worst(sentences))
-        if step == max_tokens - 1:
-            # Out of steps: the open hypotheses compete with the finished ones as they are.
-            grown = torch.cat([tokens[:, 1:][origin.reshape(-1)].view(len(sentences), k, step),
-                               opened.token[:, :, None]], dim=2)
-            open_scores = torch.where(can_improve[:, None], opened.scores.double() / divisor + terms, float("-inf"))
-            finished.add(sentences, open_scores, grown, step + 1, _features(opened, step + 1),
-                         None if banks is None else opened.met.all(dim=2))
+        if step == max_tokens - 1:  # out of steps: the open hypotheses compete with the finished ones as they are
+            _add_open(finished, sentences, tokens, origin, opened, can_improve, divisor, terms, banks)
             break
         keep = [b for b, improvable in enumerate(can_improve.tolist()) if improvable]  # the step's one read
         if not keep:
             break
         if len(keep) < len(sentences):
-            kept = torch.tensor(keep, device=device)
-            sentences, memory, src_mask = sentences[kept], memory[kept], src_mask[kept]
-            opened, origin = opened.sentences(kept), origin[kept]
-            if cache is not None:
-                cache.keep_sentences(kept)
-            if banks is not None:
-                banks.keep_sentences(kept)
+            sentences, memory, src_mask, opened, origin = _keep_sentences(torch.tensor(keep, device=device), sentences,
+                                                                          memory, src_mask, opened, origin, cache, banks)
         flat_origin = origin.reshape(-1)
         if cache is not None:
             cache.reorder_hypotheses(flat_origin)
@@ -314,6 +301,37 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, m
         if banks is not None:
             banks.advance(opened.met, opened.progress)
     return finished.ranked()
+
+
+def _start_beams(count: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`k` beams of each of `count` sentences at [SOS]: their tokens, log-probabilities so far (the
+    beams start identical: only the first is extended) and least likely token's log-probability."""
+    log_probs_so_far = torch.full((count, k), float("-inf"), device=device)
+    log_probs_so_far[:, 0] = 0.0
+    return (torch.full((count * k, 1), SOS_ID, dtype=torch.long, device=device), log_probs_so_far,
+            torch.zeros((count, k), device=device))
+
+
+def _add_open(finished: "FinishedHypotheses", sentences: torch.Tensor, tokens: torch.Tensor, origin: torch.Tensor,
+              opened: Extensions, can_improve: torch.Tensor, divisor: float, terms: torch.Tensor, banks) -> None:
+    """The open hypotheses at the last step, as finished ones (those of sentences that can improve),
+    scored with the step's length `divisor` and brevity `terms`; with constraints, those that meet them."""
+    count, k, step = len(sentences), opened.token.size(1), tokens.size(1) - 1
+    grown = torch.cat([tokens[:, 1:][origin.reshape(-1)].view(count, k, step), opened.token[:, :, None]], dim=2)
+    open_scores = torch.where(can_improve[:, None], opened.scores.double() / divisor + terms, float("-inf"))
+    finished.add(sentences, open_scores, grown, step + 1, _features(opened, step + 1),
+                 None if banks is None else opened.met.all(dim=2))
+
+
+def _keep_sentences(kept: torch.Tensor, sentences: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+                    opened: Extensions, origin: torch.Tensor, cache, banks) -> tuple:
+    """The search's state of the sentences at `kept` alone (the others can no longer improve):
+    their rows, encoder output, mask, open extensions and their origins, cache and banks."""
+    if cache is not None:
+        cache.keep_sentences(kept)
+    if banks is not None:
+        banks.keep_sentences(kept)
+    return sentences[kept], memory[kept], src_mask[kept], opened.sentences(kept), origin[kept]
 
 
 def _next_log_probs(model: Transformer, memory: torch.Tensor, src_mask: torch.Tensor, tokens: torch.Tensor,
