@@ -8,6 +8,7 @@ import io
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +16,8 @@ from torch.testing import assert_close
 
 import translate
 
-from nmt.inference.confidence import (CalibrationError, Calibrator, confidence_report, features, fit_calibrator,
-                        sentence_chrfs)
+from nmt.inference.confidence import (CONFIDENCE_FILE, CalibrationError, Calibrator, confidence_report, features,
+                                      fit_calibrator, read_calibrator, save_calibrator, sentence_chrfs)
 
 
 def synthetic(count: int, seed: int) -> tuple[list[list[float]], list[float]]:
@@ -60,9 +61,26 @@ def test_a_calibrator_is_plain_json_data() -> None:
     assert Calibrator.from_dict(stored) == calibrator and stored["threshold"] == 45.0 and stored["sentences"] == 100
     assert fit_calibrator(rows, chrfs, threshold=45.0) == calibrator  # the same data, the same model
     for broken in ({}, {**stored, "kind": "isotonic"}, {**stored, "weights": [1.0]}, {**stored, "scale": [0, 1, 1]},
-                   {**stored, "weights": [-1.0, 1.0, 1.0]}, {**stored, "bias": "nan"}, None):
-        with pytest.raises(CalibrationError, match="not a stored confidence calibrator"):
+                   {**stored, "weights": [-1.0, 1.0, 1.0]}, {**stored, "bias": "nan"}, None,
+                   {**stored, "sentences": 1e400}, {**stored, "threshold": math.inf}):
+        with pytest.raises(CalibrationError, match="not a stored confidence calibrator") as error:
             Calibrator.from_dict(broken)
+        assert "\n" not in str(error.value)
+    with pytest.raises(CalibrationError, match="not a stored confidence calibrator: it has no 'bias'"):
+        Calibrator.from_dict({key: value for key, value in stored.items() if key != "bias"})
+
+
+def test_a_stored_calibrator_is_read_with_or_without_a_byte_order_mark(tmp_path: Path) -> None:
+    rows, chrfs = synthetic(100, 3)
+    calibrator = fit_calibrator(rows, chrfs, threshold=45.0)
+    save_calibrator(tmp_path, calibrator, "ckpt_00000001.pt")
+    assert read_calibrator(tmp_path) == calibrator and read_calibrator(tmp_path / "none") is None
+    path = tmp_path / CONFIDENCE_FILE
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())  # saved again by a Windows editor
+    assert read_calibrator(tmp_path) == calibrator
+    path.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(CalibrationError, match=f"^cannot read the confidence calibrator {path}: [^\n]+$"):
+        read_calibrator(tmp_path)
 
 
 def test_data_a_calibrator_cannot_be_fitted_on_is_one_line() -> None:

@@ -33,6 +33,8 @@ import sacrebleu
 import torch
 
 from nmt.atomic_files import atomic_write_bytes
+from nmt.diagnostics import first_line
+from nmt.text_files import read_text
 
 FEATURES = ("mean_log_prob", "lowest_log_prob", "log_length")
 MONOTONE = 2  # the first two features get weights > 0
@@ -95,9 +97,10 @@ class Calibrator:
             calibrator = cls([float(v) for v in data["mean"]], [float(v) for v in data["scale"]],
                              [float(v) for v in data["weights"]], float(data["bias"]), float(data["threshold"]),
                              int(data["sentences"]), str(data.get("metric", "chrF")))
-        except (KeyError, TypeError, ValueError) as error:
-            raise CalibrationError(f"not a stored confidence calibrator: {error}") from None
-        numbers = [*calibrator.mean, *calibrator.scale, *calibrator.weights, calibrator.bias]
+        except (KeyError, TypeError, ValueError, OverflowError) as error:
+            detail = f"it has no {error.args[0]!r}" if isinstance(error, KeyError) else first_line(error)
+            raise CalibrationError(f"not a stored confidence calibrator: {detail}") from None
+        numbers = [*calibrator.mean, *calibrator.scale, *calibrator.weights, calibrator.bias, calibrator.threshold]
         if not all(len(part) == len(FEATURES) for part in (calibrator.mean, calibrator.scale, calibrator.weights)) \
                 or not all(map(math.isfinite, numbers)) or min(calibrator.scale) <= 0 \
                 or min(calibrator.weights[:MONOTONE]) < 0:
@@ -173,14 +176,16 @@ def save_calibrator(folder: Path, calibrator: Calibrator, checkpoint: str) -> Pa
 
 def read_calibrator(folder: Path) -> Calibrator | None:
     """The calibrator stored in `folder` (None when there is none); CalibrationError in one line for a
-    file that cannot be read or is not one."""
+    file that cannot be read (a hand-edited one may carry a byte-order mark) or is not one."""
     path = Path(folder) / CONFIDENCE_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text(path))
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CalibrationError(f"cannot read the confidence calibrator {path}: {error}") from None
+    except OSError as error:
+        raise CalibrationError(f"cannot read the confidence calibrator {path}: {error.strerror or error}") from None
+    except ValueError as error:  # not UTF-8 (TextFileError) or not JSON
+        raise CalibrationError(f"cannot read the confidence calibrator {path}: {first_line(error)}") from None
     try:
         return Calibrator.from_dict(data)
     except CalibrationError as error:
