@@ -45,15 +45,17 @@ against the rest's, and the expected calibration error.
 """
 from __future__ import annotations
 
+import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nmt.training.checkpoint import CheckpointError
 from nmt.inference.confidence import CalibrationError, confidence_report, fit_on_pairs, save_calibrator, sentence_chrfs
-from config import EVALUATE, ConfigError, OneLineParser, build_parser, corpus_entries, corpus_name, parse_args
+from config import EVALUATE, ConfigError, OneLineParser, Resolved, build_parser, corpus_entries, corpus_name, parse_args
 from nmt.diagnostics import log
-from nmt.inference.glossary import GlossaryError, read_glossary
+from nmt.inference.glossary import GlossaryError, config_glossary
 from nmt.inference.scoring import corpus_scores, grouped_scores
 from nmt.corpora.sources import DataError
 from nmt.corpora.store import eval_pairs, held_out_problem, read_data_record
@@ -132,6 +134,21 @@ def confidence_line(translator: Translator, translated: TextTranslation, sources
             f"{100 * report['good_share']:.1f}% of {len(lines)} lines)")
 
 
+@dataclass
+class Evaluation:
+    """What main scores: the model, its decoding options, the language translated into, the run's
+    data record, the split's pairs, what is wrong with them (an overlap with training, "" if none),
+    and the glossary's pairs."""
+
+    translator: Translator
+    options: DecodingOptions
+    target: str
+    record: dict[str, Any] | None
+    pairs: list[tuple[str, str]]
+    problem: str
+    glossary: list[tuple[str, str]] | None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser()
     args, resolved = parse_args(EVALUATE, argv, parser=parser)
@@ -139,12 +156,45 @@ def main(argv: list[str] | None = None) -> int:
     if args.fit_confidence and args.engine != "pytorch":
         parser.error("--fit_confidence stores the calibrator with a checkpoint's run: fit it there (export.py copies "
                      "it into the export)")
+    evaluation = prepare(parser, args, resolved)
+    if evaluation is None:
+        return 1
+    translator = evaluation.translator
+    if args.fit_confidence:
+        try:
+            log(f"evaluate.py: {fit_confidence(translator, config, evaluation.target, evaluation.record)}")
+        except (CalibrationError, DataError, OSError) as error:
+            print(f"evaluate.py: error: --fit_confidence: {error}", file=sys.stderr)
+            return 1
+    say_what_is_scored(evaluation, config, args.split)
+    sources, references = [p[0] for p in evaluation.pairs], [p[1] for p in evaluation.pairs]
+    translated = translator.translate_text(sources, evaluation.options, split_sentences_on(config, auto=False))
+    if translated.split_for_length:
+        log(f"evaluate.py: {translated.split_for_length} sentence(s) over the model's limit of "
+            f"{translator.max_source_tokens} tokens translated in pieces")
+    # One line per sentence in the file (any line break a model might emit becomes a space; both
+    # metrics ignore runs of whitespace), and the scores are of exactly what the file holds.
+    hypotheses = [" ".join(t.split()) for t in translated.lines]
+    output = args.output or default_output(config, translator.path, args.average, args.split, args.engine,
+                                           evaluation.target, evaluation.options.beam_size)
     try:
-        glossary = read_glossary(Path(config["glossary"]), config["glossary_max_terms"]) if config["glossary"] \
-            else None
-    except GlossaryError as error:
-        parser.error(str(error))
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    except OSError as error:
+        print(f"evaluate.py: error: cannot write {output}: {error.strerror or error}", file=sys.stderr)
+        return 1
+    log(f"evaluate.py: wrote {len(hypotheses)} translations to {output}")
+    print_report(evaluation, config, args.split, translated, hypotheses, references)
+    return 0
+
+
+def prepare(parser: OneLineParser, args: argparse.Namespace, resolved: Resolved) -> Evaluation | None:
+    """The glossary (read first: a malformed file is refused before the model loads), the model, the
+    split's pairs and their check against the run's training data; a parser error for what the
+    command line got wrong, or None once a model or data that cannot be used is said on stderr."""
+    config = resolved.config
     try:
+        glossary = config_glossary(config)
         options = DecodingOptions.from_config(config)
         translator = load_translator(args, resolved, fall_back=True)
         for key in ("datasource", "valid_data", "test_data"):
@@ -163,53 +213,41 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     except (CheckpointError, TranslatorError, DataError) as error:
         print(f"evaluate.py: error: {error}", file=sys.stderr)
-        return 1
+        return None
     if note:
         log(f"evaluate.py: {note}")
-    if args.fit_confidence:
-        try:
-            log(f"evaluate.py: {fit_confidence(translator, config, target, record)}")
-        except (CalibrationError, DataError, OSError) as error:
-            print(f"evaluate.py: error: --fit_confidence: {error}", file=sys.stderr)
-            return 1
-    if record is None:
+    return Evaluation(translator, options, target, record, pairs, problem, glossary)
+
+
+def say_what_is_scored(evaluation: Evaluation, config: dict[str, Any], split: str) -> None:
+    """stderr's lines before translating: what is not checked or flatters the model, and what is translated how."""
+    translator = evaluation.translator
+    if evaluation.record is None:
         log(f"evaluate.py: {translator.source} records no data it trained on (a model from before data.json): not "
             f"checked whether the split overlaps it")
-    if problem:
-        log(f"evaluate.py: WARNING: {problem}; scored anyway (--allow_train_overlap), so the scores flatter the model")
-    log(f"evaluate.py: {translator.source}: translating {len(pairs)} sentences of {config['datasource']} "
-        f"{args.split} into {target} with beam size {options.beam_size}"
-        + (f" and the glossary {config['glossary']}" if glossary else ""))
+    if evaluation.problem:
+        log(f"evaluate.py: WARNING: {evaluation.problem}; scored anyway (--allow_train_overlap), so the scores "
+            f"flatter the model")
+    log(f"evaluate.py: {translator.source}: translating {len(evaluation.pairs)} sentences of {config['datasource']} "
+        f"{split} into {evaluation.target} with beam size {evaluation.options.beam_size}"
+        + (f" and the glossary {config['glossary']}" if evaluation.glossary else ""))
 
-    sources, references = [p[0] for p in pairs], [p[1] for p in pairs]
-    translated = translator.translate_text(sources, options, split_sentences_on(config, auto=False))
-    translations = translated.lines
-    if translated.split_for_length:
-        log(f"evaluate.py: {translated.split_for_length} sentence(s) over the model's limit of "
-            f"{translator.max_source_tokens} tokens translated in pieces")
-    # One line per sentence in the file (any line break a model might emit becomes a space; both
-    # metrics ignore runs of whitespace), and the scores are of exactly what the file holds.
-    hypotheses = [" ".join(t.split()) for t in translations]
-    output = args.output or default_output(config, translator.path, args.average, args.split, args.engine, target,
-                                           options.beam_size)
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-    except OSError as error:
-        print(f"evaluate.py: error: cannot write {output}: {error.strerror or error}", file=sys.stderr)
-        return 1
-    log(f"evaluate.py: wrote {len(hypotheses)} translations to {output}")
 
+def print_report(evaluation: Evaluation, config: dict[str, Any], split: str, translated: TextTranslation,
+                 hypotheses: list[str], references: list[str]) -> None:
+    """stdout: the model, the data and how it was decoded, the glossary, the confidence line, the scores."""
+    translator, problem = evaluation.translator, evaluation.problem
+    sources = [pair[0] for pair in evaluation.pairs]
     print(f"model: {translator.source} ({translator.engine})")
-    print(f"data: {config['datasource']} {args.split}, {len(pairs)} sentences, beam size {options.beam_size}, "
-          f"length penalty {config['length_penalty']}, brevity penalty {config['brevity_penalty']} "
-          f"(length_ratio {translator.length_ratio})" + (f"; WARNING: {problem}" if problem else ""))
-    if glossary:
-        print(f"glossary: {config['glossary']}, {len(glossary)} terms")
+    print(f"data: {config['datasource']} {split}, {len(evaluation.pairs)} sentences, beam size "
+          f"{evaluation.options.beam_size}, length penalty {config['length_penalty']}, brevity penalty "
+          f"{config['brevity_penalty']} (length_ratio {translator.length_ratio})"
+          + (f"; WARNING: {problem}" if problem else ""))
+    if evaluation.glossary:
+        print(f"glossary: {config['glossary']}, {len(evaluation.glossary)} terms")
     if translator.calibrator is not None:
         print(confidence_line(translator, translated, sources, hypotheses, references))
     print_scores(sources, hypotheses, references)
-    return 0
 
 
 def print_scores(sources: list[str], hypotheses: list[str], references: list[str]) -> None:

@@ -21,12 +21,14 @@ sentence. Endpoints:
   vocabulary cannot spell, or any glossary with the ctranslate2 engine gets 400 with one line.
   Each sentence of the string form also carries "confidence": the calibrated probability that its
   translation is good (confidence.py), null when the model has no calibrator (GET /health says
-  whether it has, "confidence": true/false) or the sentence had nothing to translate.
+  whether it has, "confidence": true/false) or the sentence had nothing to translate; the answer's
+  "no_confidence" says in one line why the model gives none (null when it does).
 - POST /attention {"text": "...", "target_lang": "fr"} -> {"source_tokens", "output_tokens",
   "weights"}: the cross-attention of the sentence's greedy translation, weights[i][j] from output
   token i to source token j.
 - GET /health: the state, the engine, the model and its checkpoint, its target languages and the
-  default one, the limits and the queue.
+  default one, "no_confidence", "warnings" (a side file beside the model that could not be used,
+  such as an unreadable confidence.json: served without it), the limits and the queue.
 - GET /metrics: counters, gauges and histograms in the Prometheus text format.
 - GET /health/live and GET /health/ready, for orchestrators: 200 while the process serves, and 200
   only while it is ready (503 while the model loads, while the server drains, and while a decoding
@@ -693,7 +695,8 @@ def add_api_routes(app: FastAPI, service: Service, keyed: list) -> None:
             return {"translation": document.assemble(texts), "split_for_length": document.text.split_for_length,
                     "sentences": [{"start": s.span.start, "end": s.span.end, "translation": s.translation,
                                    "confidence": hypotheses[0].confidence}
-                                  for s, (_, hypotheses) in zip(document.sentences(texts), judged)]}
+                                  for s, (_, hypotheses) in zip(document.sentences(texts), judged)],
+                    "no_confidence": translator.no_confidence}
         plan, _ = translator.segment_lines(text, options.target_lang, split_sentences)
         check_sentence_count(plan, service.config)
         found = await service.translate(request, arrived, plan.sources, options)

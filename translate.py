@@ -55,7 +55,9 @@ target term the model's vocabulary cannot spell.
 (confidence.py; fitted at the end of training or by evaluate.py --fit_confidence), one row per
 sentence as `LINE<TAB>CONFIDENCE<TAB>TRANSLATION` (LINE as with --n_best, CONFIDENCE with three
 decimals, `-` for a sentence with nothing to translate); with --n_best, the rows are
-`LINE<TAB>SCORE<TAB>CONFIDENCE<TAB>TRANSLATION`. A model without a calibrator is one line (exit 2).
+`LINE<TAB>SCORE<TAB>CONFIDENCE<TAB>TRANSLATION`. A model without a calibrator is one line saying why
+(exit 2); without --scores, a calibrator that cannot be read (a truncated or hand-edited
+confidence.json) is one warning, and the model translates.
 `--plot_attention FILE.png` also saves the first sentence's cross-attention heatmap (either engine).
 """
 from __future__ import annotations
@@ -66,13 +68,14 @@ import re
 import sys
 from itertools import accumulate, islice
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator
+from typing import Any, BinaryIO, Iterable, Iterator
 
+from config import TRANSLATE, ConfigError, OneLineParser, Resolved, build_parser, parse_args
 from nmt.atomic_files import atomic_write_bytes
-from nmt.training.checkpoint import CheckpointError
-from config import TRANSLATE, ConfigError, OneLineParser, build_parser, parse_args
+from nmt.diagnostics import first_line
 from nmt.inference.documents import FORMATS, DocumentError, document_format
-from nmt.inference.glossary import GlossaryError, read_glossary
+from nmt.inference.glossary import GlossaryError, config_glossary
+from nmt.training.checkpoint import CheckpointError
 from nmt.inference.translator import (DecodingOptions, TextTranslation, Translator, TranslatorError, add_translator_arguments,
                         load_translator, split_sentences_on)
 
@@ -282,32 +285,45 @@ def read_document(parser: OneLineParser, args: argparse.Namespace) -> str | None
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser()
     args, resolved = parse_args(TRANSLATE, argv, parser=parser)
-    config = resolved.config
     if args.n_best < 0 or args.chunk_size < 1:
         parser.error("--n_best must not be negative and --chunk_size must be at least 1")
     arguments, document = command_line_lines(parser, args), read_document(parser, args)
     if sys.stdout is None and args.output is None:  # started with stdout closed (`>&-`): as into a closed pipe
         return EXIT_CLOSED_PIPE
+    loaded = load_model(parser, args, resolved)
+    if loaded is None:
+        return 1
+    translator, options = loaded
+    split_sentences = split_sentences_on(resolved.config, auto=True)
     try:
-        # the file is read before the model loads: a malformed one is refused at once
-        glossary = read_glossary(Path(config["glossary"]), config["glossary_max_terms"]) if config["glossary"] \
-            else None
+        if document is not None:
+            return translate_file(translator, args, document, options, split_sentences)
+        return translate_lines(translator, args, arguments, options, split_sentences, resolved.config)
+    except BrokenPipeError:
+        return stdout_closed()
+
+
+def load_model(parser: OneLineParser, args: argparse.Namespace,
+               resolved: Resolved) -> tuple[Translator, DecodingOptions] | None:
+    """The glossary (read first: a malformed file is refused before the model loads), the model and
+    the decoding options with the glossary; a parser error for what the command line got wrong, or
+    None once a model that cannot be loaded is said on stderr."""
+    config = resolved.config
+    try:
+        glossary = config_glossary(config)
     except GlossaryError as error:
         parser.error(str(error))
     try:
         options = DecodingOptions.from_config(config, n_best=max(1, args.n_best))
-        translator = load_translator(args, resolved)
+        translator = load_translator(args, resolved, scores=args.scores)
         target = translator.target_language(options.target_lang)
     except ConfigError as error:
         parser.error(str(error))
     except (CheckpointError, TranslatorError) as error:
         print(f"translate.py: error: {error}", file=sys.stderr)
-        return 1
+        return None
     into = f", translating into {target}" if len(translator.target_languages) > 1 else ""
     print(f"translate.py: using {translator.source}{into}", file=sys.stderr)
-    if args.scores and translator.calibrator is None:
-        parser.error(f"--scores: {translator.source} has no confidence calibrator; fit one with evaluate.py "
-                     f"--fit_confidence (training fits one at its end)")
     try:
         options, note = options.with_glossary(translator.build_glossary(glossary) if glossary else None,
                                               config["glossary_beam_size"])
@@ -315,41 +331,49 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--glossary {config['glossary']}: {error}")
     if note:
         print(f"translate.py: {note}", file=sys.stderr)
-    split_sentences = split_sentences_on(config, auto=True)
-    if document is not None:
-        try:
-            return translate_file(translator, args, document, options, split_sentences)
-        except BrokenPipeError:
-            return stdout_closed()
+    return translator, options
 
+
+def translate_lines(translator: Translator, args: argparse.Namespace, arguments: list[str],
+                    options: DecodingOptions, split_sentences: bool, config: dict[str, Any]) -> int:
+    """The sentence arguments, else standard input `--chunk_size` lines at a time, translated and
+    written chunk by chunk; then --plot_attention's heatmap of the first sentence. The exit code:
+    1 when a line could not be read or the plot not saved."""
     inputs = chunks([(line, True) for line in arguments], len(arguments)) if arguments else \
         chunks(input_pieces(sys.stdin.buffer, config["max_line_bytes"]), args.chunk_size)
     number, bad, cut, last, first_sentence = 1, 0, 0, (0, 0), None
-    try:
-        for chunk in inputs:
-            numbers = list(accumulate((ends for _, ends in chunk[:-1]), initial=number))
-            result, chunk_bad = translate_chunk(translator, chunk, numbers, options, split_sentences)
-            text, last = chunk_output(result, chunk, numbers, args.n_best > 0, args.scores, split_sentences, last)
-            # One write per chunk, flushed: what a killed run leaves behind is whole lines (but for a
-            # line longer than max_line_bytes, whose pieces the next chunk may go on with).
-            sys.stdout.write(text)
-            sys.stdout.flush()
-            if first_sentence is None and result.sentences:
-                sentence = result.sentences[0][0]
-                first_sentence = chunk[sentence.flow][0][sentence.span.start:sentence.span.end]
-            number, bad, cut = numbers[-1] + chunk[-1][1], bad + chunk_bad, cut + result.split_for_length
-    except BrokenPipeError:
-        return stdout_closed()
+    for chunk in inputs:
+        numbers = list(accumulate((ends for _, ends in chunk[:-1]), initial=number))
+        result, chunk_bad = translate_chunk(translator, chunk, numbers, options, split_sentences)
+        text, last = chunk_output(result, chunk, numbers, args.n_best > 0, args.scores, split_sentences, last)
+        # One write per chunk, flushed: what a killed run leaves behind is whole lines (but for a
+        # line longer than max_line_bytes, whose pieces the next chunk may go on with).
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        if first_sentence is None and result.sentences:
+            sentence = result.sentences[0][0]
+            first_sentence = chunk[sentence.flow][0][sentence.span.start:sentence.span.end]
+        number, bad, cut = numbers[-1] + chunk[-1][1], bad + chunk_bad, cut + result.split_for_length
     report_cut(cut, translator)
-    if args.plot_attention is not None and first_sentence is not None:
-        from nmt.training.attention_plot import save_attention_plot  # matplotlib is only needed here
-        try:
-            save_attention_plot(translator.cross_attention(first_sentence, options.target_lang), args.plot_attention)
-        except (OSError, ValueError) as error:
-            print(f"translate.py: error: cannot write {args.plot_attention}: {error}", file=sys.stderr)
-            return 1
-        print(f"translate.py: saved the attention plot to {args.plot_attention}", file=sys.stderr)
+    if args.plot_attention is not None and first_sentence is not None and \
+            not plot_attention(translator, first_sentence, options.target_lang, args.plot_attention):
+        return 1
     return 0 if bad == 0 else 1
+
+
+def plot_attention(translator: Translator, sentence: str, target_lang: str, path: Path) -> bool:
+    """--plot_attention: the heatmap of `sentence` saved to `path`; whether it was (else said in one line)."""
+    try:
+        from nmt.training.attention_plot import save_attention_plot  # matplotlib is only needed here
+        save_attention_plot(translator.cross_attention(sentence, target_lang), path)
+    except ImportError as error:
+        print(f"translate.py: error: cannot draw the attention plot: {first_line(error)}", file=sys.stderr)
+        return False
+    except (OSError, ValueError) as error:
+        print(f"translate.py: error: cannot write {path}: {error}", file=sys.stderr)
+        return False
+    print(f"translate.py: saved the attention plot to {path}", file=sys.stderr)
+    return True
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -284,3 +285,27 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
     run.second = train_in_process(args + ["--max_steps", str(TrainedRun.SECOND_MAX_STEPS)])
     assert run.second.code == 0, run.second.stderr
     return run
+
+
+# A calibrator's confidence.json as a user may leave it: cut short (a full disk, a killed copy), or
+# edited by hand into something that is JSON but no calibrator.
+GOOD_CALIBRATOR = {"kind": "logistic", "features": ["mean_log_prob", "lowest_log_prob", "log_length"],
+                   "mean": [-0.5, -2.0, 2.0], "scale": [0.3, 1.0, 0.5], "weights": [1.5, 0.5, 0.0], "bias": 0.2,
+                   "threshold": 50.0, "sentences": 100, "metric": "chrF", "checkpoint": "ckpt_00000060.pt"}
+BAD_CALIBRATORS = {"truncated": json.dumps(GOOD_CALIBRATOR, indent=1)[:150],
+                   "hand-edited": json.dumps({**GOOD_CALIBRATOR, "threshold": "50%"}, indent=1)}
+# how the warning about each starts, FILE being its path
+CALIBRATOR_PROBLEMS = {"truncated": "cannot read the confidence calibrator FILE: ",
+                       "hand-edited": "FILE: not a stored confidence calibrator: could not convert string to float: "
+                                      "'50%'"}
+
+
+@pytest.fixture(params=sorted(BAD_CALIBRATORS))
+def bad_calibrator_run(request: pytest.FixtureRequest, trained_run: TrainedRun, tmp_path: Path) -> tuple[Path, str]:
+    """A copy of the trained run's folder (under tmp_path/weights, the only run there) beside whose
+    checkpoints lies a confidence.json that cannot be used (BAD_CALIBRATORS), and how the
+    problem is said (its start)."""
+    folder = tmp_path / "weights" / trained_run.folder.name
+    shutil.copytree(trained_run.folder, folder, ignore=shutil.ignore_patterns("*.lock"))
+    (folder / "confidence.json").write_text(BAD_CALIBRATORS[request.param], encoding="utf-8")
+    return folder, CALIBRATOR_PROBLEMS[request.param].replace("FILE", str(folder / "confidence.json"))

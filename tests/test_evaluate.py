@@ -180,3 +180,17 @@ def test_a_model_of_several_targets_needs_target_lang(several_targets, capsys) -
     output = evaluate.default_output(several_targets.config, several_targets.checkpoint, 1, "test", "pytorch", "fr",
                                      several_targets.config["beam_size"])
     assert output.name.endswith(".test.ckpt_00000001.beam5.fr")
+
+
+def test_a_calibrator_that_cannot_be_used_is_one_warning(trained_run, bad_calibrator_run: tuple[Path, str],
+                                                         capsys, tmp_path: Path) -> None:
+    """A truncated or hand-edited confidence.json: the split is scored, without a confidence line,
+    and the calibrator is one warning."""
+    folder, problem = bad_calibrator_run
+    code, out, err = run_evaluate(capsys, "--datasource", str(trained_run.datasource), "--model_folder",
+                                  str(folder.parent), "--store_folder", trained_run.config["store_folder"],
+                                  "--runs_folder", str(tmp_path / "runs"))
+    assert code == 0 and out[-1].startswith("BLEU = ") and not any(line.startswith("confidence:") for line in out)
+    [warning] = [line for line in err.splitlines() if "confidence" in line]
+    assert warning.startswith(f"warning: {problem}") and warning.endswith("translating without confidence (fit it "
+                                                                          "again with evaluate.py --fit_confidence)")

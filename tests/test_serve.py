@@ -172,6 +172,9 @@ def test_health_names_the_model(server: ServerProcess, checkpoint: Path) -> None
     assert answer["status"] == "ready" and answer["engine"] == "pytorch"
     assert answer["checkpoint"] == answer["model"] == answer["source"] == str(checkpoint)
     assert answer["seq_len"] == 64 and answer["beam_size"] == 5
+    assert answer["warnings"] == [] and answer["no_confidence"].endswith("has no confidence calibrator; fit one with "
+                                                                         "evaluate.py --fit_confidence (training fits "
+                                                                         "one at its end)")
     assert answer["limits"]["serve_max_sentences"] == 4 and answer["limits"]["serve_batch_wait_ms"] == 200
 
 
@@ -473,3 +476,24 @@ def test_serving_keys_are_validated() -> None:
                        ("serve_body_timeout_s", float("inf")), ("serve_drain_grace_s", float("nan"))):
         with pytest.raises(ConfigError, match=f"--{key}"):
             validate_config(dict(get_config(), **{key: value}))
+
+
+def test_a_calibrator_that_cannot_be_used_is_served_without_confidence(bad_calibrator_run: tuple[Path, str],
+                                                                      translator: TorchTranslator) -> None:
+    """A truncated or hand-edited confidence.json: the server starts and translates, one warning on
+    stderr; /health's "warnings" and "no_confidence", and each answer's "no_confidence", say why
+    confidence is null."""
+    folder, problem = bad_calibrator_run
+    with ServerProcess(["--model_folder", str(folder.parent)], env=without_key()) as server:
+        answer = health(server.port, headers=None)
+        status, translated = call(server.port, "POST", "/translate", {"text": SENTENCES[0]}, headers=None)
+        log = list(server.log)
+    assert answer["confidence"] is False and len(answer["warnings"]) == 1 and answer["warnings"][0].startswith(problem)
+    assert answer["no_confidence"].startswith(problem)
+    assert status == 200 and translated["translation"] == translator.translate_best(SENTENCES[:1], DecodingOptions())[0]
+    assert translated["sentences"][0]["confidence"] is None and translated["no_confidence"] == answer["no_confidence"]
+    assert [line for line in log if "confidence" in line] == [f"warning: {answer['warnings'][0]}"]
+
+
+def without_key() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name != "TRANSLATE_API_KEY"}

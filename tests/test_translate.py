@@ -398,3 +398,20 @@ def test_a_language_flag_that_matches_the_only_run_finds_it(trained_run, expecte
     code, out, err = run_main(capsys, ["--model_folder", str(trained_run.model_folder), "--lang_src", "fr", FIRST])
     assert (code, out) == (2, []) and len(err) == 1
     assert f"matches --lang_src fr: the only run there is {trained_run.folder.name} (en->it from" in err[0]
+
+
+def test_a_calibrator_that_cannot_be_used_is_one_warning(trained_run, bad_calibrator_run: tuple[Path, str],
+                                                         expected: dict[str, str],
+                                                         capsys: pytest.CaptureFixture) -> None:
+    """A truncated or hand-edited confidence.json: the model translates, said once on stderr; --scores
+    says in one line why there is no confidence."""
+    folder, problem = bad_calibrator_run
+    model = ["--datasource", str(trained_run.datasource), "--model_folder", str(folder.parent)]
+    code, out, err = run_main(capsys, model + [FIRST])
+    assert (code, out) == (0, [expected[FIRST]])
+    [warning] = [line for line in err if "confidence" in line]
+    assert warning.startswith(f"warning: {problem}")
+    assert warning.endswith(": translating without confidence (fit it again with evaluate.py --fit_confidence)")
+    code, out, err = run_main(capsys, model + ["--scores", FIRST])
+    assert (code, out, len(err)) == (2, [], 1) and f"error: --scores: {problem}" in err[0]
+    assert err[0].endswith("; fit it again with evaluate.py --fit_confidence (see --help)")

@@ -417,3 +417,20 @@ def test_confidence_is_the_calibrators_probability_of_the_joined_pieces(toy_tran
     assert joined.length == sum(p[0].length for p in pieces) and joined.lowest == min(p[0].lowest for p in pieces)
     assert joined.confidence == translator.calibrator.probability(sum(p[0].log_prob for p in pieces),
                                                                   joined.length, joined.lowest)
+
+
+def test_an_exports_calibrator_that_cannot_be_used_is_a_warning(several_targets, tmp_path: Path) -> None:
+    """project.json's confidence edited into no calibrator: the export translates, without
+    confidence, and says why (warnings, no_confidence, describe())."""
+    import export
+    from conftest import GOOD_CALIBRATOR
+    export.export_model(several_targets.model, several_targets.config, several_targets.tok_src,
+                        several_targets.tok_tgt, tmp_path / "ct2", "float32",
+                        confidence={**GOOD_CALIBRATOR, "weights": [-1.5, 0.5, 0.0]})
+    ct2 = CTranslate2Translator(tmp_path / "ct2")
+    problem = f"{tmp_path / 'ct2'}: project.json: not a stored confidence calibrator: malformed numbers"
+    assert ct2.calibrator is None and ct2.warnings == [f"{problem}: translating without confidence (export the "
+                                                       f"model again)"]
+    assert ct2.describe()["no_confidence"] == ct2.no_confidence == f"{problem}; export the model again"
+    [[found]] = ct2.translate(SENTENCES[:1], DecodingOptions(beam_size=1, target_lang="it"))
+    assert found.text and found.confidence is None

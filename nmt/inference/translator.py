@@ -46,15 +46,16 @@ probability of being good (`Hypothesis.confidence`; None without a calibrator or
 with nothing to translate). A sentence cut into pieces is judged on its pieces together: their
 log-probabilities and lengths summed, the least likely token of all. CTranslate2's search does
 not report what the calibrator reads, so that engine scores its hypotheses once more
-(`score_batch`) when it has a calibrator.
+(`score_batch`) when it has a calibrator. The calibrator is a side file (confidence.json beside the
+checkpoints): one that cannot be read, or is not a calibrator, leaves the model translating without
+confidence, with one warning and the reason in `no_confidence` (what translate.py --scores and the
+API say); only the checkpoint and its tokenizers must be intact.
 """
 from __future__ import annotations
 
 import argparse
 import math
-import os
 import re
-import sys
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -66,12 +67,12 @@ from tokenizers import Tokenizer
 
 from nmt.training.checkpoint import load_for_inference
 from nmt.inference.confidence import CalibrationError, Calibrator, features, read_calibrator
-from config import Resolved, choose_run, get_config, target_languages, target_tag, weights_dir
+from config import ConfigError, Resolved, choose_run, get_config, target_languages, target_tag, weights_dir
 from nmt.inference.ct2_model import READ_ATTEMPTS, cpu_backend, ct2_setup, pinned_folder, read_project_files, replaced
 from nmt.inference.decoding import Hypothesis as DecodedHypothesis
 from nmt.inference.decoding import beam_search, brevity_term, expected_length, greedy_decode, max_output_tokens, sample
 from nmt.device import pick_device
-from nmt.diagnostics import first_line
+from nmt.diagnostics import first_line, log
 from nmt.inference.documents import DocumentPlan, plan_document
 from nmt.inference.glossary import Glossary
 from model import Transformer, causal_mask
@@ -304,6 +305,10 @@ class Translator(ABC):
         self.model_repeat_limit = max(model_config.get("no_repeat_ngram_size", 0), 0)
         self.target_languages = target_languages(model_config)
         self.calibrator: Calibrator | None = None  # the confidence calibrator stored with the model
+        # why there is none, while there is none (no_confidence); what a loader found unusable beside the model
+        self.calibrator_note = (f"{source} has no confidence calibrator; fit one with evaluate.py --fit_confidence "
+                                f"(training fits one at its end)")
+        self.warnings: list[str] = []
         missing = missing_target_tag(tok_src, model_config)
         if missing:
             raise TranslatorError(f"{source}: a model of several target languages ({model_config['lang_tgt']}) "
@@ -312,8 +317,20 @@ class Translator(ABC):
     def describe(self) -> dict[str, Any]:
         return {"engine": self.engine, "model": self.source, "seq_len": self.seq_len,
                 "no_repeat_ngram_size": self.model_repeat_limit, "confidence": self.calibrator is not None,
+                "no_confidence": self.no_confidence, "warnings": list(self.warnings),
                 "target_languages": self.target_languages,
                 "source_vocabulary": self.tok_src.get_vocab_size(), "target_vocabulary": self.tok_tgt.get_vocab_size()}
+
+    @property
+    def no_confidence(self) -> str | None:
+        """Why its translations get no confidence, in one line; None when they get one."""
+        return None if self.calibrator is not None else self.calibrator_note
+
+    def calibrator_unusable(self, problem: str, remedy: str) -> None:
+        """A side file's calibrator that cannot be read or is not one: the model translates without
+        confidence, and says why (a warning, and no_confidence)."""
+        self.calibrator, self.calibrator_note = None, f"{problem}; {remedy}"
+        self.warnings.append(f"{problem}: translating without confidence ({remedy})")
 
     def repeat_limit(self, options: DecodingOptions) -> int:
         """The n-gram size a search never repeats: the options', or the model's where they say -1."""
@@ -489,10 +506,11 @@ class TorchTranslator(Translator):
         source = str(path) + (f" (average of {average} ending here)" if average > 1 else "")
         translator = cls(model, tok_src, tok_tgt, config, path, source, seed)
         try:
-            # the run's calibrator, whichever of its checkpoints it was fitted on
+            # the run's calibrator, whichever of its checkpoints it was fitted on: a side file, which
+            # only confidence needs
             translator.calibrator = read_calibrator(path.parent)
         except CalibrationError as error:
-            raise TranslatorError(str(error)) from None
+            translator.calibrator_unusable(str(error), "fit it again with evaluate.py --fit_confidence")
         return translator
 
     def translate_batch(self, sources: list[Source], options: DecodingOptions, max_tokens: int,
@@ -629,10 +647,12 @@ class CTranslate2Translator(Translator):
                                   f"{first_line(error)}") from None
         super().__init__(tok_src, tok_tgt, model_config, model_dir, str(model_dir))
         self.project = project
+        self.calibrator_note = (f"{model_dir} has no confidence calibrator: export.py copies the run's, fitted "
+                                f"by training or evaluate.py --fit_confidence")
         try:
             self.calibrator = Calibrator.from_dict(project["confidence"]) if project.get("confidence") else None
         except CalibrationError as error:
-            raise TranslatorError(f"{model_dir}: project.json: {error}") from None
+            self.calibrator_unusable(f"{model_dir}: project.json: {error}", "export the model again")
         threads = threads or torch.get_num_threads()
         import ctranslate2  # only the programs that run this engine pay for the import
         try:
@@ -726,11 +746,15 @@ def add_translator_arguments(parser: argparse.ArgumentParser) -> None:
                              "--checkpoint or at the chosen one")
 
 
-def load_translator(args: argparse.Namespace, resolved: Resolved, fall_back: bool = False) -> Translator:
+def load_translator(args: argparse.Namespace, resolved: Resolved, fall_back: bool = False,
+                    scores: bool = False) -> Translator:
     """The translator the command line asks for: with the PyTorch engine and no --checkpoint, a
     checkpoint of the run that `config.choose_run` picks (`fall_back`: its argument). Checked against
     the pair the command line names (`check_pair`) and against `target_lang` when one is given.
-    Raises TranslatorError, CheckpointError or ConfigError (no such run, a missing device) with one line."""
+    What it found unusable beside the model (Translator.warnings) is a warning on stderr each: the
+    model translates without it; but with `scores` (translate.py --scores) a model without a
+    calibrator is a ConfigError saying why. Raises TranslatorError, CheckpointError or ConfigError
+    (no such run, a missing device) with one line."""
     config = resolved.config
     pick_device(config["device"])  # a device the machine lacks is said before a run is looked for
     if args.engine == "pytorch" and args.checkpoint is None:
@@ -739,6 +763,10 @@ def load_translator(args: argparse.Namespace, resolved: Resolved, fall_back: boo
     check_pair(args, translator)
     if config["target_lang"]:
         translator.target_language(config["target_lang"])
+    if scores and translator.no_confidence:
+        raise ConfigError(f"--scores: {translator.no_confidence}")
+    for warning in translator.warnings:
+        log(f"warning: {warning}")
     return translator
 
 
