@@ -3,9 +3,9 @@ term is a constraint of that sentence's beam search (decoding.ConstraintBanks).
 
 A glossary is a list of (source term, target term) pairs, several words allowed on either side:
 read from a TSV file (`read_glossary`: UTF-8 with or without a byte-order mark, one pair a line,
-source TAB target, blank lines skipped) or given as pairs (a request's `glossary`), checked alike (`check_pairs`): two non-empty
-sides of at most MAX_TERM_CHARS characters, at most `max_terms` pairs, a source term given twice
-only with the same target. Each error is one line naming the row.
+source TAB target, blank lines skipped) or given as pairs (a request's `glossary`), checked alike
+(`check_pairs`): two non-empty sides of at most MAX_TERM_CHARS characters, at most `max_terms`
+pairs, a source term given twice only with the same target. Each error is one line naming the row.
 
 Case and matching (`Glossary.terms_in`):
 - a source term occurs where its words appear in order, separated by any whitespace, as whole
