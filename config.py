@@ -572,12 +572,9 @@ def parse_config_text(path: Path) -> dict[str, Any]:
     toml = path.suffix == ".toml"
     try:
         text = read_text(path, f"--config {path}")
-    except OSError as error:
-        raise ConfigError(f"--config {path}: cannot read it: {error.strerror or error}") from None
+        data = tomllib.loads(text) if toml else json.loads(text, object_pairs_hook=unique_keys)
     except TextFileError as error:
         raise ConfigError(str(error)) from None
-    try:
-        data = tomllib.loads(text) if toml else json.loads(text, object_pairs_hook=unique_keys)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as error:
         raise ConfigError(f"--config {path}: not valid {'TOML' if toml else 'JSON'}: {error}") from None
     except ConfigError as error:

@@ -2,8 +2,8 @@
 editors write first (U+FEFF, which would otherwise stick to the first word: "\\ufeffcat").
 
 `read_text` is how a reader of a user's file (a glossary, a config file) gets its text; a file that
-is not UTF-8 is one `TextFileError` naming the byte, and saying so where it is UTF-16, which
-Windows calls "Unicode".
+cannot be read is one `TextFileError` naming it, and so is one that is not UTF-8, naming the byte,
+and saying so where it is UTF-16, which Windows calls "Unicode".
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 
 class TextFileError(ValueError):
-    """A file that is not UTF-8 text; the message is one line that names the file and the byte."""
+    """A file that cannot be read, or is not UTF-8 text; the message is one line that names the file
+    (and the byte)."""
 
 
 def decode_text(data: bytes, name: str) -> str:
@@ -28,6 +29,11 @@ def decode_text(data: bytes, name: str) -> str:
 
 
 def read_text(path: Path, name: str = "") -> str:
-    """The text of the file at `path` (decode_text; `name`: how to call it, by default its path).
-    An OSError is the caller's to word."""
-    return decode_text(Path(path).read_bytes(), name or str(path))
+    """The text of the file at `path` (decode_text); `name` is how the message calls it (by default
+    its path): "NAME: cannot read it: No such file or directory"."""
+    name = name or str(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise TextFileError(f"{name}: cannot read it: {error.strerror or error}") from None
+    return decode_text(data, name)

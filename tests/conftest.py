@@ -295,7 +295,7 @@ GOOD_CALIBRATOR = {"kind": "logistic", "features": ["mean_log_prob", "lowest_log
 BAD_CALIBRATORS = {"truncated": json.dumps(GOOD_CALIBRATOR, indent=1)[:150],
                    "hand-edited": json.dumps({**GOOD_CALIBRATOR, "threshold": "50%"}, indent=1)}
 # how the warning about each starts, FILE being its path
-CALIBRATOR_PROBLEMS = {"truncated": "cannot read the confidence calibrator FILE: ",
+CALIBRATOR_PROBLEMS = {"truncated": "the confidence calibrator FILE is not valid JSON: ",
                        "hand-edited": "FILE: not a stored confidence calibrator: could not convert string to float: "
                                       "'50%'"}
 

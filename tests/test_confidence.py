@@ -79,7 +79,7 @@ def test_a_stored_calibrator_is_read_with_or_without_a_byte_order_mark(tmp_path:
     path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())  # saved again by a Windows editor
     assert read_calibrator(tmp_path) == calibrator
     path.write_bytes(path.read_bytes()[:40])
-    with pytest.raises(CalibrationError, match=f"^cannot read the confidence calibrator {path}: [^\n]+$"):
+    with pytest.raises(CalibrationError, match=f"^the confidence calibrator {path} is not valid JSON: [^\n]+$"):
         read_calibrator(tmp_path)
 
 

@@ -27,6 +27,8 @@ def test_other_bytes_are_one_line_naming_the_byte(data: bytes, message: str) -> 
         decode_text(data, "notes.txt")
 
 
-def test_a_missing_file_is_the_callers_os_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
-        read_text(tmp_path / "missing.txt")
+def test_a_file_that_cannot_be_read_is_one_line_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(TextFileError, match=r"^terms.tsv: cannot read it: No such file or directory$"):
+        read_text(tmp_path / "missing.txt", "terms.tsv")
+    with pytest.raises(TextFileError, match=f"^{tmp_path}: cannot read it: Is a directory$"):
+        read_text(tmp_path)

@@ -34,7 +34,7 @@ import torch
 
 from nmt.atomic_files import atomic_write_bytes
 from nmt.diagnostics import first_line
-from nmt.text_files import read_text
+from nmt.text_files import TextFileError, read_text
 
 FEATURES = ("mean_log_prob", "lowest_log_prob", "log_length")
 MONOTONE = 2  # the first two features get weights > 0
@@ -178,14 +178,14 @@ def read_calibrator(folder: Path) -> Calibrator | None:
     """The calibrator stored in `folder` (None when there is none); CalibrationError in one line for a
     file that cannot be read (a hand-edited one may carry a byte-order mark) or is not one."""
     path = Path(folder) / CONFIDENCE_FILE
-    try:
-        data = json.loads(read_text(path))
-    except FileNotFoundError:
+    if not path.exists():
         return None
-    except OSError as error:
-        raise CalibrationError(f"cannot read the confidence calibrator {path}: {error.strerror or error}") from None
-    except ValueError as error:  # not UTF-8 (TextFileError) or not JSON
-        raise CalibrationError(f"cannot read the confidence calibrator {path}: {first_line(error)}") from None
+    try:
+        data = json.loads(read_text(path, f"the confidence calibrator {path}"))
+    except TextFileError as error:
+        raise CalibrationError(str(error)) from None
+    except json.JSONDecodeError as error:
+        raise CalibrationError(f"the confidence calibrator {path} is not valid JSON: {error}") from None
     try:
         return Calibrator.from_dict(data)
     except CalibrationError as error:

@@ -54,8 +54,6 @@ def read_glossary(path: Path, max_terms: int) -> list[tuple[str, str]]:
     """The pairs of the TSV glossary at `path`, checked by `check_pairs`; rows named path:line."""
     try:
         text = read_text(path, f"glossary {path}")
-    except OSError as error:
-        raise GlossaryError(f"cannot read glossary {path}: {error.strerror or error}") from None
     except TextFileError as error:
         raise GlossaryError(str(error)) from None
     rows, labels = [], []
