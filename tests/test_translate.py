@@ -415,3 +415,12 @@ def test_a_calibrator_that_cannot_be_used_is_one_warning(trained_run, bad_calibr
     code, out, err = run_main(capsys, model + ["--scores", FIRST])
     assert (code, out, len(err)) == (2, [], 1) and f"error: --scores: {problem}" in err[0]
     assert err[0].endswith("; fit it again with evaluate.py --fit_confidence (see --help)")
+
+
+def test_an_attention_plot_without_matplotlib_is_one_line_after_the_translations(
+        trained_run, expected: dict[str, str], capsys: pytest.CaptureFixture, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # what an import of a missing package raises
+    code, out, err = run_main(capsys, experiment(trained_run) + ["--plot_attention", str(tmp_path / "a.png"), FIRST])
+    assert (code, out) == (1, [expected[FIRST]]) and not (tmp_path / "a.png").exists()
+    assert err[-1].startswith("translate.py: error: cannot draw the attention plot: ") and "Traceback" not in err[-1]
