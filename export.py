@@ -1,4 +1,10 @@
-"""Export a checkpoint to a CTranslate2 model directory: `python export.py --output DIR [--quantization int8]`.
+"""Export a checkpoint: `python export.py --output DIR [--quantization int8 | --format transformers]`.
+
+By default it writes a CTranslate2 model directory (below). `--format transformers` writes a Hugging
+Face Transformers model folder instead (nmt/inference/transformers_export.py maps the model onto
+Pegasus, pre-norm, or Marian, post-norm, exactly; `--target_lang` picks the language of a model of
+several; `--evaluation FILE`, evaluate.py's output, puts its scores in the model card), into place
+as a CTranslate2 export is, with the same marker and --overwrite rules.
 
 The checkpoint is found as translate.py finds it (--checkpoint_choice, default best: the run's best
 on validation, of the run --experiment_name names; or --checkpoint PATH; --average N averages N
@@ -51,6 +57,7 @@ this one is removed under it.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -71,6 +78,8 @@ from nmt.inference.ct2_model import MARKER, QUANTIZATIONS, TIMINGS, export_quant
 from nmt.diagnostics import first_line, log
 from model import Transformer
 from nmt.corpora.tokenizer import EOS, SOS, UNK, missing_target_tag
+from nmt.inference.transformers_export import Evaluation, MappingError, read_evaluation, read_run_config, \
+    transformers_writer
 
 LAYER_NORM_EPSILON = 1e-5  # nn.LayerNorm's default, which model.py uses
 MARKER_NOTE = ("a model directory written by export.py, which may replace it when given --overwrite if it holds no "
@@ -113,10 +122,9 @@ class TransformerConverter:
         spec.gamma, spec.beta = self.tensor(layer_norm.weight), self.tensor(layer_norm.bias)
 
     def spec(self) -> Any:
-        from ctranslate2 import specs
-        common_spec, transformer_spec = specs.common_spec, specs.transformer_spec
+        from ctranslate2.specs import common_spec, transformer_spec
 
-        model, config = self.model, self.config
+        config = self.config
         pre_norm = config["norm_first"]
         encoder = transformer_spec.TransformerEncoderSpec(config["num_layers"], config["num_heads"], pre_norm=pre_norm,
                                                           activation=common_spec.Activation.RELU)
@@ -124,7 +132,17 @@ class TransformerConverter:
                                                           activation=common_spec.Activation.RELU, alignment_layer=-1,
                                                           alignment_heads=0)  # 0: the mean over all heads
         spec = transformer_spec.TransformerSpec(encoder, decoder)
+        self.encoder_spec(encoder, pre_norm)
+        self.decoder_spec(decoder, pre_norm)
+        unused = sorted({name for names in self.names.values() for name in names} - self.used)
+        if unused:
+            raise ExportError(f"cannot represent {unused[0]} in CTranslate2's Transformer (this exporter knows "
+                              f"model.py's blocks only)")
+        self.vocabularies(spec)
+        return spec
 
+    def encoder_spec(self, encoder: Any, pre_norm: bool) -> None:
+        model = self.model
         encoder.embeddings[0].weight = self.tensor(model.src_embed.embedding.weight)
         encoder.scale_embeddings = True  # x sqrt(d_model)
         encoder.position_encodings.encodings = model.src_pos.pe.detach().clone()
@@ -139,6 +157,8 @@ class TransformerConverter:
             self.linear(layer.ffn.linear_0, block.feed_forward.linear_1)
             self.linear(layer.ffn.linear_1, block.feed_forward.linear_2)
 
+    def decoder_spec(self, decoder: Any, pre_norm: bool) -> None:
+        model = self.model
         decoder.embeddings.weight = self.tensor(model.tgt_embed.embedding.weight)
         decoder.scale_embeddings = True
         decoder.position_encodings.encodings = model.tgt_pos.pe.detach().clone()
@@ -158,21 +178,18 @@ class TransformerConverter:
             self.linear(layer.ffn.linear_1, block.feed_forward.linear_2)
         self.linear(decoder.projection, model.projection_layer.proj)
 
-        unused = sorted({name for names in self.names.values() for name in names} - self.used)
-        if unused:
-            raise ExportError(f"cannot represent {unused[0]} in CTranslate2's Transformer (this exporter knows "
-                              f"model.py's blocks only)")
+    def vocabularies(self, spec: Any) -> None:
+        """The special tokens, the vocabularies and the LayerNorms' epsilon in the spec's config."""
         spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = UNK, SOS, EOS
         spec.config.decoder_start_token = SOS
         spec.config.add_source_bos = spec.config.add_source_eos = True  # sources are [SOS] ... [EOS]
         spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
-        missing = missing_target_tag(self.tok_src, config)
+        missing = missing_target_tag(self.tok_src, self.config)
         if missing:
-            raise ExportError(f"a model of several target languages ({config['lang_tgt']}) needs the tag {missing} "
-                              f"in its source vocabulary, which lacks it")
+            raise ExportError(f"a model of several target languages ({self.config['lang_tgt']}) needs the tag "
+                              f"{missing} in its source vocabulary, which lacks it")
         spec.register_source_vocabulary(vocabulary(self.tok_src))
         spec.register_target_vocabulary(vocabulary(self.tok_tgt))
-        return spec
 
 
 def export_marker(folder: Path) -> dict[str, Any] | None:
@@ -250,7 +267,41 @@ def export_model(model: Transformer, config: dict[str, Any], tok_src: Any, tok_t
     if quantization not in ("auto", *QUANTIZATIONS):
         raise ExportError(f"--quantization must be auto or one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     spec = TransformerConverter(model, config, tok_src, tok_tgt).spec()
-    output = Path(output)
+
+    def write(own: Path) -> Path:
+        fixed = export_quantization() if quantization == "auto" else quantization
+        project = {"checkpoint": checkpoint, "config": config, "confidence": confidence}
+        # folders made by the converter, with the user's umask (mkdtemp's folder is 0700)
+        if fixed is not None:
+            return write_model(spec, own / "model", fixed, tok_src, tok_tgt, project)
+        # a timing decides: each type on its own export (float32 on int8 weights runs slower
+        # than a float32 export); the converter quantizes a spec in place, so one spec each
+        specs = {"float32": spec, "int8": TransformerConverter(model, config, tok_src, tok_tgt).spec()}
+        folders = {name: write_model(timed, own / name, name, tok_src, tok_tgt, project)
+                   for name, timed in specs.items()}
+        return folders[timed_export(folders, torch.get_num_threads())]
+
+    return staged_export(Path(output), overwrite, write)
+
+
+def export_transformers(model: Transformer, config: dict[str, Any], tok_src: Any, tok_tgt: Any, output: Path,
+                        checkpoint: str = "", overwrite: bool = False, target_lang: str = "",
+                        run_config: dict[str, Any] | None = None, evaluation: Evaluation | None = None) -> Path:
+    """Write `model` as a Transformers model folder at `output` (nmt/inference/transformers_export.py
+    maps it), into place as export_model puts a CTranslate2 one (new, empty, or an earlier export
+    with `overwrite`); a model it cannot map exactly is refused before anything is written."""
+    try:
+        write_folder = transformers_writer(model, config, tok_src, tok_tgt, target_lang, run_config, evaluation,
+                                           checkpoint)
+    except MappingError as error:
+        raise ExportError(str(error)) from None
+    return staged_export(Path(output), overwrite, lambda own: write_folder(own / "model"))
+
+
+def staged_export(output: Path, overwrite: bool, write: Callable[[Path], Path]) -> Path:
+    """Run `write` (it writes the export into a new folder inside the folder it is given, and
+    returns it) in a locked folder of export.py's own beside `output`, and rename the export into
+    place (write_and_swap_in); `output` checked first (check_output)."""
     remove_leftovers(output)
     check_output(output, overwrite)
     try:
@@ -260,19 +311,6 @@ def export_model(model: Transformer, config: dict[str, Any], tok_src: Any, tok_t
     except OSError as error:
         raise ExportError(f"cannot write {output}: {error.strerror or error}") from None
     try:
-        def write(own: Path) -> Path:
-            fixed = export_quantization() if quantization == "auto" else quantization
-            project = {"checkpoint": checkpoint, "config": config, "confidence": confidence}
-            # folders made by the converter, with the user's umask (mkdtemp's folder is 0700)
-            if fixed is not None:
-                return write_model(spec, own / "model", fixed, tok_src, tok_tgt, project)
-            # a timing decides: each type on its own export (float32 on int8 weights runs slower
-            # than a float32 export); the converter quantizes a spec in place, so one spec each
-            specs = {"float32": spec, "int8": TransformerConverter(model, config, tok_src, tok_tgt).spec()}
-            folders = {name: write_model(timed, own / name, name, tok_src, tok_tgt, project)
-                       for name, timed in specs.items()}
-            return folders[timed_export(folders, torch.get_num_threads())]
-
         write_and_swap_in(write, own, output, overwrite)
         shutil.rmtree(own, ignore_errors=True)  # export.py's own folder, holding the export it replaced
     finally:
@@ -371,15 +409,47 @@ def argument_parser() -> OneLineParser:
                         help="checkpoint file (default: the run's, by --checkpoint_choice)")
     parser.add_argument("--average", type=int, default=1,
                         help="average the weights of this many checkpoints, ending at --checkpoint or the chosen one")
-    parser.add_argument("--quantization", choices=("auto", *QUANTIZATIONS), default="auto",
-                        help="weight type in the exported model (default auto: the type this machine runs fastest, "
-                             "timed where its CPU's rule cannot tell; docs/serving.md)")
+    parser.add_argument("--format", choices=("ctranslate2", "transformers"), default="ctranslate2",
+                        help="what to write: a CTranslate2 model directory (default), or a Hugging Face Transformers "
+                             "model folder (safetensors, fast tokenizer, generation config, model card)")
+    parser.add_argument("--quantization", choices=("auto", *QUANTIZATIONS), default=None,
+                        help="weight type of a CTranslate2 export (default auto: the type this machine runs fastest, "
+                             "timed where its CPU's rule cannot tell; docs/serving.md); a Transformers folder is "
+                             "float32")
     parser.add_argument("--output", type=Path, required=True,
                         help="the model directory to write: a new or empty folder, or an earlier export with "
                              "--overwrite")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an earlier export at --output (never a folder or file export.py did not write)")
+    transformers = parser.add_argument_group("--format transformers")
+    transformers.add_argument("--target_lang", default="", help="a model of several target languages: the one the "
+                                                                 "folder translates into")
+    transformers.add_argument("--evaluation", type=Path, default=None, help="evaluate.py's output for this model, "
+                              "saved to a file: its scores and sacreBLEU signatures go into the model card")
     return parser
+
+
+def check_format_options(parser: OneLineParser, args: argparse.Namespace) -> None:
+    """Refuse options of the other format (one line, exit 2)."""
+    if args.format == "transformers" and args.quantization is not None:
+        parser.error("--quantization applies to CTranslate2 exports; a Transformers folder holds float32 weights")
+    if args.format == "ctranslate2" and (args.target_lang or args.evaluation is not None):
+        parser.error("--target_lang and --evaluation apply to --format transformers")
+
+
+def export_checkpoint(args: argparse.Namespace, config: dict[str, Any]) -> tuple[Path, str]:
+    """Load the checkpoint the arguments name and export it in their format: (output, source)."""
+    evaluation = read_evaluation(args.evaluation) if args.evaluation is not None else None
+    model, tok_src, tok_tgt, model_config, path = load_for_inference(
+        args.checkpoint, weights_dir(config), torch.device("cpu"), args.average, config["checkpoint_choice"],
+        config["average_min_gap_steps"])
+    source = str(path) + (f" (average of {args.average} ending here)" if args.average > 1 else "")
+    if args.format == "transformers":
+        return export_transformers(model, model_config, tok_src, tok_tgt, args.output, source, args.overwrite,
+                                   args.target_lang, read_run_config(path.parent), evaluation), source
+    calibrator = read_calibrator(path.parent)
+    return export_model(model, model_config, tok_src, tok_tgt, args.output, args.quantization or "auto", source,
+                        args.overwrite, calibrator.to_dict() if calibrator else None), source
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     config = resolved.config
     if args.average < 1:
         parser.error(f"--average must be at least 1, got {args.average}")
+    check_format_options(parser, args)
     if args.checkpoint is None:
         try:
             choose_run(resolved)
@@ -395,21 +466,18 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(error))
     try:
         check_output(args.output, args.overwrite)  # before the checkpoint is loaded: refused at once
-        model, tok_src, tok_tgt, model_config, path = load_for_inference(
-            args.checkpoint, weights_dir(config), torch.device("cpu"), args.average, config["checkpoint_choice"],
-            config["average_min_gap_steps"])
-        source = str(path) + (f" (average of {args.average} ending here)" if args.average > 1 else "")
-        calibrator = read_calibrator(path.parent)
-        output = export_model(model, model_config, tok_src, tok_tgt, args.output, args.quantization, source,
-                              args.overwrite, calibrator.to_dict() if calibrator else None)
-    except (CalibrationError, CheckpointError, ExportError) as error:
+        output, source = export_checkpoint(args, config)
+    except (CalibrationError, CheckpointError, ExportError, MappingError) as error:
         print(f"export.py: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"export.py: interrupted; nothing was written to {args.output}", file=sys.stderr)
         return 130
-    quantization = read_project_files(output)[0]["quantization"]
-    print(f"export.py: wrote {output} ({quantization}) from {source}", file=sys.stderr)
+    if args.format == "transformers":
+        what = json.loads((output / "config.json").read_text(encoding="utf-8"))["architectures"][0]
+    else:
+        what = read_project_files(output)[0]["quantization"]
+    print(f"export.py: wrote {output} ({what}) from {source}", file=sys.stderr)
     return 0
 
 

@@ -544,3 +544,31 @@ def test_overwrite_replaces_an_export_holding_a_timing_cached_since(toy_translat
                         "float32", overwrite=True)
     assert json.loads((folder / "project.json").read_text(encoding="utf-8"))["quantization"] == "float32"
     assert not (folder / TIMINGS).exists()
+
+
+def test_format_transformers_writes_a_transformers_folder(several_targets, capsys,  # noqa: F811
+                                                         tmp_path: Path) -> None:
+    """--format transformers: options of the other format refused in one line; a model of several
+    target languages refused without --target_lang, nothing written; with it, a folder of
+    transformers' files and the export's marker, which --overwrite replaces as it replaces a
+    CTranslate2 export."""
+    many, output = several_targets, tmp_path / "hf"
+    checkpoint = ["--checkpoint", str(many.checkpoint), "--format", "transformers", "--output", str(output)]
+    code, _, err = run(capsys, export.main, checkpoint + ["--quantization", "int8"])
+    assert code == 2 and len(err) == 1 and "--quantization applies to CTranslate2 exports" in err[0]
+    code, _, err = run(capsys, export.main, checkpoint)
+    assert code == 1 and err == ["export.py: error: this model translates into fr, it: a Transformers folder "
+                                 "translates into one, named by --target_lang"]
+    assert not output.exists()
+    code, _, err = run(capsys, export.main, checkpoint + ["--target_lang", "fr"])
+    assert code == 0 and f"wrote {output} (PegasusForConditionalGeneration)" in err[-1]
+    files = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+             "README.md", "training_config.json", "target_tokenizer.json"}
+    marker = json.loads((output / ct2_model.MARKER).read_text())
+    assert files <= set(os.listdir(output)) and set(marker["files"]) == files
+    with pytest.raises(export.ExportError, match="pass --overwrite"):
+        export.export_transformers(many.model, many.config, many.tok_src, many.tok_tgt, output, target_lang="it")
+    export.export_transformers(many.model, many.config, many.tok_src, many.tok_tgt, output, target_lang="it",
+                               overwrite=True)
+    template = json.loads((output / "tokenizer.json").read_text())["post_processor"]["single"]
+    assert template[1]["SpecialToken"]["id"] == "<2it>"
