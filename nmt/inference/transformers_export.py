@@ -422,6 +422,13 @@ n-gram ban. Not representable there: this project's brevity penalty (Sockeye's,
 {model_config['brevity_penalty']}) and its cap of 2 x source + 10 output tokens, so beam search
 here can pick other hypotheses than the project's own decoding.
 
+## Other clients
+transformers 5 has no `pipeline("translation")` (removed in 5.0): use `generate` as above.
+{'`ct2-transformers-converter --model DIR --output_dir DIR_ct2` converts this folder for CTranslate2.'
+ if architecture.startswith('Pegasus') else
+ "CTranslate2's converter starts a Marian decoder from a zero vector, not from [SOS]: for CTranslate2, "
+ 'export the checkpoint with export.py (its default format) instead.'}
+
 ## Training
 `{command}` (the run's settings: `{TRAINING_CONFIG}`, which `train.py --config` reads).
 Data: {model_config['datasource']}.
