@@ -2,7 +2,7 @@
 
 By default it writes a CTranslate2 model directory (below). `--format transformers` writes a Hugging
 Face Transformers model folder instead (nmt/inference/transformers_export.py maps the model onto
-Pegasus, pre-norm, or Marian, post-norm, exactly; `--target_lang` picks the language of a model of
+Pegasus, pre-norm, or Marian, post-norm, exactly; `--language` picks the language of a model of
 several; `--evaluation FILE`, evaluate.py's output, puts its scores in the model card), into place
 as a CTranslate2 export is, with the same marker and --overwrite rules.
 
@@ -422,8 +422,8 @@ def argument_parser() -> OneLineParser:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an earlier export at --output (never a folder or file export.py did not write)")
     transformers = parser.add_argument_group("--format transformers")
-    transformers.add_argument("--target_lang", default="", help="a model of several target languages: the one the "
-                                                                 "folder translates into")
+    transformers.add_argument("--language", default="", help="a model of several target languages: the one the "
+                                                              "folder translates into")
     transformers.add_argument("--evaluation", type=Path, default=None, help="evaluate.py's output for this model, "
                               "saved to a file: its scores and sacreBLEU signatures go into the model card")
     return parser
@@ -433,8 +433,8 @@ def check_format_options(parser: OneLineParser, args: argparse.Namespace) -> Non
     """Refuse options of the other format (one line, exit 2)."""
     if args.format == "transformers" and args.quantization is not None:
         parser.error("--quantization applies to CTranslate2 exports; a Transformers folder holds float32 weights")
-    if args.format == "ctranslate2" and (args.target_lang or args.evaluation is not None):
-        parser.error("--target_lang and --evaluation apply to --format transformers")
+    if args.format == "ctranslate2" and (args.language or args.evaluation is not None):
+        parser.error("--language and --evaluation apply to --format transformers")
 
 
 def export_checkpoint(args: argparse.Namespace, config: dict[str, Any]) -> tuple[Path, str]:
@@ -446,7 +446,7 @@ def export_checkpoint(args: argparse.Namespace, config: dict[str, Any]) -> tuple
     source = str(path) + (f" (average of {args.average} ending here)" if args.average > 1 else "")
     if args.format == "transformers":
         return export_transformers(model, model_config, tok_src, tok_tgt, args.output, source, args.overwrite,
-                                   args.target_lang, read_run_config(path.parent), evaluation), source
+                                   args.language, read_run_config(path.parent), evaluation), source
     calibrator = read_calibrator(path.parent)
     return export_model(model, model_config, tok_src, tok_tgt, args.output, args.quantization or "auto", source,
                         args.overwrite, calibrator.to_dict() if calibrator else None), source

@@ -549,7 +549,7 @@ def test_overwrite_replaces_an_export_holding_a_timing_cached_since(toy_translat
 def test_format_transformers_writes_a_transformers_folder(several_targets, capsys,  # noqa: F811
                                                          tmp_path: Path) -> None:
     """--format transformers: options of the other format refused in one line; a model of several
-    target languages refused without --target_lang, nothing written; with it, a folder of
+    target languages refused without --language, nothing written; with it, a folder of
     transformers' files and the export's marker, which --overwrite replaces as it replaces a
     CTranslate2 export."""
     many, output = several_targets, tmp_path / "hf"
@@ -558,9 +558,9 @@ def test_format_transformers_writes_a_transformers_folder(several_targets, capsy
     assert code == 2 and len(err) == 1 and "--quantization applies to CTranslate2 exports" in err[0]
     code, _, err = run(capsys, export.main, checkpoint)
     assert code == 1 and err == ["export.py: error: this model translates into fr, it: a Transformers folder "
-                                 "translates into one, named by --target_lang"]
+                                 "translates into one, named by --language"]
     assert not output.exists()
-    code, _, err = run(capsys, export.main, checkpoint + ["--target_lang", "fr"])
+    code, _, err = run(capsys, export.main, checkpoint + ["--language", "fr"])
     assert code == 0 and f"wrote {output} (PegasusForConditionalGeneration)" in err[-1]
     files = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
              "README.md", "training_config.json", "target_tokenizer.json"}

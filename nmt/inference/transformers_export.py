@@ -483,11 +483,11 @@ def export_tag(tok_src: Tokenizer, model_config: dict[str, Any], target_lang: st
     targets = target_languages(model_config)
     if len(targets) == 1:
         if target_lang not in ("", targets[0]):
-            raise MappingError(f"--target_lang {target_lang} is not this model's target language ({targets[0]})")
+            raise MappingError(f"--language {target_lang} is not this model's target language ({targets[0]})")
         return ""
     if target_lang not in targets:
         raise MappingError(f"this model translates into {', '.join(targets)}: a Transformers folder translates into "
-                           f"one, named by --target_lang")
+                           f"one, named by --language")
     missing = missing_target_tag(tok_src, model_config)
     if missing:
         raise MappingError(f"a model of several target languages ({model_config['lang_tgt']}) needs the tag {missing} "
