@@ -1,6 +1,8 @@
 """documents.py with fake translators: the format from the name or the override, plain text with its
-line endings, SubRip numbers and timings unchanged and sentences across cues, Markdown's structure,
-code, URLs and link targets untouched; each sentence's span in the document's text."""
+line endings, SubRip numbers and timings unchanged (cues with and without blank lines and numbers)
+and sentences across cues, Markdown's structure, code, URLs, link targets, references, front matter
+and table pipes untouched; a byte-order mark and CRLF kept in every format; each sentence's span in
+the document's text. The CommonMark examples: test_commonmark.py; any document: test_document_properties.py."""
 from __future__ import annotations
 
 import pytest
@@ -208,3 +210,109 @@ def test_sentence_spans_index_the_documents_text(fmt: str, text: str, sentences:
     found = plan.sentences(upper(plan.sources))
     assert [text[s.span.start:s.span.end] for s in found] == sentences
     assert [s.translation for s in found] == translations
+
+
+# ---------------------------------------------------------------------------------------- SubRip
+
+NO_BLANK_LINE = ("1\n00:00:01,000 --> 00:00:02,000\nHello.\n"
+                 "2\n00:00:03,000 --> 00:00:04,000\nGood morning, my friend.\n\n"
+                 "3\n00:00:05,000 --> 00:00:06,000\nBye.\n")
+
+
+def test_srt_a_cue_right_after_the_text_of_the_one_before_keeps_its_number_and_timing() -> None:
+    """The issue's nob.srt: cue 2 follows cue 1's text with no blank line between."""
+    plan = plan_document(NO_BLANK_LINE, "srt", "en")
+    assert plan.sources == ["Hello.", "Good morning, my friend.", "Bye."]
+    assert plan.assemble(upper(plan.sources)) == NO_BLANK_LINE.replace("Hello.", "HELLO.").replace(
+        "Good morning, my friend.", "GOOD MORNING, MY FRIEND.").replace("Bye.", "BYE.")
+
+
+def test_srt_a_timing_line_starts_a_cue_without_a_number_and_a_blank_line_does_not_end_one() -> None:
+    """As the srt library reads cues (a blank line inside a cue's text is text's), and a timing line
+    with neither a number nor a blank line before it is a cue of its own, not text."""
+    text = ("00:00:01,000 --> 00:00:02,000\nHello\n\nthere.\n00:00:03.000 --> 00:00:04.000 X1:1\nCount 42.\n\n"
+            "  7  \n00:00:05,000 --> 00:00:06,000\nBye.\n")
+    plan = plan_document(text, "srt", "en")
+    assert plan.sources == ["Hello there.", "Count 42.", "Bye."]
+    assert plan.assemble(upper(plan.sources)) == text.replace("Hello", "HELLO").replace("there.", "THERE.").replace(
+        "Count", "COUNT").replace("Bye.", "BYE.")
+
+
+def test_srt_text_before_the_first_cue_is_refused_naming_its_line() -> None:
+    with pytest.raises(DocumentError, match=r"^not a SubRip file: line 2: expected a cue number or a timing line, "
+                                            r"found 'Hello'$"):
+        plan_document("\nHello\n1\n00:00:01,000 --> 00:00:02,000\nBye.\n", "srt", "en")
+
+
+# -------------------------------------------------------------------------------------- Markdown
+
+@pytest.mark.parametrize("text, expected", [
+    ("Read [the manual](<docs/user guide.pdf>) first.\n", "[Read] [[the manual]](<docs/user guide.pdf>) [first.]\n"),
+    ('See [the site](\n  http://x.org/a_b  "The (Title)"\n) and ![a cat](cat.png \'A cat\') now.\n',
+     '[See] [[the site]](\n  http://x.org/a_b  "The (Title)"\n) [and] ![[a cat]](cat.png \'A cat\') [now.]\n'),
+    ("Mail <jo@x.org> or see <https://x.org/a_b> and <x:y z> now.\n",
+     "[Mail] <jo@x.org> [or see] <https://x.org/a_b> [and <x:y z> now.]\n"),
+    ("[Full text][Doc], [Doc][] and [Doc] go there.\n\n[doc]: <a b> (Title)\n",
+     "[[Full text]][Doc], [Doc][] [and] [Doc] [go there.]\n\n[doc]: <a b> (Title)\n"),
+    ("Use `a\nb` and <span\nclass=\"x\">here</span> &copy; \\*.\n",
+     "[Use] `a\nb` [and] <span\nclass=\"x\">[here]</span> &copy; \\*.\n"),
+])
+def test_markdown_links_autolinks_references_code_and_html_are_kept(text: str, expected: str) -> None:
+    """Link destinations (<with spaces> too) and titles, autolinks, a reference's label (a link whose
+    text is its label keeps it: translated, it would not find its definition), code spans over two
+    lines, inline HTML, entities and escapes as they were; link texts and image descriptions translated.
+    `<x:y z>` is no autolink (a one-letter scheme, a space), so it is text."""
+    assert translate_document(text, "markdown", bracketed, "en") == expected
+
+
+def test_markdown_front_matter_html_blocks_and_code_blocks_are_copied() -> None:
+    text = ("---\ntitle: A title\ntags: [one, two]\n---\n\nThe text.\n\n<div>\nRaw html.\n</div>\n\n"
+            "~~~\nA fence.\n~~~\n\n    Indented code.\n")
+    assert translate_document(text, "markdown", bracketed, "en") == text.replace("The text.", "[The text.]")
+    # without its closing line, a rule and a paragraph: no front matter
+    assert translate_document("---\ntitle: A title\n", "markdown", bracketed, "en") == "---\n[title: A title]\n"
+
+
+def test_markdown_table_cells_are_flows_of_their_own_and_escaped_pipes_are_kept() -> None:
+    """In a block quote; a cell past the header's count is no part of the table, and stays as it is."""
+    text = "> | A \\| B | Name |\n> |------|:-----:|\n> | sleeps \\| eats | The cat | extra |\n"
+    plan = plan_document(text, "markdown", "en")
+    assert plan.sources == ["A", "B", "Name", "sleeps", "eats", "The cat"]
+    assert plan.assemble(bracketed(plan.sources)) == (
+        "> | [A] \\| [B] | [Name] |\n> |------|:-----:|\n> | [sleeps] \\| [eats] | [The cat] | extra |\n")
+    text = "| Code | Name |\n|---|---|\n| Run `a \\| b` now | `x` |\n"  # a pipe inside code: still code
+    assert translate_document(text, "markdown", bracketed, "en") == (
+        "| [Code] | [Name] |\n|---|---|\n| [Run] `a \\| b` [now] | `x` |\n")
+
+
+@pytest.mark.parametrize("fmt, text, expected", [
+    ("text", "\ufeffHello there.\r\nBye.\r\n", "\ufeff[Hello there.]\r\n[Bye.]\r\n"),
+    ("srt", "\ufeff1\r\n00:00:01,000 --> 00:00:02,000\r\nHello.\r\n",
+     "\ufeff1\r\n00:00:01,000 --> 00:00:02,000\r\n[Hello.]\r\n"),
+    ("markdown", "\ufeff# Title\r\n\r\nSome *text*.\r\n", "\ufeff# [Title]\r\n\r\n[Some] *[text]*.\r\n"),
+])
+def test_every_format_keeps_a_byte_order_mark_and_crlf_endings(fmt: str, text: str, expected: str) -> None:
+    """As Windows editors save a file: the mark comes back first, each line with its ending, and the
+    mark is no part of the first line's text (a Markdown heading is still one)."""
+    assert translate_document(text, fmt, bracketed, "en") == expected
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown"])
+def test_a_piece_given_back_unchanged_keeps_its_own_whitespace(fmt: str) -> None:
+    """The translator gets each run of whitespace in a piece as one space; what it leaves as it got it
+    comes back with the spaces, tabs and no-break spaces it had."""
+    text = "Multiple     spaces,\ta tab and\xa0a no-break space.\n"
+    plan = plan_document(text, fmt, "en")
+    assert plan.sources == ["Multiple spaces, a tab and a no-break space."]
+    assert plan.assemble(plan.sources) == text
+    assert plan.assemble(upper(plan.sources)) == "MULTIPLE SPACES, A TAB AND A NO-BREAK SPACE.\n"
+
+
+def test_markdown_whitespace_markdown_it_trims_or_a_line_starts_with_stays() -> None:
+    """A paragraph's first line of no-break spaces (trimmed from its content by markdown-it), and a
+    no-break space that starts a line: kept, so the line after it is no heading."""
+    text = "\xa0\nSome text\n\xa0# more text.\n"
+    plan = plan_document(text, "markdown", "en")
+    assert plan.sources == ["Some text # more text."]
+    assert plan.assemble(upper(plan.sources)) == "\xa0\nSOME TEXT\n\xa0# MORE TEXT.\n"
+

@@ -3,24 +3,37 @@
 Each format is read into flows of fragments (sentences.py): a fragment is the translatable part
 of one line, and everything around it (line endings, a byte-order mark, subtitle numbers and
 timings, Markdown's markers and indentation) stays in the output byte for byte. Only the
-fragments are replaced by their translations.
+fragments' prose is replaced by its translation; what a format's parser calls markup inside a
+fragment is kept as it is too.
 - Plain text: each line is a flow of its own, as with translate_lines. URLs and e-mail addresses
   are kept as they are.
-- SubRip: cue numbers, timing lines and blank lines are copied. A sentence that runs across cues
-  is translated whole, as subtitle tools do: a cue's lines continue the flow of the cue before
-  unless that cue ended a sentence (., !, ?, ... not an ellipsis, which in subtitles says the
-  sentence goes on) or the line starts with a speaker's dash. The translation of a sentence that
-  spans several lines (of one cue or of several) is cut back into them at word boundaries, in
-  proportion to the sentence's non-space characters on each line, and each line gets at least a
-  word while there are words. Dialogue dashes and formatting tags (<i>, {\\an8}) at a line's ends
-  stay on that line; tags inside a line are kept in place.
-- Markdown (CommonMark with GitHub's tables, parsed by markdown-it-py): only the text of
-  paragraphs, headings and table cells is translated; every other line (fenced and indented code,
-  HTML blocks, link reference definitions, rules, setext underlines, blank lines) is copied. A
-  paragraph is one flow, so its sentences may run across its lines; each line keeps its container
-  prefix (>, list markers, indentation) and its hard break. Inside the text, inline code, URLs,
-  e-mail addresses, autolinks, HTML tags, entities, escapes, emphasis markers, link and image
-  targets and table pipes are kept; link texts and image descriptions are translated.
+- SubRip, with the `srt` library's tolerance (its patterns of a cue number and a timestamp): a
+  timing line always starts a cue, and so does a number on the line just before one, blank line
+  before them or not; a blank line inside a cue does not end it. Numbers, timings and blank lines
+  are copied; text before the first cue is refused, naming the line. A sentence that runs across
+  cues is translated whole, as subtitle tools do: a cue's lines continue the flow of the cue
+  before unless that cue ended a sentence (., !, ?, ... not an ellipsis, which in subtitles says
+  the sentence goes on) or the line starts with a speaker's dash. The translation of a sentence
+  that spans several lines (of one cue or of several) is cut back into them at word boundaries,
+  in proportion to the sentence's non-space characters on each line, and each line gets at least
+  a word while there are words. Dialogue dashes and formatting tags (<i>, {\\an8}) at a line's
+  ends stay on that line; tags inside a line are kept in place.
+- Markdown: CommonMark with GitHub's tables and strikethrough and YAML front matter, read by
+  markdown-it-py. Only inline content (of paragraphs, headings and table cells) holds prose; every
+  other line (front matter, fenced and indented code, HTML blocks, link reference definitions,
+  rules, setext underlines, blank lines) and every container prefix (>, list markers,
+  indentation) is copied. A paragraph is one flow whose fragments are its lines (a sentence may
+  run across them, and a hard break stays on its line); a heading or a table cell is a flow of
+  one fragment. Inside, each child token of markdown-it's inline stream is found in the source
+  (`InlineSource`): text tokens are prose, everything else is markup kept byte for byte (code
+  spans, autolinks, inline HTML, entities, escapes, emphasis and strikethrough markers, a link's
+  `[` and its `](destination "title")` or `][label]`, an escaped pipe in a cell). A link or an
+  image whose text is its reference label (`[label]`, `[label][]`) is kept whole: translated, it
+  would no longer find its definition. Link texts and image descriptions are prose. Markup
+  inside a sentence cuts it into pieces translated apart (sentences.py). It is found token by
+  token (an opener, a closer, a whole), which is what a placement of inline markup by the
+  model's attention needs: the sentence's prose to the translator whole, each token put back
+  around the words it covered.
 `document_format(path, override)` picks the format; `plan_document` gives the pieces to translate,
 `DocumentPlan.assemble` the document and `DocumentPlan.sentences` each sentence's span in the
 document's text with its translation; `translate_document` does both with one translate call.
@@ -32,19 +45,28 @@ import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
+import srt
 from markdown_it import MarkdownIt
+from markdown_it.common.utils import MD_TRIM_CHARS
+from markdown_it.rules_block import StateBlock
+from markdown_it.rules_block.table import escapedSplit, table
+from markdown_it.rules_inline import StateInline, autolink, backtick, image, link
+from markdown_it.token import Token
+from mdit_py_plugins.front_matter import front_matter_plugin
 
-from nmt.inference.sentences import EMAIL, URL, URL_OR_EMAIL, Sentence, Span, TextPlan, Translate, plan_flows
+from nmt.inference.sentences import (EMAIL, URL, URL_OR_EMAIL, Sentence, Span, TextPlan, Translate, merged,
+                                     plan_flows)
 
 FORMATS = {"text": (".txt", ".text"), "srt": (".srt",), "markdown": (".md", ".markdown")}
 
 LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)?")
 BOM = "\ufeff"
 
-SRT_NUMBER = re.compile(r"\s*\d+\s*")
-SRT_TIMING = re.compile(r"\s*\d+:\d{1,2}:\d{1,2}[,.]\d{1,3}\s*-->\s*\d+:\d{1,2}:\d{1,2}[,.]\d{1,3}(?:\s.*)?")
+SRT_NUMBER = re.compile(rf"\s*{srt.RGX_INDEX}\s*")
+SRT_TIMING = re.compile(rf"\s*{srt.RGX_TIMESTAMP} *-[ -] *> *{srt.RGX_TIMESTAMP}.*")
+SRT_TIMING_EXAMPLE = "00:00:01,000 --> 00:00:02,500"
 SRT_TAG = r"<[^<>\n]+>|\{\\[^{}\n]*\}"
 # What stays at a subtitle line's ends: tags, and a speaker's dash before the text.
 SRT_LINE = re.compile(rf"^((?:\s|{SRT_TAG})*(?:[-–—]\s*(?:{SRT_TAG}|\s)*)?)(.*?)((?:\s|{SRT_TAG})*)$")
@@ -53,15 +75,9 @@ SRT_SPEAKER = re.compile(r"\s*(?:<[^<>\n]+>\s*)*[-–—]")
 SRT_SENTENCE_END = re.compile(r"(?<!\.\.)[.!?。！？♪](?:[\"'”’»)\]]|\s)*$")
 SRT_PROTECTED = re.compile(f"{SRT_TAG}|{URL}|{EMAIL}")
 
-MARKDOWN_PROTECTED = re.compile("|".join([
-    r"(?<!`)(?P<tick>`+)(?!`).*?(?<!`)(?P=tick)(?!`)",  # inline code: a whole run of backticks opens
-    r"<[A-Za-z][A-Za-z0-9+.-]*:[^\s<>]*>|<[^\s<>@]+@[^\s<>@]+>",  # autolinks
-    r"<!--.{0,2000}?-->|</?[A-Za-z][A-Za-z0-9-]*(?:\s[^<>]*)?/?>",  # HTML (a comment's length bounded)
-    r"\[\^[^\]\s]+\]|!?\[",  # footnote references, link and image openers
-    r"\]\((?:[^()\s]|\([^()\s]*\))*(?:\s+(?:\"[^\"]*\"|'[^']*'|\([^()]*\)))?\s*\)|\](?:\[[^\]]*\])?",  # targets
-    r"\\[!-/:-@\[-`{-~]|&(?:#\d+|#[xX][0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);",  # escapes, entities
-    r"\*+|~~+|(?<![^\W_])_+|_+(?![^\W_])|(?<!\\)\|",  # emphasis, table pipes
-    URL, EMAIL]))
+# Where a line break lies in inline content: the spaces or backslash before it (a hard break), and
+# the indentation after it, which markdown-it's newline rule skips.
+MARKDOWN_BREAK = re.compile(r"(?:\\| *)\n[ \t]*")
 
 
 class DocumentError(ValueError):
@@ -83,6 +99,7 @@ def document_format(path: str | Path, override: str = "") -> str:
 
 
 Place = tuple[int, int, int]  # a fragment's line, and its start and end within that line
+Kept = list[list[list[Span]]]  # for each flow, for each fragment, its markup (offsets into the fragment)
 
 
 @dataclass
@@ -98,11 +115,13 @@ class DocumentPlan:
         return self.text.sources
 
     def assemble(self, translations: Sequence[str]) -> str:
-        """The document with each fragment replaced by its translation."""
+        """The document with each fragment replaced by its translation (from a line's end back, as
+        one line may hold several fragments: a table row's cells)."""
         out = list(self.lines)
-        for places, fragments in zip(self.places, self.text.assemble(translations)):
-            for (line, start, end), fragment in zip(places, fragments):
-                out[line] = out[line][:start] + fragment + out[line][end:]
+        replacements = sorted(zip(itertools.chain(*self.places), itertools.chain(*self.text.assemble(translations))),
+                              reverse=True)
+        for (line, start, end), fragment in replacements:
+            out[line] = out[line][:start] + fragment + out[line][end:]
         return "".join(out)
 
     def sentences(self, translations: Sequence[str]) -> list[Sentence]:
@@ -129,38 +148,45 @@ def body(line: str) -> int:
     return len(line.rstrip("\r\n"))
 
 
-def text_places(lines: list[str]) -> list[list[Place]]:
+def text_places(lines: list[str]) -> tuple[list[list[Place]], Kept | None]:
     """Plain text: each line its own flow."""
     return [[(index, len(BOM) if index == 0 and line.startswith(BOM) else 0, body(line))]
-            for index, line in enumerate(lines)]
+            for index, line in enumerate(lines)], None
 
+
+# ---------------------------------------------------------------------------------------- SubRip
 
 def srt_cues(lines: list[str]) -> list[list[int]]:
-    """The text lines of each cue of a SubRip file; a line that is out of place is a DocumentError."""
+    """The text lines of each cue of a SubRip file; text before the first cue is a DocumentError."""
+    contents = [line[:body(line)] for line in lines]
+    if contents and contents[0].startswith(BOM):
+        contents[0] = contents[0][len(BOM):]
+    timing = [SRT_TIMING.fullmatch(content) is not None for content in contents] + [False]
     cues: list[list[int]] = []
-    state = "between"
-    for index, line in enumerate(lines):
-        content = line[:body(line)].lstrip(BOM) if index == 0 else line[:body(line)]
-        if state == "text" and content.strip():
-            cues[-1].append(index)
-        elif not content.strip():
-            state = "between" if state == "text" else state
-            if state == "number":
-                raise DocumentError(f"not a SubRip file: line {index + 1}: a cue number without its timing line")
-        elif state == "between" and SRT_NUMBER.fullmatch(content):
-            state = "number"
-        elif state in ("between", "number") and SRT_TIMING.fullmatch(content):
-            state = "text"
+    for index, content in enumerate(contents):
+        if timing[index]:
             cues.append([])
+        elif SRT_NUMBER.fullmatch(content) and timing[index + 1] or not content.strip():
+            continue
+        elif cues:
+            cues[-1].append(index)
         else:
-            expected = "a timing line (00:00:01,000 --> 00:00:02,500)" if state == "number" else "a cue number"
-            raise DocumentError(f"not a SubRip file: line {index + 1}: expected {expected}, found {content[:40]!r}")
-    if state == "number":
-        raise DocumentError("not a SubRip file: it ends with a cue number without its timing line")
+            raise DocumentError(f"not a SubRip file: {before_the_first_cue(contents, index)}")
     return cues
 
 
-def srt_places(lines: list[str]) -> list[list[Place]]:
+def before_the_first_cue(contents: list[str], index: int) -> str:
+    """What is wrong with the line at `index`, a line with text before any cue."""
+    if not SRT_NUMBER.fullmatch(contents[index]):
+        return f"line {index + 1}: expected a cue number or a timing line, found {contents[index][:40]!r}"
+    if index + 1 == len(contents):
+        return "it ends with a cue number without its timing line"
+    if not contents[index + 1].strip():
+        return f"line {index + 2}: a cue number without its timing line"
+    return f"line {index + 2}: expected a timing line ({SRT_TIMING_EXAMPLE}), found {contents[index + 1][:40]!r}"
+
+
+def srt_places(lines: list[str]) -> tuple[list[list[Place]], Kept | None]:
     """SubRip: flows that continue across cues until a sentence ends or a speaker's dash starts a line."""
     flows: list[list[Place]] = []
     ended = True
@@ -173,39 +199,237 @@ def srt_places(lines: list[str]) -> list[list[Place]]:
             flows[-1].append((index, match.start(2), match.end(2)))
             ended = False  # the cue's next line goes on with this one
         ended = not cue or bool(SRT_SENTENCE_END.search(re.sub(SRT_TAG, "", lines[cue[-1]][:body(lines[cue[-1]])])))
-    return flows
+    return flows, None
 
 
-def markdown_line(line: str, content: str) -> Span | None:
-    """Where a line of a block's inline content lies in its source line (after the container's
-    markers, before a closing heading sequence and a hard break), or None if it cannot be found."""
-    content = content.strip()
-    if content.endswith("\\"):  # a hard break stays with the line
-        content = content[:-1].rstrip()
-    start = line.rfind(content) if content else -1
-    return None if start < 0 else Span(start, start + len(content))
+# -------------------------------------------------------------------------------------- Markdown
+
+def table_with_rows(state: StateBlock, start: int, end: int, silent: bool) -> bool:
+    """markdown-it's table rule, which also notes in each cell's inline token where its row's text
+    starts in the source (past the containers' markers, which leave no other trace) and which
+    cell of the row it is."""
+    count = len(state.tokens)
+    if not table(state, start, end, silent):
+        return False
+    cell, row = 0, None
+    for token in state.tokens[count:]:
+        if token.type == "inline":
+            cell = cell + 1 if token.map[0] == row else 0
+            row = token.map[0]
+            token.meta["row"] = (state.bMarks[row] + state.tShift[row], cell)
+    return True
 
 
-def markdown_places(lines: list[str]) -> list[list[Place]]:
-    """Markdown: a flow per paragraph and heading, and per table row (one line, pipes kept)."""
-    parser = MarkdownIt("commonmark").enable("table").enable("strikethrough")
-    flows, table_rows = [], set()
-    for token in parser.parse("".join(lines).lstrip(BOM)):
-        if token.type == "tr_open" and token.map:
-            table_rows.add(token.map[0])
-        elif token.type == "inline" and token.map and token.map[0] not in table_rows:
-            places = []
-            for index, content in zip(range(*token.map), token.content.split("\n")):
-                span = markdown_line(lines[index][:body(lines[index])], content)
-                if span is not None:
-                    places.append((index, span.start, span.end))
-            flows.append(places)
-    flows += [[(row, 0, body(lines[row]))] for row in sorted(table_rows)]
-    return flows
+def markdown_parser() -> MarkdownIt:
+    """CommonMark, GitHub's tables and strikethrough, and front matter. Escapes and entities stay
+    tokens of their own (no text_join), so that each child token can be found in the source."""
+    parser = MarkdownIt("commonmark").enable(["table", "strikethrough"]).use(front_matter_plugin)
+    parser.disable("text_join")
+    parser.block.ruler.at("table", table_with_rows, {"alt": ["paragraph", "reference"]})
+    return parser
+
+
+MARKDOWN = markdown_parser()
+
+
+class InlineSource:
+    """Where the child tokens of one inline token lie in its content: the markup spans (kept as
+    they are) and the line breaks, as offsets into the content. Text tokens are prose. The extent
+    of a link, an image, an autolink and a code span is what markdown-it's own rule makes of the
+    source there, run in validation mode."""
+
+    def __init__(self, content: str, env: dict[str, Any]) -> None:
+        self.content = content
+        self.state = StateInline(content, MARKDOWN, env, [])
+        self.markup: list[Span] = []
+        self.breaks: list[Span] = []
+
+    def rule_end(self, rule: Callable[[StateInline, bool], bool], position: int) -> int:
+        """Where the construct that `rule` finds at `position` ends."""
+        self.state.pos = position
+        if not rule(self.state, True):
+            raise LookupError(f"no {rule.__name__} at {position}")
+        return self.state.pos
+
+    def expect(self, text: str, position: int) -> int:
+        if not self.content.startswith(text, position):
+            raise LookupError(f"{text!r} is not at {position}")
+        return position + len(text)
+
+    def walk(self, tokens: Sequence[Token], position: int) -> int:
+        """Find `tokens` from `position` on; where they end."""
+        index = 0
+        while index < len(tokens):
+            token = tokens[index]
+            if token.type == "text":
+                position = self.expect(token.content, position)
+            elif token.type in ("softbreak", "hardbreak"):
+                found = MARKDOWN_BREAK.match(self.content, position)
+                if found is None:
+                    raise LookupError(f"no line break at {position}")
+                self.breaks.append(Span(*found.span()))
+                position = found.end()
+            elif token.type == "link_open":
+                close = closing(tokens, index)
+                position = self.link(token, tokens[index + 1:close], position)
+                index = close
+            elif token.type == "image":
+                position = self.link(token, token.children or [], position)
+            else:
+                end = self.atom_end(token, position)
+                self.markup.append(Span(position, end))
+                position = end
+            index += 1
+        return position
+
+    def atom_end(self, token: Token, position: int) -> int:
+        """The end of a token that is markup as a whole."""
+        if token.type == "code_inline":
+            return self.rule_end(backtick, position)
+        if token.type == "html_inline":
+            return self.expect(token.content, position)
+        return self.expect(token.markup, position)  # escapes, entities, emphasis and strikethrough markers
+
+    def link(self, token: Token, inside: Sequence[Token], position: int) -> int:
+        """A link or an image at `position`: its opener and its tail are markup, its text prose,
+        unless the text is the label of a shortcut or collapsed reference; where it ends."""
+        if token.info == "auto":
+            end = self.rule_end(autolink, position)
+            self.markup.append(Span(position, end))
+            return end
+        is_image = token.type == "image"
+        end = self.rule_end(image if is_image else link, position)
+        markup, breaks = len(self.markup), len(self.breaks)
+        label_end = self.walk(inside, position + (2 if is_image else 1))
+        if self.content[label_end:end] in ("]", "][]"):
+            del self.markup[markup:], self.breaks[breaks:]
+            self.markup.append(Span(position, end))
+        else:
+            self.markup[markup:markup] = [Span(position, position + (2 if is_image else 1))]
+            self.markup.append(Span(label_end, end))
+        return end
+
+
+def closing(tokens: Sequence[Token], index: int) -> int:
+    """The index of the link_close that closes the link_open at `index`."""
+    depth = 0
+    for position in range(index, len(tokens)):
+        depth += {"link_open": 1, "link_close": -1}.get(tokens[position].type, 0)
+        if depth == 0:
+            return position
+    raise LookupError("a link that does not close")
+
+
+@dataclass
+class ContentLine:
+    """One line of an inline token's content and where it lies in the document: content offsets
+    [start, end) of the line, `lead` characters of indentation that are not in the source as they
+    are (markdown-it may expand a tab), then the source from (line, column) on; `pipes`: a table
+    cell, whose escaped pipes (\\|) lost their backslash in the content."""
+
+    start: int
+    end: int
+    lead: int
+    line: int
+    column: int
+    pipes: bool = False
+
+    def column_of(self, content: str, position: int) -> int:
+        """The source column of the content offset `position` (within this line)."""
+        offset = max(position - self.start - self.lead, 0)
+        return self.column + offset + (content.count("|", self.start, position) if self.pipes else 0)
+
+
+def paragraph_lines(token: Token, bodies: list[str]) -> list[ContentLine]:
+    """An inline token's content lines (paragraph, heading), each found at the end of its source
+    line: markdown-it takes a line's rest after the container's markers, and trims the whole, so
+    lines of nothing but whitespace it trims (a no-break space) may be gone at either end."""
+    texts = token.content.split("\n")
+    for first in range(token.map[0], token.map[1] - len(texts) + 1):
+        found, start = [], 0
+        for line, text in enumerate(texts, start=first):
+            rest = text.lstrip(" \t")
+            column = bodies[line].rfind(rest)
+            if column < 0:
+                break
+            found.append(ContentLine(start, start + len(text), len(text) - len(rest), line, column))
+            start += len(text) + 1
+        else:
+            return found
+    raise LookupError(f"{token.content[:40]!r} is not on its lines")
+
+
+def cell_line(token: Token, bodies: list[str], line_starts: list[int]) -> ContentLine:
+    """A table cell's content, found in its row as markdown-it's table rule cuts the row."""
+    row_start, cell = token.meta["row"]
+    line = token.map[0]
+    row = bodies[line][row_start - line_starts[line]:]
+    position = row_start - line_starts[line] + len(row) - len(row.lstrip(MD_TRIM_CHARS))
+    columns = escapedSplit(row.strip(MD_TRIM_CHARS))
+    if columns and columns[0] == "":
+        columns.pop(0)
+        position += 1
+    for column in columns[:cell]:
+        position += len(column) + column.count("|") + 1  # each | of a cell's text was \|
+    text = columns[cell] if cell < len(columns) else ""
+    position += len(text) - len(text.lstrip(MD_TRIM_CHARS))
+    if text.strip(MD_TRIM_CHARS) != token.content:
+        raise LookupError(f"cell {cell} is not {token.content!r}")
+    return ContentLine(0, len(token.content), 0, line, position, pipes=True)
+
+
+def inline_flow(token: Token, lines: list[ContentLine], env: dict[str, Any],
+                offsets: list[int]) -> tuple[list[Place], list[list[Span]]]:
+    """An inline token's fragments (one per content line, without a line's break) and the markup
+    of each, as offsets into it; `offsets`: what comes before each line's text in the document
+    (a byte-order mark)."""
+    content = token.content
+    found = InlineSource(content, env)
+    if found.walk(token.children or [], 0) != len(content):
+        raise LookupError("the tokens end before the content")
+    pipes = [Span(i, i + 1) for i, c in enumerate(content) if c == "|"] if lines[0].pipes else []
+    markup = merged(found.markup + pipes)  # in order and apart: each line looks up its own
+    markup_starts, markup_ends = [span.start for span in markup], [span.end for span in markup]
+    line_end = {content.index("\n", b.start): b.start for b in found.breaks}  # a line's end before its break
+    places, kept = [], []
+    for part in lines:
+        start = part.start + part.lead
+        end = max(line_end.get(part.end, part.end), start)
+        first = part.column_of(content, start)
+        places.append((part.line, first + offsets[part.line], part.column_of(content, end) + offsets[part.line]))
+        on_line = markup[bisect.bisect_right(markup_ends, start):bisect.bisect_left(markup_starts, end)]
+        kept.append([Span(part.column_of(content, max(a, start)) - first, part.column_of(content, min(b, end)) - first)
+                     for a, b in on_line])
+    return places, kept
+
+
+def markdown_places(lines: list[str]) -> tuple[list[list[Place]], Kept | None]:
+    """Markdown: a flow per paragraph, heading and table cell, with its markup."""
+    text = "".join(lines)
+    bom = len(BOM) if text.startswith(BOM) else 0
+    source = text[bom:].replace("\0", "\ufffd")  # markdown-it's own replacement, one character for one
+    source_lines = split_lines(source)
+    bodies = [line[:body(line)] for line in source_lines]
+    line_starts = list(itertools.accumulate((len(b) + 1 for b in bodies), initial=0))  # markdown-it's \n ends
+    offsets = [bom] + [0] * len(bodies)
+    env: dict[str, Any] = {}
+    flows, kept = [], []
+    for token in MARKDOWN.parse(source, env):
+        if token.type != "inline" or not token.content:  # an empty heading, a cell a row lacks
+            continue
+        try:
+            content_lines = [cell_line(token, bodies, line_starts)] if "row" in token.meta else \
+                paragraph_lines(token, bodies)
+            places, marks = inline_flow(token, content_lines, env, offsets)
+        except LookupError as error:
+            raise DocumentError(f"line {token.map[0] + 1}: cannot tell the text from the markup ({error})") from None
+        flows.append(places)
+        kept.append(marks)
+    return flows, kept
 
 
 PLACES = {"text": (text_places, URL_OR_EMAIL), "srt": (srt_places, SRT_PROTECTED),
-          "markdown": (markdown_places, MARKDOWN_PROTECTED)}
+          "markdown": (markdown_places, URL_OR_EMAIL)}
 
 
 def plan_document(text: str, fmt: str, language: str, **options) -> DocumentPlan:
@@ -215,9 +439,9 @@ def plan_document(text: str, fmt: str, language: str, **options) -> DocumentPlan
         raise DocumentError(f"unknown document format {fmt!r} (known: {', '.join(FORMATS)})")
     places_of, protected = PLACES[fmt]
     lines = split_lines(text)
-    places = places_of(lines)
+    places, kept = places_of(lines)
     plan = plan_flows([[lines[line][start:end] for line, start, end in flow] for flow in places], language,
-                      protected=protected, **options)
+                      protected=protected, kept=kept, **options)
     return DocumentPlan(lines, places, plan)
 
 

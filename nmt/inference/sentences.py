@@ -6,9 +6,10 @@ pieces a translator gets, and puts the translations back where the pieces were:
   sentencex's rules for the source language (abbreviations, decimals, quotes and ellipses do not
   end a sentence). Whitespace around a sentence is outside its span, so indentation, the spacing
   between sentences and trailing whitespace are copied from the input, never rebuilt.
-- URLs and e-mail addresses (or, for documents, any pattern of text that must stay as it is) are
-  never translated: a sentence is cut around them, the text on either side is translated, and they
-  are put back unchanged. A piece with no letter in it (a number, a lone bracket) is kept as it is.
+- URLs and e-mail addresses (or, for documents, any pattern of text that must stay as it is, and
+  the spans a document's parser found to be markup) are never translated: a sentence is cut around
+  them, the text on either side is translated, and they are put back unchanged. A piece with no
+  letter in it (a number, a lone bracket) is kept as it is.
 - A piece longer than the model's limit (`count_tokens(piece) > max_tokens`) is cut at the best
   boundary inside it: clause punctuation near its middle, else the whitespace nearest the middle,
   else the middle itself; again until every piece fits. Nothing is truncated.
@@ -203,11 +204,19 @@ class Flow:
     pieces: list[Span] = field(default_factory=list)
     sentences: list[tuple[Span, int, int]] = field(default_factory=list)  # span, its pieces [first, end)
 
+    def source(self, piece: Span) -> str:
+        """What the translator gets of a piece: its text, each run of whitespace in it (a line break
+        in a flow, a no-break space) one space."""
+        return " ".join(self.text[piece.start:piece.end].split())
+
     def render(self, translations: Sequence[str]) -> list[str]:
-        """Each fragment with its pieces replaced by their share of the pieces' translations."""
+        """Each fragment with its pieces replaced by their share of the pieces' translations; a
+        piece the translator gave back as it got it is put back as it was, whitespace included."""
         starts = [f.start for f in self.fragments]
         shares: list[list[tuple[Span, str]]] = [[] for _ in self.fragments]
         for piece, translation in zip(self.pieces, translations):
+            if translation == self.source(piece):
+                translation = self.text[piece.start:piece.end]
             first, end = bisect.bisect_right(starts, piece.start) - 1, bisect.bisect_left(starts, piece.end)
             if end - first == 1:  # the common case: a piece within one fragment
                 shares[first].append((piece, translation))
@@ -225,10 +234,13 @@ class Flow:
         return [self.render_fragment(fragment, share) for fragment, share in zip(self.fragments, shares)]
 
     def render_fragment(self, fragment: Span, shares: list[tuple[Span, str]]) -> str:
+        """The fragment with each piece's share in place of the piece's part of it; whitespace at
+        that part's ends (a line's indentation, a no-break space) stays."""
         out, position = [], fragment.start
         for piece, part in shares:
-            out += [self.text[position:max(piece.start, fragment.start)], part]
-            position = min(piece.end, fragment.end)
+            inside = stripped(self.text, max(piece.start, fragment.start), min(piece.end, fragment.end))
+            out += [self.text[position:inside.start], part]
+            position = inside.end
         out.append(self.text[position:fragment.end])
         return "".join(out)
 
@@ -252,9 +264,8 @@ class TextPlan:
 
     @property
     def sources(self) -> list[str]:
-        """The pieces to translate, in order; whitespace inside a piece (a line break in a flow)
-        becomes one space."""
-        return [" ".join(flow.text[p.start:p.end].split()) for flow in self.flows for p in flow.pieces]
+        """The pieces to translate, in order (Flow.source)."""
+        return [flow.source(p) for flow in self.flows for p in flow.pieces]
 
     def per_flow(self, translations: Sequence[str]) -> list[list[str]]:
         expected = sum(len(flow.pieces) for flow in self.flows)
@@ -285,16 +296,32 @@ class TextPlan:
         return found
 
 
-def plan_flow(fragments: Sequence[str], language: str, split_sentences: bool, protected: re.Pattern,
-              count_tokens: CountTokens | None, max_tokens: int | None) -> tuple[Flow, int]:
-    """One flow's plan, and how many of its sentences were cut for length."""
+def merged(spans: list[Span]) -> list[Span]:
+    """`spans` sorted, those that overlap made one (a URL in a link's destination, an escaped pipe
+    in a table cell's code)."""
+    out: list[Span] = []
+    for span in sorted(spans):
+        if out and span.start < out[-1].end:
+            out[-1] = Span(out[-1].start, max(out[-1].end, span.end))
+        else:
+            out.append(span)
+    return out
+
+
+def plan_flow(fragments: Sequence[str], kept: Sequence[Sequence[Span]], language: str, split_sentences: bool,
+              protected: re.Pattern, count_tokens: CountTokens | None,
+              max_tokens: int | None) -> tuple[Flow, int]:
+    """One flow's plan, and how many of its sentences were cut for length; `kept`: for each
+    fragment, spans of it (offsets into the fragment) to keep as they are."""
     text, spans, position = " ".join(fragments), [], 0
     for fragment in fragments:
         spans.append(Span(position, position + len(fragment)))
         position += len(fragment) + 1
     flow, cut = Flow(text, spans), 0
     whole = stripped(text, 0, len(text))
-    shields = [Span(*m.span()) for m in protected.finditer(text)]
+    shields = merged([Span(*m.span()) for m in protected.finditer(text)] +
+                     [Span(fragment.start + a, fragment.start + b) for fragment, found in zip(spans, kept)
+                      for a, b in found])
     sentences = sentence_spans(text, language, shields=shields) if split_sentences else [whole]
     for sentence in (s for s in sentences if s.start < s.end):
         first, pieces = len(flow.pieces), text_pieces(text, sentence, shields)
@@ -306,15 +333,18 @@ def plan_flow(fragments: Sequence[str], language: str, split_sentences: bool, pr
 
 
 def plan_flows(flows: Sequence[Sequence[str]], language: str, *, split_sentences: bool = True,
-               protected: re.Pattern = URL_OR_EMAIL, count_tokens: CountTokens | None = None,
-               max_tokens: int | None = None) -> TextPlan:
+               protected: re.Pattern = URL_OR_EMAIL, kept: Sequence[Sequence[Sequence[Span]]] | None = None,
+               count_tokens: CountTokens | None = None, max_tokens: int | None = None) -> TextPlan:
     """The plan for flows, each given as its fragments' texts. Without `split_sentences` a flow is
-    one sentence (what is outside its pieces is still kept as it is)."""
+    one sentence (what is outside its pieces is still kept as it is). `kept`: for each flow, for
+    each of its fragments, the spans to keep as they are besides `protected`'s matches (a
+    document's markup, found by its parser)."""
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, not {max_tokens}")
     plan = TextPlan([])
-    for fragments in flows:
-        flow, cut = plan_flow(fragments, language, split_sentences, protected, count_tokens, max_tokens)
+    for index, fragments in enumerate(flows):
+        found = kept[index] if kept is not None else [()] * len(fragments)
+        flow, cut = plan_flow(fragments, found, language, split_sentences, protected, count_tokens, max_tokens)
         plan.flows.append(flow)
         plan.split_for_length += cut
     return plan
