@@ -35,6 +35,10 @@ sentence. Endpoints:
   call has run longer than serve_request_timeout_s). They need no key and name no model.
 - GET /: a web page (static/) to translate a sentence and see its attention heatmap; it marks each
   sentence whose confidence is below confidence_mark_below, the value in its tooltip.
+- LibreTranslate's API, for the clients that speak it (nmt/serving/libretranslate.py says what they
+  send and get): POST /translate with `q` (a form, or a JSON object with q; the project's own
+  request has `text`), POST /detect and GET /languages. `format: html` reaches document_plan, which
+  refuses it until documents.py reads HTML. Its requests share the limits, the queue and the metrics.
 
 Requests that arrive together are translated together (serve_batch_sentences, serve_batch_wait_ms);
 each request is limited by serve_max_sentences (sentences after segmentation), serve_max_chars (of
@@ -52,8 +56,9 @@ Once the model has been idle IDLE_TRIM_S after some calls, the heap's free pages
 
 It listens on 127.0.0.1 unless --host says otherwise (--port 0: any free port; the lines on stderr
 say which). On any other address it needs an API key, from the TRANSLATE_API_KEY environment
-variable or the first line of --api_key_file FILE, and then every request but the two probes must
-send `Authorization: Bearer KEY`; a key that is set is required on loopback too. Off loopback the
+variable or the first line of --api_key_file FILE, and then every request but the two probes and
+GET /languages must send `Authorization: Bearer KEY` (401 without; LibreTranslate's may send the
+field api_key instead, 403 without); a key that is set is required on loopback too. Off loopback the
 key must travel over TLS (--ssl_certfile, --ssl_keyfile) unless --trusted_network says the network
 is private. SIGTERM or Ctrl-C drains the server: it stops being ready, refuses new requests with 503,
 answers those it holds within serve_drain_grace_s (503 for what is left then, or at a second
@@ -93,7 +98,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from nmt.training.checkpoint import CheckpointError
 from config import SERVE, ConfigError, OneLineParser, build_parser, choose_run, parse_args
 from nmt.serving.connection_guard import ConnectionGuard, connection_limit, raise_file_limit, tls_context
+from nmt.serving import libretranslate
+from nmt.serving.libretranslate import LanguageDetector, form_fields, is_form, is_libretranslate
+from nmt.serving.request_checks import ApiError, check_sentence, check_text, json_type
 from nmt.cpu_kernels import release_freed_memory
+from nmt.inference.documents import FORMATS, DocumentError, DocumentPlan
 from nmt.inference.glossary import GlossaryError, check_pairs
 from nmt.inference.sentences import TextPlan
 from nmt.inference.translator import (DecodingOptions, Hypothesis, Translator, TranslatorError, add_translator_arguments,
@@ -102,19 +111,12 @@ from nmt.inference.translator import (DecodingOptions, Hypothesis, Translator, T
 STATIC = Path(__file__).resolve().parent / "static"
 API_KEY_VARIABLE = "TRANSLATE_API_KEY"
 WARM_UP = "Hello."  # translated once after loading: the first call pays for lazy set-up, not a client
-API_ENDPOINTS = {"/translate": "translate", "/attention": "attention"}  # path -> the metrics' label
+API_ENDPOINTS = {"/translate": "translate", "/attention": "attention", "/detect": "detect",
+                 "/languages": "languages"}  # path -> the metrics' label
 IDLE_TRIM_S = 2.0  # the model idle this long after some calls: its freed memory goes back to the system
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 T = TypeVar("T")
-
-
-class ApiError(Exception):
-    """A refused request: the HTTP status, the one line the client is shown, and any headers."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers
 
 
 def unavailable(message: str, retry_after: float) -> ApiError:
@@ -193,7 +195,7 @@ class Batcher:
     ever). A job that was withdrawn (its client left) or whose deadline has passed is dropped before
     it reaches the model."""
 
-    def __init__(self, decode: Callable[[list[str], DecodingOptions], list[Hypothesis]], executor: Executor,
+    def __init__(self, decode: Callable[[list[str], DecodingOptions], list[list[Hypothesis]]], executor: Executor,
                  max_sentences: int, wait_s: float, max_work: int, registry: CollectorRegistry) -> None:
         self.decode, self.executor = decode, executor
         self.max_sentences, self.wait_s, self.max_work = max_sentences, wait_s, max_work
@@ -325,14 +327,6 @@ def failure(what: str, error: Exception) -> str:
     return f"{what} failed: {type(error).__name__}" + (f": {first_line}" if first_line else "")
 
 
-def json_type(value: Any) -> str:
-    """How a JSON value is called in an error message."""
-    if isinstance(value, bool):
-        return "a boolean"
-    return {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number",
-            type(None): "null"}.get(type(value), type(value).__name__)
-
-
 def check_fields(payload: Any, required: str, optional: Sequence[str] = ()) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise ApiError(400, f"the request body must be a JSON object with the field {required!r}, "
@@ -343,26 +337,6 @@ def check_fields(payload: Any, required: str, optional: Sequence[str] = ()) -> d
     if required not in payload:
         raise ApiError(400, f"missing field {required!r}")
     return payload
-
-
-def check_sentence(text: Any, name: str, max_chars: int) -> str:
-    """The sentence stripped, or an ApiError naming it (`name`) and what is wrong with it."""
-    return check_text(text, name, max_chars).strip()
-
-
-def check_text(text: Any, name: str, max_chars: int) -> str:
-    """The text as it is, or an ApiError naming it (`name`) and what is wrong with it."""
-    if not isinstance(text, str):
-        raise ApiError(400, f"{name} must be a string, got {json_type(text)}")
-    if not text.strip():
-        raise ApiError(400, f"{name} is empty")
-    if len(text) > max_chars:
-        raise ApiError(400, f"{name} is {len(text)} characters long; the limit is {max_chars} (serve_max_chars)")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate, sent as a \ud800 escape
-        raise ApiError(400, f"{name} is not valid Unicode (a lone surrogate)") from None
-    return text
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -403,10 +377,11 @@ class Service:
         self.config, self.load, self.url = config, load, url
         self.timeout = config["serve_request_timeout_s"]
         self.translator: Translator | None = None  # set once loaded and warmed up
+        self.detector: asyncio.Future[LanguageDetector] | None = None  # LibreTranslate's detection, once asked for
         self.defaults = DecodingOptions.from_config(config, batch_size=config["serve_batch_sentences"])
         self.registry = CollectorRegistry()  # this app's own: tests run several apps in one process
         self.model_thread = ModelThread()
-        self.batcher = Batcher(lambda sentences, options: [h[0] for h in self.translator.translate(sentences, options)],
+        self.batcher = Batcher(lambda sentences, options: self.translator.translate(sentences, options),
                                self.model_thread, config["serve_batch_sentences"], config["serve_batch_wait_ms"] / 1000,
                                config["serve_max_queued_work"], self.registry)
         self.requests = Counter("serve_requests", "API requests answered, by endpoint and status code (499: the "
@@ -517,16 +492,28 @@ class Service:
             for waiting in (task, *watchers):
                 waiting.cancel()
 
-    async def read_json(self, request: Request) -> Any:
-        """The request body as JSON: 408 if it takes longer than serve_body_timeout_s to arrive."""
+    async def read_request_body(self, request: Request) -> bytes:
+        """The request body: 408 if it takes longer than serve_body_timeout_s to arrive."""
         limit, timeout = self.config["serve_max_body_bytes"], self.config["serve_body_timeout_s"]
         try:
-            body = await self.outcome(read_body(request, limit), timeout)
+            return await self.outcome(read_body(request, limit), timeout)
         except TimeoutError:
             # The rest of the body may still come: the connection cannot carry another request.
             raise ApiError(408, f"the request body did not arrive within {timeout:g} s (serve_body_timeout_s)",
                            {"Connection": "close"}) from None
-        return parse_json(body)
+
+    async def read_json(self, request: Request) -> Any:
+        """The request body as JSON."""
+        return parse_json(await self.read_request_body(request))
+
+    async def read_payload(self, request: Request) -> tuple[Any, bool]:
+        """The request body, and whether it is LibreTranslate's: a form's fields (it is), or JSON (it
+        is when an object with 'q', libretranslate.is_libretranslate)."""
+        body = await self.read_request_body(request)
+        if is_form(request):
+            return await form_fields(request, body), True
+        payload = parse_json(body)
+        return payload, is_libretranslate(payload)
 
     async def run(self, request: Request, arrived: float, sentences: list[str], options: DecodingOptions,
                   call: Callable[[str], Any] | None = None, what: str = "translation") -> Any:
@@ -542,10 +529,24 @@ class Service:
         finally:
             self.batcher.withdraw(job)
 
+    async def hypotheses(self, request: Request, arrived: float, sentences: list[str],
+                         options: DecodingOptions) -> list[list[Hypothesis]]:
+        """The hypotheses of each of `sentences`, best first (options.n_best of them); none to make (a
+        text without a letter), no model call."""
+        return await self.run(request, arrived, sentences, options) if sentences else []
+
     async def translate(self, request: Request, arrived: float, sentences: list[str],
                         options: DecodingOptions) -> list[Hypothesis]:
-        """The best translation of each of `sentences`; none to make (a text without a letter), no model call."""
-        return await self.run(request, arrived, sentences, options) if sentences else []
+        """The best translation of each of `sentences`."""
+        return [found[0] for found in await self.hypotheses(request, arrived, sentences, options)]
+
+    async def language_detector(self) -> LanguageDetector:
+        """The detector of the model's languages, loaded in a thread by the first request that needs
+        it (most servers never detect, and its model takes about a second to load)."""
+        if self.detector is None:
+            source, targets = self.translator.model_config["lang_src"], self.translator.target_languages
+            self.detector = asyncio.ensure_future(asyncio.to_thread(LanguageDetector, source, targets))
+        return await asyncio.shield(self.detector)
 
     async def attention(self, request: Request, arrived: float, sentence: str, target_lang: str) -> Any:
         translator = self.translator
@@ -631,24 +632,39 @@ def build_app(service: Service, api_key: str | None) -> FastAPI:
     app = FastAPI(title="translation server", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.add_middleware(Recorder, service=service)
     add_error_handlers(app)
-    keyed = [Depends(key_check(api_key))]
-    add_api_routes(app, service, keyed)
+    key = ApiKey(api_key)
+    keyed = [Depends(key.require)]
+    add_api_routes(app, service, key, keyed)
+    add_libretranslate_routes(app, service, key)
     add_status_routes(app, service, keyed)
     return app
 
 
-def key_check(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
-    """The dependency that refuses a request without `Authorization: Bearer <api_key>` (401); with no
-    key, it lets every request through."""
-    async def require_key(request: Request) -> None:
-        if api_key is None:
-            return
+class ApiKey:
+    """The server's API key (None: none, and every request passes) and the checks of a request's:
+    this project's API sends `Authorization: Bearer KEY` (401 without), LibreTranslate's sends the
+    field `api_key` or that header (403 without, as LibreTranslate refuses a key)."""
+
+    def __init__(self, key: str | None) -> None:
+        self.key = key
+
+    def matches(self, given: Any) -> bool:
+        return isinstance(given, str) and hmac.compare_digest(given.strip().encode(), self.key.encode())
+
+    def bearer(self, request: Request) -> bool:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
+        return self.key is None or (scheme.lower() == "bearer" and self.matches(given))
+
+    async def require(self, request: Request) -> None:
+        """The dependency of the routes behind the key."""
+        if not self.bearer(request):
             raise ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
                            {"WWW-Authenticate": "Bearer"})
 
-    return require_key
+    def require_libretranslate(self, request: Request, fields: dict[str, Any]) -> None:
+        if not (self.bearer(request) or self.matches(fields.get("api_key"))):
+            raise ApiError(403, "Invalid API key" if "api_key" in fields else
+                           "Invalid API key: this server needs one (the field api_key)")
 
 
 def add_error_handlers(app: FastAPI) -> None:
@@ -668,39 +684,19 @@ def add_error_handlers(app: FastAPI) -> None:
                             headers=error.headers)
 
 
-def add_api_routes(app: FastAPI, service: Service, keyed: list) -> None:
-    """POST /translate and POST /attention."""
+def add_api_routes(app: FastAPI, service: Service, key: ApiKey, keyed: list) -> None:
+    """POST /translate (this project's request, or LibreTranslate's) and POST /attention."""
     max_chars = service.config["serve_max_chars"]
 
-    @app.post("/translate", dependencies=keyed)
+    @app.post("/translate")
     async def translate(request: Request) -> dict[str, Any]:
         arrived = now()
-        payload = check_fields(await service.read_json(request), "text", ["beam_size", "target_lang", "glossary"])
-        text = check_request_text(payload["text"], service.config)
-        options = service.defaults
-        if "beam_size" in payload:
-            options = with_beam_size(options, payload["beam_size"], service.config["serve_max_beam_size"])
-        options = options.replace(target_lang=service.target_lang(payload))
-        if "glossary" in payload:
-            options = with_glossary(options, payload["glossary"], service.translator, service.config)
-        split_sentences = split_sentences_on(service.config, auto=True)
-        translator = service.translator
-        if isinstance(text, str):
-            document, _ = translator.segment_document(text, "text", options.target_lang, split_sentences)
-            check_sentence_count(document.text, service.config)
-            found = await service.translate(request, arrived, document.sources, options)
-            texts = [h.text for h in found]
-            # the same sentences in the same order: their spans in the text, and their confidence
-            judged = translator.sentence_results(document.text, [[h] for h in found])
-            return {"translation": document.assemble(texts), "split_for_length": document.text.split_for_length,
-                    "sentences": [{"start": s.span.start, "end": s.span.end, "translation": s.translation,
-                                   "confidence": hypotheses[0].confidence}
-                                  for s, (_, hypotheses) in zip(document.sentences(texts), judged)],
-                    "no_confidence": translator.no_confidence}
-        plan, _ = translator.segment_lines(text, options.target_lang, split_sentences)
-        check_sentence_count(plan, service.config)
-        found = await service.translate(request, arrived, plan.sources, options)
-        return {"translations": [fragments[0] for fragments in plan.assemble([h.text for h in found])]}
+        payload, libre = await service.read_payload(request)
+        if libre:
+            key.require_libretranslate(request, payload)
+            return await translate_libretranslate(service, request, arrived, payload)
+        await key.require(request)
+        return await translate_text(service, request, arrived, payload)
 
     @app.post("/attention", dependencies=keyed)
     async def attention(request: Request) -> dict[str, Any]:
@@ -709,6 +705,107 @@ def add_api_routes(app: FastAPI, service: Service, keyed: list) -> None:
         sentence = check_sentence(payload["text"], "'text'", max_chars)
         found = await service.attention(request, arrived, sentence, service.target_lang(payload))
         return {"source_tokens": found.source_tokens, "output_tokens": found.output_tokens, "weights": found.weights}
+
+
+async def translate_text(service: Service, request: Request, arrived: float, payload: Any) -> dict[str, Any]:
+    """POST /translate in this project's shape: a text in its shape with each sentence's span and
+    confidence, or a list of sentences."""
+    payload = check_fields(payload, "text", ["beam_size", "target_lang", "glossary"])
+    text = check_request_text(payload["text"], service.config)
+    options = service.defaults
+    if "beam_size" in payload:
+        options = with_beam_size(options, payload["beam_size"], service.config["serve_max_beam_size"])
+    options = options.replace(target_lang=service.target_lang(payload))
+    if "glossary" in payload:
+        options = with_glossary(options, payload["glossary"], service.translator, service.config)
+    split_sentences = split_sentences_on(service.config, auto=True)
+    translator = service.translator
+    if isinstance(text, str):
+        document = document_plan(translator, text, "text", options.target_lang, split_sentences)
+        check_sentence_count([document.text], service.config, "'text'")
+        found = await service.translate(request, arrived, document.sources, options)
+        texts = [h.text for h in found]
+        # the same sentences in the same order: their spans in the text, and their confidence
+        judged = translator.sentence_results(document.text, [[h] for h in found])
+        return {"translation": document.assemble(texts), "split_for_length": document.text.split_for_length,
+                "sentences": [{"start": s.span.start, "end": s.span.end, "translation": s.translation,
+                               "confidence": hypotheses[0].confidence}
+                              for s, (_, hypotheses) in zip(document.sentences(texts), judged)],
+                "no_confidence": translator.no_confidence}
+    plan, _ = translator.segment_lines(text, options.target_lang, split_sentences)
+    check_sentence_count([plan], service.config, "'text'")
+    found = await service.translate(request, arrived, plan.sources, options)
+    return {"translations": [fragments[0] for fragments in plan.assemble([h.text for h in found])]}
+
+
+def document_plan(translator: Translator, text: str, fmt: str, target_lang: str,
+                  split_sentences: bool) -> DocumentPlan:
+    """A request's text as the pieces to translate, read as `fmt`: plain text, or HTML once
+    documents.py reads it (until then 'html' is refused)."""
+    if fmt not in FORMATS:
+        raise ApiError(400, f"{fmt!r} format is not supported by this server yet: send format 'text'")
+    try:
+        return translator.segment_document(text, fmt, target_lang, split_sentences)[0]
+    except DocumentError as error:
+        raise ApiError(400, f"the text cannot be read as {fmt}: {error}") from None
+
+
+async def translate_libretranslate(service: Service, request: Request, arrived: float,
+                                   fields: dict[str, Any]) -> dict[str, Any]:
+    """POST /translate in LibreTranslate's shape (nmt/serving/libretranslate.py): each text of q
+    translated in its shape, with its alternatives from the n-best list and an auto source detected."""
+    config = service.config
+    order = libretranslate.read_request(fields, config["serve_max_sentences"], config["serve_max_chars"],
+                                        config["serve_max_beam_size"] - 1)
+    service.check_open()  # before the translator is read: there is none while the model loads
+    translator = service.translator
+    libretranslate.check_languages(order, translator.model_config["lang_src"], translator.target_languages)
+    detected = None
+    if order.source == libretranslate.AUTO:
+        detector = await service.language_detector()
+        detected = await asyncio.to_thread(detector.source_detection, "\n".join(order.texts))
+    options = with_alternatives(service.defaults.replace(target_lang=order.target), order.alternatives)
+    split_sentences = split_sentences_on(config, auto=True)
+    plans = [document_plan(translator, text, order.format, order.target, split_sentences) for text in order.texts]
+    check_sentence_count([plan.text for plan in plans], config, "'q'")
+    found = await service.hypotheses(request, arrived, [piece for plan in plans for piece in plan.sources], options)
+    results, start = [], 0
+    for plan in plans:
+        results.append(libretranslate.translations(plan, found[start:start + len(plan.sources)], order.alternatives))
+        start += len(plan.sources)
+    return libretranslate.translation_answer(order, results, detected)
+
+
+def with_alternatives(options: DecodingOptions, alternatives: int) -> DecodingOptions:
+    """`options` giving `alternatives` more hypotheses per sentence: a beam at least that wide plus
+    one (sampling draws them)."""
+    if not alternatives:
+        return options
+    beam_size = 1 if options.sampling else max(options.beam_size, alternatives + 1)
+    return options.replace(n_best=alternatives + 1, beam_size=beam_size)
+
+
+def add_libretranslate_routes(app: FastAPI, service: Service, key: ApiKey) -> None:
+    """LibreTranslate's POST /detect (behind the key) and GET /languages (open, as LibreTranslate's
+    is: clients ask it before they have a key to send)."""
+    @app.post("/detect")
+    async def detect(request: Request) -> list[dict[str, Any]]:
+        payload, _ = await service.read_payload(request)
+        if not isinstance(payload, dict):
+            raise ApiError(400, f"the request body must be a JSON object with the field 'q', got {json_type(payload)}")
+        key.require_libretranslate(request, payload)
+        text = libretranslate.detect_text(payload, service.config["serve_max_sentences"],
+                                          service.config["serve_max_chars"])
+        service.check_open()
+        detector = await service.language_detector()
+        return await asyncio.to_thread(detector.detect, text)
+
+    @app.get("/languages")
+    async def languages() -> list[dict[str, Any]]:
+        translator = service.translator
+        if translator is None:
+            raise unavailable("the model is still loading", 1)
+        return libretranslate.languages(translator.model_config["lang_src"], translator.target_languages)
 
 
 def check_request_text(text: Any, config: dict[str, Any]) -> str | list[str]:
@@ -727,11 +824,12 @@ def check_request_text(text: Any, config: dict[str, Any]) -> str | list[str]:
     return [check_sentence(sentence, f"sentence {i} of 'text'", limit) for i, sentence in enumerate(text, start=1)]
 
 
-def check_sentence_count(plan: TextPlan, config: dict[str, Any]) -> None:
-    """A 400 when the request's text holds more sentences than serve_max_sentences, once segmented."""
-    count = sum(len(flow.sentences) for flow in plan.flows)
+def check_sentence_count(plans: Sequence[TextPlan], config: dict[str, Any], name: str) -> None:
+    """A 400 when the request's texts (`name`) hold more sentences than serve_max_sentences, once
+    segmented."""
+    count = sum(len(flow.sentences) for plan in plans for flow in plan.flows)
     if count > config["serve_max_sentences"]:
-        raise ApiError(400, f"'text' has {count} sentences; the limit is {config['serve_max_sentences']} "
+        raise ApiError(400, f"{name} has {count} sentences; the limit is {config['serve_max_sentences']} "
                             f"(serve_max_sentences)")
 
 

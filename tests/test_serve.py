@@ -31,9 +31,10 @@ import export
 import serve
 from benchmarks.loadtest import ROOT, ServerProcess
 from config import get_config
-from serve import ApiError, Batcher
+from serve import Batcher
 from test_translator import several_targets  # noqa: F401  (a fixture: an untrained model of en -> fr+it)
 from nmt.inference.translator import DecodingOptions, TorchTranslator
+from nmt.serving.request_checks import ApiError
 
 SENTENCES = ["The cat sees the dog.", "The old man reads a book.", "The small fish eats bread.",
              "The red house.", "A black dog loves the white cat.", "The big dog eats the fish.",

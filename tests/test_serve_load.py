@@ -36,10 +36,11 @@ from starlette.requests import Request
 import serve
 from benchmarks.loadtest import ROOT, ServerProcess
 from config import get_config
-from serve import WARM_UP, ApiError, Service
+from serve import WARM_UP, Service
 from test_serve import AUTHORIZED, KEY, SENTENCES, exchange, metrics
 from test_serve import checkpoint, translator  # noqa: F401  (fixtures, shared with test_serve.py)
 from nmt.inference.translator import DecodingOptions, Hypothesis, TorchTranslator
+from nmt.serving.request_checks import ApiError
 
 GATE_HOOK = '''"""sitecustomize of the servers of tests/test_serve_load.py: the model load waits until the file
 $SERVE_GATES/load exists; every translation after the first (the warm-up) says on stderr which
@@ -198,7 +199,8 @@ def held(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Se
 def test_overload_gets_503_with_retry_after(held: tuple[Server, Gates], translator: TorchTranslator) -> None:
     """With one batch held in the model, 4 sentences at beam 1 (work 4) are queued; 3 sentences at
     beam 3 (work 9) do not fit in the 12 left, 4 at beam 2 (8) do; then a burst of one-sentence
-    requests is refused at once. When the model goes on, those admitted are answered."""
+    requests, one of them LibreTranslate's, is refused at once. When the model goes on, those
+    admitted are answered."""
     server, gates = held
     before = server.metric("serve_requests_total", code="503", endpoint="translate")
     first = in_the_model(server, gates, SENTENCES[:4])
@@ -208,12 +210,15 @@ def test_overload_gets_503_with_retry_after(held: tuple[Server, Gates], translat
     third = queued(server, SENTENCES[:4], 2, requests=2)
     assert server.metric("serve_queue_work") == 12
     burst = [in_thread(lambda: server.translate([SENTENCES[0]])) for _ in range(8)]
+    # LibreTranslate's requests share the queue: shed alike
+    burst.append(in_thread(lambda: server.send("POST", "/translate", {"q": SENTENCES[0], "source": "en",
+                                                                      "target": "it"})))
     assert all(refused_as_overload(answer(), "serve_max_queued_work") for answer in burst)
     gates.open("decode")
     assert first() == expected(translator, SENTENCES[:4])
     assert second() == expected(translator, SENTENCES[4:8])
     assert third() == expected(translator, SENTENCES[:4], beam_size=2)
-    assert server.metric("serve_requests_total", code="503", endpoint="translate") - before == 9
+    assert server.metric("serve_requests_total", code="503", endpoint="translate") - before == 10
     assert no_traceback(server.log)
 
 
