@@ -26,13 +26,12 @@ from typing import Any
 
 
 from nmt.atomic_files import atomic_write_bytes
-from nmt.corpora.cleaning import (REASONS, Cleaner, CleaningReport, CleaningSettings, Removal, dual_conditional_cross_entropy,
-                      load_scoring_models, scoring_summary, settings_from_config)
+from nmt.corpora.cleaning import (REASONS, Cleaner, CleaningReport, CleaningSettings, PairScorer, Removal,
+                                  scoring_summary, settings_from_config)
 from config import CLEAN, ConfigError, Corpus, OneLineParser, build_parser, corpora, corpus_name, parse_args
 from nmt.corpora.sources import DataError, Pair, open_source, read_pairs
 from nmt.corpora.store import text_stores
-from nmt.device import pick_device
-from nmt.inference.translator import TorchTranslator
+from nmt.inference.pair_scoring import pair_scorer
 
 
 def print_report(name: str, split: str, report: CleaningReport) -> None:
@@ -58,21 +57,22 @@ def print_scoring(scoring: dict[str, Any]) -> None:
         print(f"    row {sample['row'] + 1}: {sample['source']!r} ||| {sample['target']!r}  [score {sample['score']:.3f}]")
 
 
-def score_kept(pairs: list[Pair], rows: list[int], models: tuple[TorchTranslator, TorchTranslator], keep: float,
-               samples: int, lang_src: str, lang_tgt: str) -> dict[str, Any]:
-    """The kept pairs' dual conditional cross-entropy: how many the best `keep` share holds, the
-    highest score kept, and the `samples` worst pairs (rows as the cleaner counts them)."""
-    scores = dual_conditional_cross_entropy(pairs, *models, lang_src, lang_tgt)
+def score_kept(pairs: list[Pair], rows: list[int], scorer: PairScorer, keep: float, samples: int, lang_src: str,
+               lang_tgt: str) -> dict[str, Any]:
+    """The kept pairs' scores: how many the best `keep` share holds, the highest score kept, and the
+    `samples` worst pairs (rows as the cleaner counts them)."""
+    scores = scorer(pairs, lang_src, lang_tgt)
     _, summary, worst = scoring_summary(scores, keep, samples)
     return {**summary, "worst": [{"row": rows[i], "source": pairs[i][0], "target": pairs[i][1],
                                   "score": float(scores[i])} for i in worst]}
 
 
-def clean_training_pairs(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """Build (or open) every corpus's text store with the rules on, print what their cleaning removed
-    from the training pairs (and what scoring kept), and return the reports."""
+def clean_training_pairs(config: dict[str, Any], scorer: PairScorer | None) -> list[dict[str, Any]]:
+    """Build (or open) every corpus's text store with the rules on (and scoring by `scorer`), print
+    what their cleaning removed from the training pairs (and what scoring kept), and return the
+    reports."""
     reports = []
-    for corpus, text in zip(corpora(config), text_stores({**config, "clean": True})):
+    for corpus, text in zip(corpora(config), text_stores({**config, "clean": True}, scorer=scorer)):
         cleaning = text.cleaning()
         print_report(corpus_name(corpus.source), "train", CleaningReport(**cleaning["rules"]))
         report = {"corpus": corpus.source, "split": "train", **cleaning["rules"]}
@@ -84,9 +84,9 @@ def clean_training_pairs(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def clean_split(corpus: Corpus, config: dict[str, Any], args: argparse.Namespace, settings: CleaningSettings,
-                models: tuple[TorchTranslator, TorchTranslator] | None) -> dict[str, Any]:
-    """Clean one corpus's held-out split as it is read, print its report (and its scoring with
-    `models`), and return it."""
+                scorer: PairScorer | None) -> dict[str, Any]:
+    """Clean one corpus's held-out split as it is read, print its report (and its scoring by
+    `scorer`), and return it."""
     lang_src, lang_tgt = config["lang_src"], corpus.lang_tgt
     source = open_source(corpus.source, lang_src, lang_tgt, config["max_line_bytes"])
     if args.split not in source.splits:
@@ -97,13 +97,13 @@ def clean_split(corpus: Corpus, config: dict[str, Any], args: argparse.Namespace
     for batch in read_pairs(source, args.split, lang_src, lang_tgt):
         for pair in batch:
             judged = cleaner.judge(pair)
-            if models and not isinstance(judged, Removal):
+            if scorer and not isinstance(judged, Removal):
                 kept.append(judged)
                 rows.append(cleaner.report.seen - 1)
     print_report(corpus_name(corpus.source), args.split, cleaner.report)
     report = {"corpus": corpus.source, "split": args.split, **cleaner.report.as_dict()}
-    if models:
-        report["scoring"] = score_kept(kept, rows, models, config["clean_score_keep"], config["clean_samples"],
+    if scorer:
+        report["scoring"] = score_kept(kept, rows, scorer, config["clean_score_keep"], config["clean_samples"],
                                        lang_src, lang_tgt)
         print_scoring(report["scoring"])
     return report
@@ -122,13 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     args, resolved = parse_args(CLEAN, argv, parser=parser)
     config = resolved.config
     settings = settings_from_config(config)  # its ranges are the config's, checked by parse_args
+    scorer = pair_scorer(config)  # loads its models, on the config's device, when first asked
     try:
         if args.split == "train":
-            reports = clean_training_pairs(config)
+            reports = clean_training_pairs(config, scorer)
         else:
-            models = load_scoring_models(config, pick_device(config["device"])) if config["clean_score_forward"] \
-                else None
-            reports = [clean_split(corpus, config, args, settings, models) for corpus in corpora(config)]
+            reports = [clean_split(corpus, config, args, settings, scorer) for corpus in corpora(config)]
     except ConfigError as error:
         parser.error(str(error))
     except (DataError, ValueError) as error:

@@ -41,7 +41,8 @@ if not __package__:  # run as a file: only benchmarks/ is on sys.path, not the p
 
 from nmt.atomic_files import atomic_write_bytes  # noqa: E402  (after the check above)
 from nmt.training.checkpoint import CheckpointError  # noqa: E402
-from nmt.corpora.cleaning import Cleaner, CleaningSettings, Removal, dual_conditional_cross_entropy, keep_best  # noqa: E402
+from nmt.corpora.cleaning import Cleaner, CleaningSettings, Removal, keep_best  # noqa: E402
+from nmt.inference.pair_scoring import dual_conditional_cross_entropy  # noqa: E402
 from nmt.corpora.sources import open_source, read_pairs  # noqa: E402
 from nmt.device import pick_device  # noqa: E402
 from nmt.inference.translator import TorchTranslator, TranslatorError  # noqa: E402

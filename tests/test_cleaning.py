@@ -1,6 +1,6 @@
 """cleaning.py: each rule removes its crafted pair (and only the rule that fires counts it), samples
 stay bounded, the settings' description follows every threshold, tatoeba's clean pairs survive the
-defaults, and dual conditional cross-entropy scores pairs by the models' own cross-entropies."""
+defaults, and scoring keeps the best share (the models' scores: tests/test_pair_scoring.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,19 +8,14 @@ import json
 import unicodedata
 from pathlib import Path
 
+import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
 
 from nmt.corpora.cleaning import (NOT_CLEANED, REASONS, Cleaner, CleaningSettings, Removal, cleaning_changes,
-                      cleaning_description, cleaning_scalars, conditional_cross_entropy,
-                      dual_conditional_cross_entropy, keep_best, near_duplicate_key, report_line,
-                      settings_from_config)
+                                  cleaning_description, cleaning_scalars, keep_best, near_duplicate_key, report_line,
+                                  settings_from_config)
 from config import get_config
-from model import build_transformer
 from nmt.corpora.sources import DataError
-from nmt.corpora.tokenizer import EOS_ID, SOS_ID, encode_ids, train_tokenizer
-from nmt.inference.translator import TorchTranslator
 
 ROOT = Path(__file__).resolve().parents[1]
 KEPT = ("The station is on the other side of the river.", "La stazione è dall'altra parte del fiume.")
@@ -229,47 +224,12 @@ def test_tatoeba_clean_pairs_lose_only_a_near_duplicate() -> None:
 
 # ---------------------------------------------------------------------------- scoring by models
 
-def tiny_translator(pairs: list[tuple[str, str]], lang_src: str, lang_tgt: str, seed: int) -> TorchTranslator:
-    """An untrained d_model 16 model over word-level tokenizers of `pairs` (source, target)."""
-    torch.manual_seed(seed)
-    tok_src = train_tokenizer([s for s, _ in pairs], "wordlevel", 100, 1)
-    tok_tgt = train_tokenizer([t for _, t in pairs], "wordlevel", 100, 1)
-    model = build_transformer(tok_src.get_vocab_size(), tok_tgt.get_vocab_size(), 16, 16, d_model=16, N=1, h=2,
-                              dropout=0.0, d_ff=32)
-    return TorchTranslator(model, tok_src, tok_tgt, dict(get_config(), seq_len=16, lang_src=lang_src,
-                                                         lang_tgt=lang_tgt))
-
-
-def one_by_one(translator: TorchTranslator, source: str, target: str) -> float:
-    """The mean cross-entropy of `target` given `source`, one sentence at a time, without padding."""
-    src = torch.tensor([[SOS_ID, *encode_ids(translator.tok_src, source), EOS_ID]])
-    ids = encode_ids(translator.tok_tgt, target)
-    logits = translator.model(src, torch.tensor([[SOS_ID, *ids]]))
-    return F.cross_entropy(logits[0].float(), torch.tensor([*ids, EOS_ID])).item()
-
-
-def test_dual_conditional_cross_entropy_is_junczys_dowmunts_score() -> None:
-    pairs = [("the cat sees the dog", "il gatto vede il cane"), ("the dog", "il cane"),
-             ("a big red house", "una grande casa rossa"), ("the cat", "il gatto vede il cane grande")]
-    forward = tiny_translator(pairs, "en", "it", seed=0)
-    backward = tiny_translator([(t, s) for s, t in pairs], "it", "en", seed=1)
-    h_f = conditional_cross_entropy(forward, [s for s, _ in pairs], [t for _, t in pairs], "it", batch_size=3)
-    h_b = torch.tensor([one_by_one(backward, t, s) for s, t in pairs], dtype=torch.float64)
-    torch.testing.assert_close(torch.from_numpy(h_f), torch.tensor([one_by_one(forward, s, t) for s, t in pairs],
-                                                                   dtype=torch.float64), rtol=1e-5, atol=1e-5)
-    scores = dual_conditional_cross_entropy(pairs, forward, backward, "en", "it", batch_size=2)
-    expected = (torch.from_numpy(h_f) - h_b).abs() + 0.5 * (torch.from_numpy(h_f) + h_b)
-    torch.testing.assert_close(torch.from_numpy(scores), expected, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="the forward model translates it into en, not en into it"):
-        dual_conditional_cross_entropy(pairs, backward, forward, "en", "it")
-
-
 def test_keep_best_keeps_the_lowest_scores_in_order() -> None:
-    scores = torch.tensor([3.0, 1.0, 2.0, 1.0, 5.0]).numpy()
+    scores = np.array([3.0, 1.0, 2.0, 1.0, 5.0])
     assert keep_best(scores, 0.6).tolist() == [1, 2, 3]
     assert keep_best(scores, 0.2).tolist() == [1]  # a tie goes to the earlier pair
     assert keep_best(scores, 0.5).tolist() == [1, 2, 3]  # 2.5 pairs, rounded up
-    assert len(keep_best(torch.zeros(100).numpy(), 0.07)) == 7
+    assert len(keep_best(np.zeros(100), 0.07)) == 7
     assert keep_best(scores, 1.0).tolist() == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError, match="fraction"):
         keep_best(scores, 0.0)

@@ -23,19 +23,16 @@ from typing import Callable
 
 import numpy as np
 import pytest
-import torch
 
 from nmt.corpora import sources
 from nmt.corpora import store
 import train
-from nmt.corpora.cleaning import dual_conditional_cross_entropy, keep_best
 from config import get_config
 from nmt.corpora.file_digests import FILE
 from nmt.corpora.sources import DataError
 from nmt.corpora.store import TextStore, text_store, token_store, tokenizer_sample
 from synthetic_data import synthetic_pairs, write_hub_dataset, write_parallel_files
 from nmt.corpora.tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK_ID, encode_ids, train_tokenizers
-from nmt.inference.translator import TorchTranslator
 
 
 def numbered_pairs(count: int, prefix: str = "w") -> list[tuple[str, str]]:
@@ -197,30 +194,62 @@ def test_carving_is_the_same_with_cleaning_on_or_off(tmp_path: Path) -> None:
     assert removed and removed <= set(NOISE)
 
 
+def by_word_number(pairs: list[tuple[str, str]], lang_src: str, lang_tgt: str) -> np.ndarray:
+    """A scorer of numbered_pairs: the higher a pair's number, the worse its score."""
+    assert (lang_src, lang_tgt) == ("en", "it")
+    return np.array([float(source.split()[2].lstrip("w")) for source, _ in pairs])
+
+
 def test_model_scoring_keeps_the_best_share_and_is_keyed_by_the_models_content(
-        tmp_path: Path, untrained_checkpoint, capsys: pytest.CaptureFixture) -> None:
-    train = numbered_pairs(30)
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The store keeps the best clean_score_keep share by the scores of the scorer its builder
+    hands it, asks it nothing when it opens a built store, and is keyed by the models' content."""
+    train = numbered_pairs(30)[::-1]
     folder = write_hub_dataset(tmp_path / "data", {"train": train, "validation": train[:2], "test": train[:2]})
-    forward = untrained_checkpoint(tmp_path / "forward", train, "en", "it")
-    backward = untrained_checkpoint(tmp_path / "backward", [(t, s) for s, t in train], "it", "en")
+    forward, backward = tmp_path / "forward" / "ckpt.pt", tmp_path / "backward.pt"
+    forward.parent.mkdir()
+    forward.write_bytes(b"a model en-it")
+    backward.write_bytes(b"a model it-en")
     config = config_for(folder, tmp_path, clean_score_forward=str(forward), clean_score_backward=str(backward),
                         clean_score_keep=0.3, clean_samples=2)
-    scored = text_store(config)
-    models = [TorchTranslator.load(path, path.parent, torch.device("cpu")) for path in (forward, backward)]
-    scores = dual_conditional_cross_entropy(train, *models, "en", "it")
-    assert scored.pairs("train") == [train[i] for i in keep_best(scores, 0.3)]  # 9 of 30
+    scored = text_store(config, scorer=by_word_number)
+    assert scored.pairs("train") == train[-9:]  # 9 of 30, the pairs numbered 0 to 8, in the corpus's order
     report = scored.cleaning()["scoring"]
-    assert (report["scored"], report["kept"], [sample["row"] for sample in report["worst"]]) == \
-        (30, 9, list(np.argsort(-scores, kind="stable")[:2]))
+    assert (report["scored"], report["kept"], report["cut"], [sample["row"] for sample in report["worst"]]) == \
+        (30, 9, 8.0, [0, 1])
     assert "scoring by dual conditional cross-entropy kept the best 9 of 30 (30%)" in capsys.readouterr().err
+
+    def never(*_: object) -> np.ndarray:
+        raise AssertionError("a built store was scored again")
+
+    assert text_store(config, scorer=never).folder == scored.folder
     copy = tmp_path / "copy" / forward.name
     copy.parent.mkdir()
     shutil.copy(forward, copy)
-    assert text_store({**config, "clean_score_forward": str(copy)}).folder == scored.folder  # the same model
-    retrained = untrained_checkpoint(tmp_path / "retrained", train[:20], "en", "it")
-    assert text_store({**config, "clean_score_forward": str(retrained)}).folder != scored.folder
-    with pytest.raises(DataError, match="the forward model translates it into en, not en into it"):
-        text_store({**config, "clean_score_forward": str(backward), "clean_score_keep": 0.5})
+    assert text_store({**config, "clean_score_forward": str(copy)}, scorer=never).folder == scored.folder
+    retrained = tmp_path / "retrained.pt"
+    retrained.write_bytes(b"a model en-it, trained further")
+    assert text_store({**config, "clean_score_forward": str(retrained)}, scorer=by_word_number).folder != \
+        scored.folder
+
+
+def test_a_scorer_of_other_languages_or_none_is_one_line(tmp_path: Path) -> None:
+    folder = write_hub_dataset(tmp_path / "data", {"train": numbered_pairs(30)})
+    model = tmp_path / "model.pt"
+    model.write_bytes(b"a model")
+    config = config_for(folder, tmp_path, clean_score_forward=str(model), clean_score_backward=str(model))
+
+    def other_languages(*_: object) -> np.ndarray:
+        raise ValueError("the forward model translates it into en, not en into it")
+
+    with pytest.raises(DataError, match=rf"^cannot score '{folder}' with --clean_score_forward and "
+                                        rf"--clean_score_backward: the forward model translates it into en"):
+        text_store(config, scorer=other_languages)
+    with pytest.raises(DataError, match=rf"^--clean_score_forward asks to score the training pairs of '{folder}', "
+                                        rf"but the program building its data store gave it no scorer"):
+        text_store(config)
+    assert [path.suffix for path in Path(config["store_folder"]).iterdir() if path.name != FILE] == [".lock"], \
+        "no store of pairs that were not scored"
 
 
 # ---------------------------------------------------------------------------- the token store
@@ -576,6 +605,10 @@ def test_eval_pairs_reads_a_file_given_apart_a_corpus_split_or_the_carved_one(tm
     assert carved == text_store(config).pairs("test") and carved and set(carved) <= set(pairs)
     with pytest.raises(sources.DataError, match="no 'dev' split"):
         store.eval_pairs(config, "dev", config)
+    model = tmp_path / "model.pt"  # a model trained on scored pairs: its held-out split needs no scorer
+    model.write_bytes(b"a model")
+    scored = dict(config, clean_score_forward=str(model), clean_score_backward=str(model))
+    assert store.eval_pairs(config, "test", scored) == carved
 
 
 # ---------------------------------------------------------------------------- what a run trained on

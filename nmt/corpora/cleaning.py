@@ -27,12 +27,11 @@
      kept pair (about 70 bytes each in Python: 700 MB for 10 million pairs).
    `CleaningSettings.describe()` is a dict of plain values that changes with every setting and with
    the version of these rules and of py3langid: for a store's key and a checkpoint.
-2. `dual_conditional_cross_entropy` scores pairs with two trained models, source->target and
-   target->source (Junczys-Dowmunt 2018, "Dual conditional cross-entropy filtering of noisy parallel
-   corpora", WMT): with H_f and H_b the per-token cross-entropies of the target given the source
-   and of the source given the target, score = |H_f - H_b| + 0.5 (H_f + H_b), lower is better, and
-   exp(-score) the adequacy; `keep_best` keeps the best fraction. A first run's models clean the
-   corpus of a second (docs/cleaning.md).
+2. Scoring by models: a `PairScorer` scores pairs, lower is better (the dual conditional
+   cross-entropy of two trained models, one each way: nmt/inference/pair_scoring.py, handed to the
+   store by the program that builds it, so that this stage imports nothing of inference);
+   `keep_best` keeps the best fraction and `scoring_summary` says what it kept. A first run's
+   models clean the corpus of a second (docs/cleaning.md).
 3. What a data store records (store.py cleans each corpus's training pairs as it builds its text
    store): `cleaning_description`, the rules' settings and the scoring models' sha256, is part of
    the store's key and of the checkpoint's batch settings (`cleaning_changes` says how two differ);
@@ -52,16 +51,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from nmt.atomic_files import sha256_of
-from nmt.training.checkpoint import CheckpointError
 from config import OPTIONS, corpus_name
 from nmt.corpora.sources import DataError, Pair, text_hash
-from nmt.precision import autocast_context, inference_dtype
-from nmt.corpora.tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_texts
-from nmt.inference.translator import TorchTranslator, TranslatorError
 
 CLEANING_VERSION = 2  # bump when a rule changes what it removes: stores built with the old rules are rebuilt
 REASONS = ("too_short", "too_long", "bad_characters", "copy", "length_ratio", "script", "language", "near_duplicate")
@@ -388,67 +381,10 @@ class Cleaner:
 
 # ---------------------------------------------------------------------------- scoring by models
 
-def _padded(rows: list[list[int]], device: torch.device) -> torch.Tensor:
-    out = torch.full((len(rows), max(map(len, rows))), PAD_ID, dtype=torch.long)
-    for index, row in enumerate(rows):
-        out[index, :len(row)] = torch.tensor(row, dtype=torch.long)
-    return out.to(device)
-
-
-def _batch_cross_entropy(model: torch.nn.Module, sources: list[list[int]], targets: list[list[int]],
-                         device: torch.device) -> np.ndarray:
-    """Per-token cross-entropy of each target given its source, teacher-forced, [EOS] included."""
-    src = _padded([[SOS_ID, *ids, EOS_ID] for ids in sources], device)
-    decoder_input = _padded([[SOS_ID, *ids] for ids in targets], device)
-    label = _padded([[*ids, EOS_ID] for ids in targets], device)
-    src_mask = (src != PAD_ID)[:, None, None, :]
-    logits = model.project(model.decode(model.encode(src, src_mask), src_mask, decoder_input))
-    losses = F.cross_entropy(logits.float().transpose(1, 2), label, ignore_index=PAD_ID, reduction="none")
-    return (losses.sum(1) / (label != PAD_ID).sum(1)).cpu().numpy()
-
-
-def conditional_cross_entropy(translator: TorchTranslator, sources: Sequence[str], targets: Sequence[str],
-                              target_lang: str, batch_size: int = 64) -> np.ndarray:
-    """Per-token cross-entropy (nats) of each target given its source under the translator's model
-    (`target_lang`: the language it is asked for, which tags the sources of a model of several),
-    in batches of similar length. Sources are cut to the model's limit (max_source_tokens, the tag
-    counted), targets to seq_len - 1 tokens: a pair's score needs no more."""
-    model = translator.model
-    device = next(model.parameters()).device
-    src_ids = [source.ids[:translator.max_source_tokens]
-               for source in translator.encode(sources, translator.source_tag(target_lang))]
-    tgt_ids = [encoding.ids[:translator.seq_len - 1]
-               for encoding in encode_texts(translator.tok_tgt, targets, ids_only=True)]
-    order = sorted(range(len(src_ids)), key=lambda i: (len(src_ids[i]), len(tgt_ids[i])))
-    entropies = np.zeros(len(src_ids), dtype=np.float64)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode(), autocast_context(device, inference_dtype(device)):
-            for start in range(0, len(order), batch_size):
-                chunk = order[start:start + batch_size]
-                entropies[chunk] = _batch_cross_entropy(model, [src_ids[i] for i in chunk],
-                                                        [tgt_ids[i] for i in chunk], device)
-    finally:
-        model.train(was_training)
-    return entropies
-
-
-def dual_conditional_cross_entropy(pairs: Sequence[Pair], forward: TorchTranslator, backward: TorchTranslator,
-                                   lang_src: str, lang_tgt: str, batch_size: int = 64) -> np.ndarray:
-    """Each pair's score, |H_f - H_b| + 0.5 (H_f + H_b), lower is better (module docstring);
-    `forward` translates lang_src into lang_tgt, `backward` lang_tgt into lang_src (a ValueError
-    says which is not)."""
-    for name, model, source, target in (("forward", forward, lang_src, lang_tgt),
-                                        ("backward", backward, lang_tgt, lang_src)):
-        languages = (model.model_config["lang_src"], model.target_languages)
-        if languages[0] != source or target not in languages[1]:
-            raise ValueError(f"the {name} model translates {languages[0]} into {'+'.join(languages[1])}, "
-                             f"not {source} into {target}")
-    h_forward = conditional_cross_entropy(forward, [s for s, _ in pairs], [t for _, t in pairs], lang_tgt, batch_size)
-    h_backward = conditional_cross_entropy(backward, [t for _, t in pairs], [s for s, _ in pairs], lang_src,
-                                           batch_size)
-    return np.abs(h_forward - h_backward) + 0.5 * (h_forward + h_backward)
+# Scores of sentence pairs in languages (lang_src, lang_tgt), one per pair, lower is better: what the
+# program that builds a data store hands it (nmt.inference.pair_scoring.pair_scorer); a ValueError
+# says the pairs are not of its languages.
+PairScorer = Callable[[Sequence[Pair], str, str], np.ndarray]
 
 
 def keep_best(scores: np.ndarray, fraction: float) -> np.ndarray:
@@ -468,19 +404,6 @@ def scoring_summary(scores: np.ndarray, keep: float, worst: int) -> tuple[np.nda
     summary = {"scored": len(scores), "keep": keep, "kept": len(best),
                "cut": float(scores[best].max()) if len(best) else 0.0}
     return best, summary, np.argsort(-scores, kind="stable")[:worst]
-
-
-def load_scoring_models(config: dict[str, Any], device: torch.device) -> tuple[TorchTranslator, TorchTranslator]:
-    """The models of `clean_score_forward` and `clean_score_backward` on `device`; a DataError names
-    the option of one that cannot be loaded."""
-    models = []
-    for key in ("clean_score_forward", "clean_score_backward"):
-        path = Path(config[key])
-        try:
-            models.append(TorchTranslator.load(path, path.parent, device))
-        except (CheckpointError, TranslatorError) as error:
-            raise DataError(f"--{key}: {error}") from None
-    return models[0], models[1]
 
 
 # ---------------------------------------------------------------------------- what a data store records

@@ -12,9 +12,10 @@ others wait and map the same files):
    `filter_duplicates` drops repeated training pairs. Then the training pairs alone are cleaned
    (`_clean_train`, after carving, so the held-out splits are the same with cleaning on or off): by
    cleaning.py's rules (`clean`; the kept pairs NFC-normalised in a flat file of their own,
-   clean-train), then by scoring with a model each way (`clean_score_*`); the counts by reason and
-   samples of the removed pairs go to cleaning.json in the store (`TextStore.cleaning`), logged in
-   one line whenever the store is opened. Keyed by the corpus's fingerprint (its content,
+   clean-train), then by the scores of a model each way (`clean_score_*`: the scorer the program that
+   builds the store hands it, nmt/inference/pair_scoring.py); the counts by reason and samples of
+   the removed pairs go to cleaning.json in the store (`TextStore.cleaning`), logged in one line
+   whenever the store is opened. Keyed by the corpus's fingerprint (its content,
    sources.Source.fingerprint), its language pair, the carving, filter, line-limit and cleaning
    settings (the scoring models by content), the fingerprints of the held-out sources given apart,
    and for the other corpora a digest of the held-out source sentences: adding a corpus reads only
@@ -75,11 +76,10 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from nmt.atomic_files import atomic_write_bytes, lock_file, sha256_of
-from nmt.corpora.cleaning import (Cleaner, cleaning_description, dual_conditional_cross_entropy, load_scoring_models, report_line,
-                      scoring_summary, settings_from_config)
+from nmt.corpora.cleaning import (Cleaner, PairScorer, cleaning_description, report_line, scoring_summary,
+                                  settings_from_config)
 from config import Corpus, corpora, corpus_entries, corpus_name, target_tag
 from dataset import BilingualDataset, fits
-from nmt.device import pick_device
 from nmt.diagnostics import log
 from nmt.corpora.file_digests import FileDigests
 from nmt.corpora.sources import SPLITS, DataError, Pair, Source, carve, open_source, read_all_pairs, read_pairs, text_hash
@@ -421,12 +421,14 @@ def _kept_splits(config: dict[str, Any], corpus: Corpus, name: str) -> dict[str,
     return {split: (source, split) for split in ("validation", "test") if split in store.splits()}
 
 
-def text_store(config: dict[str, Any], held_out_from: str | None = None) -> TextStore:
+def text_store(config: dict[str, Any], held_out_from: str | None = None,
+               scorer: PairScorer | None = None) -> TextStore:
     """The text store of the first corpus, which holds the held-out splits: each of validation and
     test given apart (`valid_data`, `test_data`), else the corpus's own, else carved from its train
     split; or, for a run that goes on on changed corpora, those of its earlier text store named
     `held_out_from`. Its training pairs whose source sentence is in a carved split or one given
-    apart are removed. Opened, or built from the corpus."""
+    apart are removed. Opened, or built from the corpus (its training pairs scored by `scorer` with
+    clean_score_forward: nmt.inference.pair_scoring.pair_scorer, which only a build calls)."""
     corpus = corpora(config)[0]
     source = _open_corpus(config, corpus)
     given = _kept_splits(config, corpus, held_out_from) if held_out_from else _given_apart(config, corpus)
@@ -436,7 +438,8 @@ def text_store(config: dict[str, Any], held_out_from: str | None = None) -> Text
     carving = {k: config[k] for k in ("seed", "val_fraction", "test_fraction", "val_max_pairs", "test_max_pairs")} \
         if missing else {}
     apart = {f"{name}_given": held.fingerprint for name, (held, _) in given.items()}
-    return _text_store(config, corpus, source, {**carving, **apart}, reads=reads, missing=missing, apart=list(given))
+    return _text_store(config, corpus, source, {**carving, **apart}, reads=reads, missing=missing, apart=list(given),
+                       scorer=scorer)
 
 
 def _own_split(config: dict[str, Any], split: str, model_config: dict[str, Any]) -> bool:
@@ -459,8 +462,9 @@ def eval_pairs(config: dict[str, Any], split: str, model_config: dict[str, Any],
     model's own corpus, the split as its training held it out, from the text store its `record`
     (`data_record`) names, while there is one; else a split the corpus has is read as it is, and a
     validation or test split it lacks is the one its training held out (`text_store` with the model's
-    settings, so carved with its seed). The corpus is the first of `datasource`, or in a model of
-    several target languages the one tagged for `lang_tgt`."""
+    settings, so carved with its seed, and without its scoring: no model is loaded). The corpus is
+    the first of `datasource`, or in a model of several target languages the one tagged for
+    `lang_tgt`."""
     lang_src, lang_tgt = model_config["lang_src"], lang_tgt or model_config["lang_tgt"]
     entries = corpus_entries(config["datasource"])
     first = next((entry for entry in entries if entry[2] == target_tag(lang_tgt)), entries[0])
@@ -483,7 +487,9 @@ def eval_pairs(config: dict[str, Any], split: str, model_config: dict[str, Any],
         if first is not entries[0]:
             raise DataError(f"{corpus.source!r} has no {split} split, and training held out only its first corpus's "
                             f"({entries[0][0]!r}): name the pairs with --{'test' if split == 'test' else 'valid'}_data")
-        training = {**model_config, "datasource": config["datasource"], "store_folder": config["store_folder"]}
+        # Held-out splits are carved before cleaning, so the same without scoring.
+        training = {**model_config, "datasource": config["datasource"], "store_folder": config["store_folder"],
+                    "clean_score_forward": "", "clean_score_backward": ""}
         pairs = text_store(training).pairs(split)
     else:
         raise DataError(f"{where} has no {split!r} split (found: {', '.join(source.splits)})")
@@ -492,18 +498,21 @@ def eval_pairs(config: dict[str, Any], split: str, model_config: dict[str, Any],
     return pairs
 
 
-def text_stores(config: dict[str, Any], held_out_from: str | None = None) -> list[TextStore]:
+def text_stores(config: dict[str, Any], held_out_from: str | None = None,
+                scorer: PairScorer | None = None) -> list[TextStore]:
     """The text store of every corpus, in `datasource` order: the first is `text_store`'s (with the
     held-out splits of `held_out_from`, when given), and each other holds its corpus's train split
     without the pairs whose source sentence is in the first's held-out splits (keyed by a digest of
-    those sentences, so that adding a corpus reads only it)."""
-    first = text_store(config, held_out_from)
+    those sentences, so that adding a corpus reads only it). A store built with clean_score_forward
+    scores its training pairs with `scorer` (`text_store`)."""
+    first = text_store(config, held_out_from, scorer)
     held_out = first.held_out_hashes()
     stores = [first]
     for corpus in corpora(config)[1:]:
         source = _open_corpus(config, corpus)
         stores.append(_text_store(config, corpus, source, {"held_out": hashlib.sha256(held_out.tobytes()).hexdigest()},
-                                  reads={"train": (source, "train")}, missing=[], apart=[], held_out=held_out))
+                                  reads={"train": (source, "train")}, missing=[], apart=[], held_out=held_out,
+                                  scorer=scorer))
     return stores
 
 
@@ -613,12 +622,14 @@ def _text_store(config: dict[str, Any], corpus: Corpus, source: Source, held: di
 
 
 def _fill_text_store(folder: Path, config: dict[str, Any], corpus: Corpus, reads: dict[str, tuple[Source, str]],
-                     missing: list[str], apart: list[str], held_out: np.ndarray | None = None) -> dict[str, Any]:
+                     missing: list[str], apart: list[str], held_out: np.ndarray | None = None,
+                     scorer: PairScorer | None = None) -> dict[str, Any]:
     """Read each split of `reads` (name -> the source and split to read) into the store, carve the
     `missing` held-out splits from train, then drop the training pairs whose source sentence is in a
     held-out split from elsewhere (the splits named in `apart`, and `held_out`'s hashes), repeated
     pairs with `filter_duplicates`, and clean what is left (`_clean_train`): after carving, so that
-    the held-out splits are neither cleaned nor carved otherwise with cleaning on or off."""
+    the held-out splits are neither cleaned nor carved otherwise with cleaning on or off (`scorer`:
+    scoring's, with clean_score_forward)."""
     counts: dict[str, int] = {}
     hashes: dict[str, np.ndarray] = {}
     pair_hashes: list[np.ndarray] = []
@@ -661,7 +672,7 @@ def _fill_text_store(folder: Path, config: dict[str, Any], corpus: Corpus, reads
         rows["train"] = rows["train"][np.sort(first)]
     train_raw = "raw-train"
     if config["clean"] or config["clean_score_forward"]:
-        train_raw, rows["train"] = _clean_train(folder, config, corpus, rows["train"])
+        train_raw, rows["train"] = _clean_train(folder, config, corpus, rows["train"], scorer)
     splits = {}
     for name, index in rows.items():
         np.save(folder / f"{name}.rows.npy", index.astype(np.int64))
@@ -670,9 +681,10 @@ def _fill_text_store(folder: Path, config: dict[str, Any], corpus: Corpus, reads
     return {"splits": splits}
 
 
-def _clean_train(folder: Path, config: dict[str, Any], corpus: Corpus, rows: np.ndarray) -> tuple[str, np.ndarray]:
+def _clean_train(folder: Path, config: dict[str, Any], corpus: Corpus, rows: np.ndarray,
+                 scorer: PairScorer | None) -> tuple[str, np.ndarray]:
     """The training pairs at `rows` of raw-train, cleaned: by the rules (`clean`; the pairs they keep,
-    NFC-normalised, written to clean-train), then scored by models (`clean_score_*`; the best share
+    NFC-normalised, written to clean-train), then scored by `scorer` (`clean_score_*`; the best share
     kept). Returns the flat files the train split reads and its rows there. What was removed, by
     reason with samples, goes to CLEANING_FILE (a sample's row: the pair's place among the corpus's
     usable training pairs, from 0)."""
@@ -683,7 +695,7 @@ def _clean_train(folder: Path, config: dict[str, Any], corpus: Corpus, rows: np.
         numbers, report["rules"] = _apply_rules(folder, config, corpus, rows)
         raw, rows = "clean-train", np.arange(len(numbers))
     if config["clean_score_forward"]:
-        kept, report["scoring"] = _apply_scoring(folder, config, corpus, raw, rows, numbers)
+        kept, report["scoring"] = _apply_scoring(folder, config, corpus, raw, rows, numbers, scorer)
         rows = rows[kept]
     if len(rows) == 0 < asked:
         raise DataError(f"cleaning removed every training pair of {corpus.source!r} ({report_line(report)}): "
@@ -716,17 +728,19 @@ def _apply_rules(folder: Path, config: dict[str, Any], corpus: Corpus,
 
 
 def _apply_scoring(folder: Path, config: dict[str, Any], corpus: Corpus, raw: str, rows: np.ndarray,
-                   numbers: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
-    """Score the pairs at `rows` of the flat files `raw` by dual conditional cross-entropy with the
-    clean_score_* models, in chunks. Returns the positions in `rows` of the best clean_score_keep
-    share, in order, and the report: how many were scored and kept, the highest score kept, and the
-    worst pairs (their rows: `numbers`')."""
-    forward, backward = load_scoring_models(config, pick_device(config["device"]))
+                   numbers: np.ndarray, scorer: PairScorer | None) -> tuple[np.ndarray, dict[str, Any]]:
+    """Score the pairs at `rows` of the flat files `raw` with `scorer` (the clean_score_* models'
+    dual conditional cross-entropy), in chunks. Returns the positions in `rows` of the best
+    clean_score_keep share, in order, and the report: how many were scored and kept, the highest
+    score kept, and the worst pairs (their rows: `numbers`')."""
+    if scorer is None:
+        raise DataError(f"--clean_score_forward asks to score the training pairs of {corpus.source!r}, but the "
+                        f"program building its data store gave it no scorer (nmt.inference.pair_scoring.pair_scorer)")
     scores = [np.zeros(0)]
     try:
         for start in range(0, len(rows), ENCODE_BATCH):
-            scores.append(dual_conditional_cross_entropy(read_texts(folder, raw, rows[start:start + ENCODE_BATCH]),
-                                                         forward, backward, config["lang_src"], corpus.lang_tgt))
+            scores.append(scorer(read_texts(folder, raw, rows[start:start + ENCODE_BATCH]), config["lang_src"],
+                                 corpus.lang_tgt))
     except ValueError as error:  # a model of another pair
         raise DataError(f"cannot score {corpus.source!r} with --clean_score_forward and --clean_score_backward: "
                         f"{error}") from None

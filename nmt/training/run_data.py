@@ -17,6 +17,7 @@ from nmt.corpora.store import TextStore, TokenStore, data_record, text_stores, t
 from nmt.corpora.tokenizer import load_tokenizers, save_tokenizers, tag_id, tokenizer_from_json, train_tokenizers
 from nmt.diagnostics import log
 from nmt.inference.decoding import REPEAT_SHARE, REPEAT_SIZES, repeat_free_ngram_size
+from nmt.inference.pair_scoring import pair_scorer
 from nmt.training.ranks import RankExchange, Ranks
 
 REPEAT_SAMPLE = 100_000  # training targets read to pick no_repeat_ngram_size: enough for a share
@@ -51,7 +52,7 @@ def prepare_data(config: dict[str, Any], folder: Path, exchange: RankExchange, i
                 tag_id(tok_src, corpus.tag, origin)
     folders: list[str | None] = [None] * (1 + len(corpora(config)))
     if is_main:
-        texts = text_stores(config, held_out_from)
+        texts = text_stores(config, held_out_from, pair_scorer(config))
         record = data_record(config, texts, held_out_from)
         if checkpoint is None:
             tok_src, tok_tgt = train_tokenizers(config, lambda: tokenizer_sample(config, texts))
