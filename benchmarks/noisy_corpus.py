@@ -1,5 +1,5 @@
-"""Noisy-corpus benchmark: tatoeba's training pairs with a share replaced by seeded noise, and what
-the default cleaning removes of it.
+"""Noisy-corpus benchmark: all of tatoeba's training pairs with seeded noise added, and what the
+default cleaning removes of it.
 
     python -m benchmarks.noisy_corpus --output NOISY_FOLDER [--seed 1] [--fraction 0.3] [--source data/tatoeba]
                                       [--json] [--score_forward CKPT --score_backward CKPT [--score_keep 0.9]]
@@ -7,24 +7,25 @@ the default cleaning removes of it.
 Writes NOISY_FOLDER in the Hub layout (a README whose `configs:` header names the files for en-it
 and for it-en, en-it/train.jsonl, and the source's validation and test files copied as they are),
 so that `python train.py --datasource NOISY_FOLDER` trains on it, either way, and scores on the
-clean held-out splits. `--fraction` of the training
-rows (chosen with `--seed`) are replaced, in equal shares, by five kinds of noise that web-crawled
-corpora carry:
+clean held-out splits. Every clean training pair is kept, in its order, and `--fraction` as many
+pairs again (chosen with `--seed`) are added among them at seeded places: noise of five kinds, in
+equal shares, that web-crawled corpora carry, each made from a clean pair drawn at random:
 - misaligned: the source with the target of another pair (of another source sentence);
 - target_both: the target language on both sides, the source replaced by another pair's target;
 - copy: the source copied into the target, untranslated;
 - swapped: the two sides exchanged;
 - boilerplate: navigation and footer lines of web pages (BOILERPLATE), translated or not, repeated.
-NOISY_FOLDER/noise.json lists the replaced rows of each kind (0-based). Then the corpus is read back
-as training reads it (dataset.py) and cleaned with cleaning.CleaningSettings' defaults; printed per
-kind: its rows, how many the cleaning removed, and by which rule, and how many it kept with their
-sides swapped back; and over all, the precision (the share of removed rows that were noise) and
-recall (the share of noise rows removed or swapped back). With
-`--score_forward CKPT --score_backward CKPT` (models trained each way on the folder) the pairs the
-rules keep are then scored by dual conditional cross-entropy and the best `--score_keep` kept; its
-removals count as the rule "score". Run again on a folder it wrote (same --seed and --fraction), it
-reads noise.json and evaluates the folder as it is. Trainings on the folder are run separately:
-docs/cleaning.md.
+A filter that removed exactly the noise would give back the clean corpus: what the noise costs a
+model, and what cleaning wins back of it, are measured against the clean recipe's own run.
+NOISY_FOLDER/noise.json lists the added rows of each kind (0-based, in the written file). Then the
+corpus is read back as training reads it and cleaned with cleaning.CleaningSettings' defaults;
+printed per kind: its rows, how many the cleaning removed, and by which rule, and how many it kept
+with their sides swapped back; and over all, the precision (the share of removed rows that were
+noise) and recall (the share of noise rows removed or swapped back). With `--score_forward CKPT
+--score_backward CKPT` (models trained each way on the folder) the pairs the rules keep are then
+scored by dual conditional cross-entropy and the best `--score_keep` kept; its removals count as
+the rule "score". Run again on a folder it wrote (same --seed and --fraction), it reads noise.json
+and evaluates the folder as it is. Trainings on the folder are run separately: docs/cleaning.md.
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ BOILERPLATE = [
 
 
 def noise_pair(kind: str, index: int, pairs: list[tuple[str, str]], rng: random.Random) -> tuple[str, str]:
-    """The noise of `kind` that replaces pair `index`."""
+    """Noise of `kind` made from pair `index`."""
     source, target = pairs[index]
     other = index
     while pairs[other][0] == source:  # another source sentence: tatoeba repeats sources with other targets
@@ -86,18 +87,34 @@ def noise_pair(kind: str, index: int, pairs: list[tuple[str, str]], rng: random.
     return english.format(n=number), italian.format(n=number)
 
 
-def write_noisy_corpus(source: Path, output: Path, seed: int, fraction: float) -> dict[str, list[int]]:
-    """Write the noisy copy of `source` to `output` (module docstring); the replaced rows by kind."""
-    rows = [json.loads(line) for line in (source / "en-it" / "train.jsonl").read_text(encoding="utf-8").splitlines()]
+def with_noise(rows: list[dict[str, Any]], seed: int, fraction: float) -> tuple[list[dict[str, Any]],
+                                                                              dict[str, list[int]]]:
+    """Every row of `rows`, in its order, and `fraction` as many noise rows among them at seeded
+    places, the kinds in turn; the rows written and the noise rows' places by kind."""
     pairs = [(row["translation"][PAIR[0]], row["translation"][PAIR[1]]) for row in rows]
     if len({source for source, _ in pairs}) < 2:
-        raise ValueError(f"{source} has fewer than two distinct source sentences to misalign")
+        raise ValueError("the corpus has fewer than two distinct source sentences to misalign")
     rng = random.Random(seed)
-    chosen = rng.sample(range(len(rows)), round(fraction * len(rows)))
-    kinds: dict[str, list[int]] = {kind: sorted(chosen[number::len(KINDS)]) for number, kind in enumerate(KINDS)}
-    for kind, indices in kinds.items():
-        for index in indices:
-            rows[index]["translation"] = dict(zip(PAIR, noise_pair(kind, index, pairs, rng)))
+    added = round(fraction * len(rows))
+    noise = [(KINDS[number % len(KINDS)], rng.randrange(len(rows))) for number in range(added)]
+    places = set(rng.sample(range(len(rows) + added), added))
+    clean, made = iter(rows), iter(noise)
+    written: list[dict[str, Any]] = []
+    kinds: dict[str, list[int]] = {kind: [] for kind in KINDS}
+    for place in range(len(rows) + added):
+        if place in places:
+            kind, index = next(made)
+            kinds[kind].append(place)
+            written.append({"translation": dict(zip(PAIR, noise_pair(kind, index, pairs, rng)))})
+        else:
+            written.append(next(clean))
+    return written, kinds
+
+
+def write_noisy_corpus(source: Path, output: Path, seed: int, fraction: float) -> dict[str, list[int]]:
+    """Write the noisy copy of `source` to `output` (module docstring); the added rows by kind."""
+    rows = [json.loads(line) for line in (source / "en-it" / "train.jsonl").read_text(encoding="utf-8").splitlines()]
+    rows, kinds = with_noise(rows, seed, fraction)
     (output / "en-it").mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(output / "en-it" / "train.jsonl",
                        "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8"))
@@ -108,9 +125,9 @@ def write_noisy_corpus(source: Path, output: Path, seed: int, fraction: float) -
         f"  - split: {split}\n    path: en-it/{split}.jsonl\n" for split in ("train", "validation", "test"))
         for pair in ("en-it", "it-en"))
     atomic_write_bytes(output / "README.md", (
-        f"---\n{header}---\n# {source.name} with noise\n\nThe training pairs of {source} with {fraction:.0%} of them "
-        f"replaced by seeded noise (seed {seed}; benchmarks/noisy_corpus.py); validation and test as they were. "
-        f"noise.json lists the replaced rows of each kind.\n").encode("utf-8"))
+        f"---\n{header}---\n# {source.name} with noise\n\nThe training pairs of {source} and {fraction:.0%} as many "
+        f"pairs of seeded noise among them (seed {seed}; benchmarks/noisy_corpus.py); validation and test as they "
+        f"were. noise.json lists the added rows of each kind.\n").encode("utf-8"))
     atomic_write_bytes(output / "noise.json",
                        json.dumps({"seed": seed, "fraction": fraction, "rows": kinds}, indent=1).encode("utf-8"))
     return kinds
@@ -189,7 +206,7 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--source", type=Path, default=ROOT / "data" / "tatoeba",
                         help="a folder with en-it/train.jsonl, validation.jsonl and test.jsonl")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--fraction", type=float, default=0.3, help="share of training rows replaced by noise")
+    parser.add_argument("--fraction", type=float, default=0.3, help="noise pairs added, as a share of the training pairs")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     parser.add_argument("--score_forward", type=Path, default=None, help="checkpoint of an en->it model trained on "
                         "the noisy corpus: with --score_backward, also score the pairs the rules keep")
@@ -203,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not all((args.source / "en-it" / f"{split}.jsonl").is_file() for split in ("train", "validation", "test")):
         parser.error(f"--source {args.source} has no en-it/train.jsonl, validation.jsonl and test.jsonl")
-    if not 0 <= args.fraction <= 1:
-        parser.error(f"--fraction must be between 0 and 1, got {args.fraction}")
+    if not 0 <= args.fraction <= 10:
+        parser.error(f"--fraction must be a number from 0 to 10, got {args.fraction}")
     if (args.score_forward is None) != (args.score_backward is None) or not 0 < args.score_keep <= 1:
         parser.error("scoring needs both --score_forward and --score_backward, and --score_keep in (0, 1]")
     try:

@@ -83,7 +83,8 @@ def test_bench_segmentation_counts_boundaries_as_it_defines_them(tmp_path: Path,
     assert found["joins"] > 5 and found["inside"] == 0 and found["accuracy"] == 1.0
 
 
-def test_noisy_corpus_replaces_a_seeded_share_by_kind(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_noisy_corpus_adds_a_seeded_share_of_noise_by_kind_to_every_clean_pair(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture) -> None:
     from benchmarks import noisy_corpus
 
     pairs = synthetic_pairs(100, 1)
@@ -97,13 +98,14 @@ def test_noisy_corpus_replaces_a_seeded_share_by_kind(tmp_path: Path, capsys: py
     noisy = [pair for batch in read_pairs(open_source(str(tmp_path / "noisy"), "en", "it"), "train", "en", "it")
              for pair in batch]
     kind_of = {row: kind for kind, rows in kinds.items() for row in rows}
-    targets = {t for _, t in pairs}
-    for row, ((src, tgt), (new_src, new_tgt)) in enumerate(zip(pairs, noisy)):
-        expected = {None: new_src == src and new_tgt == tgt, "copy": new_src == new_tgt == src,
-                    "swapped": (new_src, new_tgt) == (tgt, src),
-                    "misaligned": new_src == src and new_tgt in targets and new_tgt != tgt,
-                    "target_both": new_src in targets and new_src != tgt and new_tgt == tgt,
-                    "boilerplate": new_src not in {s for s, _ in pairs}}
+    assert len(noisy) == 150 and [pair for row, pair in enumerate(noisy) if row not in kind_of] == pairs
+    sources, targets = {s for s, _ in pairs}, {t for _, t in pairs}
+    for row, (new_src, new_tgt) in enumerate(noisy):
+        expected = {None: True, "copy": new_src == new_tgt and new_src in sources,
+                    "swapped": (new_tgt, new_src) in set(pairs),
+                    "misaligned": new_src in sources and new_tgt in targets and (new_src, new_tgt) not in set(pairs),
+                    "target_both": new_src in targets and new_tgt in targets,
+                    "boilerplate": new_src not in sources}
         assert expected[kind_of.get(row)], (row, kind_of.get(row), new_src, new_tgt)
     backward = [pair for batch in read_pairs(open_source(str(tmp_path / "noisy"), "it", "en"), "train", "it", "en")
                 for pair in batch]
@@ -112,7 +114,7 @@ def test_noisy_corpus_replaces_a_seeded_share_by_kind(tmp_path: Path, capsys: py
         assert (tmp_path / "noisy" / "en-it" / f"{split}.jsonl").read_bytes() == \
                (source / "en-it" / f"{split}.jsonl").read_bytes()
     table = result["kinds"]
-    assert table["clean"]["rows"] == 50 and table["copy"] == {"rows": 10, "removed": 10, "swapped": 0,
+    assert table["clean"]["rows"] == 100 and table["copy"] == {"rows": 10, "removed": 10, "swapped": 0,
                                                                 "by_rule": {"copy": 10}}
     removed = sum(entry["removed"] for entry in table.values())
     assert result["precision"] == (removed - table["clean"]["removed"]) / removed
