@@ -673,6 +673,7 @@ class Resolved:
     config: dict[str, Any]
     given: set[str]  # keys set on the command line or in --config
     preset: set[str]  # keys the preset set
+    preset_name: str | None = None  # --preset's, else that of the run whose config.json --config reads
 
 
 def resolve(args: argparse.Namespace) -> Resolved:
@@ -694,7 +695,7 @@ def resolve(args: argparse.Namespace) -> Resolved:
     if (config["sampling_topk"] or config["sampling_topp"]) and "beam_size" not in given:
         config["beam_size"] = 1
     validate_config(config)
-    return Resolved(config, given, set(PRESETS[preset] if preset else {}) - given)
+    return Resolved(config, given, set(PRESETS[preset] if preset else {}) - given, preset)
 
 
 def parse_args(program: str | tuple[str, ...], argv: Sequence[str] | None = None, description: str = "",

@@ -40,7 +40,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from config import TRAIN, ConfigError, OneLineParser, build_parser, parse_args, runs_dir, weights_dir
+from config import TRAIN, ConfigError, OneLineParser, Resolved, build_parser, parse_args, runs_dir, weights_dir
 from dataset import CorpusMix, padding_waste
 from model import build_model, set_dropout
 from nmt.atomic_files import atomic_write_bytes
@@ -534,11 +534,11 @@ class Trainer:
         return 1 if stop == "nonfinite" else 0
 
 
-def train(resolved: Any, preset: str | None = None, started: float | None = None, keep_freed: bool = False,
+def train(resolved: Resolved, started: float | None = None, keep_freed: bool = False,
           plan_to_clock: bool = False) -> int:
-    """Run one training job with a resolved config (config.Resolved: the keys given and the
-    preset's; `preset`: its name; `keep_freed`: apply cpu_kernels.keep_freed_memory before the first
-    step; `plan_to_clock`: plan the run's length to --max_minutes); the exit code."""
+    """Run one training job with a resolved config (config.Resolved: the keys given, the preset's and
+    its name; `keep_freed`: apply cpu_kernels.keep_freed_memory before the first step;
+    `plan_to_clock`: plan the run's length to --max_minutes); the exit code."""
     started = clock() if started is None else started
     config, given = resolved.config, frozenset(resolved.given)
     initial, taken = take_model_from(config, resolved.given | resolved.preset, given)
@@ -554,8 +554,8 @@ def train(resolved: Any, preset: str | None = None, started: float | None = None
     try:
         if ranks.is_main:
             lock.acquire()
-        code = Trainer(config, device, ranks, started, given=given, preset=preset, initial=initial, taken=taken,
-                       keep_freed=keep_freed, watch=watch, plan_to_clock=plan_to_clock).run()
+        code = Trainer(config, device, ranks, started, given=given, preset=resolved.preset_name, initial=initial,
+                       taken=taken, keep_freed=keep_freed, watch=watch, plan_to_clock=plan_to_clock).run()
         clean = True
         return code
     except BaseException as error:
@@ -577,14 +577,14 @@ def main(argv: list[str] | None = None, command_line: bool = False) -> int:
     """train.py's entry point. `command_line` is True only when run as a program: then, and only
     then, process-wide settings (`keep_freed_memory` on CPU) are applied."""
     started = clock()
-    args, resolved = parse_args(TRAIN, argv, parser=argument_parser())
+    _, resolved = parse_args(TRAIN, argv, parser=argument_parser())
     config = resolved.config
     try:
         keep_freed = command_line and config["keep_freed_memory"] and pick_device(config["device"]).type == "cpu"
         # A preset's epoch count is the plan's starting point; one given on the command line (or in
         # --config) means what it says.
         plan_to_clock = config["max_minutes"] > 0 and not {"num_epochs", "max_steps"} & resolved.given
-        return train(resolved, args.preset, started, keep_freed, plan_to_clock)
+        return train(resolved, started, keep_freed, plan_to_clock)
     except (ConfigError, DataError, CheckpointError, RunLockError, TokenizerError, OutOfMemory, RankFailed) as error:
         print(f"train.py: error: {error}", file=sys.stderr)
         return 2 if isinstance(error, ConfigError) else 1

@@ -21,7 +21,7 @@ from torch.utils.tensorboard import SummaryWriter
 from nmt.corpora import sources
 import train
 from nmt.training.checkpoint import MANIFEST, checkpoint_name, load_checkpoint, load_for_inference, load_latest
-from config import parse_config, runs_dir, validate_config, weights_dir
+from config import TRAIN, parse_args, parse_config, runs_dir, validate_config, weights_dir
 from nmt.corpora.store import text_store, token_store
 from synthetic_data import synthetic_pairs, write_hub_dataset, write_parallel_files
 from nmt.inference.decoding import repeat_free_ngram_size
@@ -71,7 +71,10 @@ def test_first_run_stops_at_max_steps_with_a_checkpoint(trained_run) -> None:
     # command line), apart from what the run decided
     record = json.loads((run.folder / "config.json").read_text())
     assert record["config"]["max_steps"] == run.SECOND_MAX_STEPS and record["config"]["length_ratio"] == 0
-    assert "max_steps" in record["given"] and record["decided"] == state["decided"]
+    assert "max_steps" in record["given"] and record["decided"] == state["decided"] and record["preset"] == "tiny"
+    # --config of it gives the run's config again, its given keys given and its preset's the preset's
+    again = parse_args(TRAIN, ["--config", str(run.folder / "config.json")])[1]
+    assert again.config == record["config"] and again.given == set(record["given"]) and again.preset_name == "tiny"
     assert (run.folder / "tokenizer_en.json").read_text() == state["tokenizers"]["src"]
     assert (run.folder / "tokenizer_it.json").read_text() == state["tokenizers"]["tgt"]
     assert set(state["metrics"]) == {"loss", "bleu", "chrf", "bleu_nrefs1", "chrf_nrefs1", "cer", "wer"}  # validated
