@@ -28,7 +28,8 @@ written beside CTranslate2's files (ct2_model.py says which; translator.py reads
 puts before every source are tokens of the exported source vocabulary, which a model of several
 target languages must hold (refused otherwise). The run's confidence calibrator (confidence.py,
 confidence.json beside the checkpoints), when it has one, goes into project.json as `confidence`, so
-that the CTranslate2 engine gives the same confidence. `--quantization` takes CTranslate2's names: int8,
+that the CTranslate2 engine gives the same confidence; one that cannot be read is one warning, and
+the model is exported without confidence. `--quantization` takes CTranslate2's names: int8,
 int16, float32, bfloat16, and for GPUs float16 and int8_float16 (on a CPU, CTranslate2 runs those in
 float32 and int8), or `auto` (the default): the type this machine runs fastest, by the rule of
 ct2_model.ct2_setup, which chooses the compute type a model runs with on each machine and never runs
@@ -447,9 +448,20 @@ def export_checkpoint(args: argparse.Namespace, config: dict[str, Any]) -> tuple
     if args.format == "transformers":
         return export_transformers(model, model_config, tok_src, tok_tgt, args.output, source, args.overwrite,
                                    args.language, read_run_config(path.parent), evaluation), source
-    calibrator = read_calibrator(path.parent)
     return export_model(model, model_config, tok_src, tok_tgt, args.output, args.quantization or "auto", source,
-                        args.overwrite, calibrator.to_dict() if calibrator else None), source
+                        args.overwrite, run_calibrator(path.parent)), source
+
+
+def run_calibrator(folder: Path) -> dict[str, Any] | None:
+    """The run's confidence calibrator as project.json stores it; None without one, or, after one
+    warning, for one that cannot be read: a side file, so the model is exported without confidence."""
+    try:
+        calibrator = read_calibrator(folder)
+    except CalibrationError as error:
+        log(f"export.py: warning: {error}: exporting without confidence (fit it again with evaluate.py "
+            f"--fit_confidence, then export again)")
+        return None
+    return calibrator.to_dict() if calibrator else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -467,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_output(args.output, args.overwrite)  # before the checkpoint is loaded: refused at once
         output, source = export_checkpoint(args, config)
-    except (CalibrationError, CheckpointError, ExportError, MappingError) as error:
+    except (CheckpointError, ExportError, MappingError) as error:
         print(f"export.py: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -233,6 +233,23 @@ def test_a_model_of_several_targets_exports_its_languages(several_targets, capsy
         export.export_model(several_targets.model, several_targets.config, untagged, untagged, tmp_path / "no", "int8")
 
 
+def test_a_calibrator_that_cannot_be_read_is_one_warning_and_no_confidence(trained_run,
+                                                                          bad_calibrator_run: tuple[Path, str],
+                                                                          capsys, tmp_path: Path) -> None:
+    """A truncated or hand-edited confidence.json beside the checkpoints: a side file, so the model
+    is exported, without confidence, and the problem said in one warning."""
+    folder, problem = bad_calibrator_run
+    code, _, err = run(capsys, export.main, ["--datasource", str(trained_run.datasource), "--model_folder",
+                                             str(folder.parent), "--quantization", "float32", "--output",
+                                             str(tmp_path / "ct2")])
+    assert code == 0, err
+    [warning] = [line for line in err if "warning" in line]
+    assert warning.startswith(f"export.py: warning: {problem}") and warning.endswith(
+        ": exporting without confidence (fit it again with evaluate.py --fit_confidence, then export again)")
+    assert json.loads((tmp_path / "ct2" / "project.json").read_text(encoding="utf-8"))["confidence"] is None
+    assert "has no confidence calibrator" in CTranslate2Translator(tmp_path / "ct2").no_confidence
+
+
 def test_missing_or_damaged_model_directory_is_one_line(exported: Path, tmp_path: Path, capsys) -> None:
     damaged = tmp_path / "damaged"
     damaged.mkdir()
