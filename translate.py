@@ -55,8 +55,9 @@ target term the model's vocabulary cannot spell.
 (confidence.py; fitted at the end of training or by evaluate.py --fit_confidence), one row per
 sentence as `LINE<TAB>CONFIDENCE<TAB>TRANSLATION` (LINE as with --n_best, CONFIDENCE with three
 decimals, `-` for a sentence with nothing to translate); with --n_best, the rows are
-`LINE<TAB>SCORE<TAB>CONFIDENCE<TAB>TRANSLATION`. A model without a calibrator is one line saying why
-(exit 2); without --scores, a calibrator that cannot be read (a truncated or hand-edited
+`LINE<TAB>SCORE<TAB>CONFIDENCE<TAB>TRANSLATION`. Confidence is computed only then (the CTranslate2
+engine scores its translations once more for it). A model without a calibrator is one line saying
+why (exit 2); without --scores, a calibrator that cannot be read (a truncated or hand-edited
 confidence.json) is one warning, and the model translates.
 `--plot_attention FILE.png` also saves the first sentence's cross-attention heatmap (either engine).
 """
@@ -314,7 +315,8 @@ def load_model(parser: OneLineParser, args: argparse.Namespace,
     except GlossaryError as error:
         parser.error(str(error))
     try:
-        options = DecodingOptions.from_config(config, n_best=max(1, args.n_best))
+        # confidence only for --scores, the one output that shows it
+        options = DecodingOptions.from_config(config, n_best=max(1, args.n_best), confidence=args.scores)
         translator = load_translator(args, resolved, scores=args.scores)
         target = translator.target_language(options.target_lang)
     except ConfigError as error:

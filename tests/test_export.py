@@ -143,6 +143,47 @@ def test_brevity_penalty_ranks_ctranslate2s_beam(toy_translator, toy_sources, tm
     assert all(a[0].score >= b[0].score - 1e-4 for a, b in zip(with_term, theirs))
 
 
+def test_confidence_is_pytorchs_and_computed_only_when_asked(toy_translator, toy_sources, tmp_path: Path) -> None:
+    """With a calibrator, CTranslate2's search is scored once more for what the calibrator reads:
+    only the hypotheses it returns (here 2 of a beam of 4 ranked with the brevity penalty), giving
+    each what this project's search gives it; with confidence off, nothing is scored again and the
+    translations and scores are the same."""
+    from conftest import GOOD_CALIBRATOR
+    config = dict(get_config(), d_model=32, num_layers=1, num_heads=2, d_ff=64, seq_len=toy_translator.seq_len)
+    export.export_model(toy_translator.model, config, toy_translator.tok_src, toy_translator.tok_tgt,
+                        tmp_path / "ct2", "float32", confidence=GOOD_CALIBRATOR)
+    ct2, ours = CTranslate2Translator(tmp_path / "ct2"), toy_translator.translator()
+    ours.calibrator, ours.length_ratio, ct2.length_ratio = ct2.calibrator, 2.5, 2.5
+
+    class CountingScores:  # CTranslate2's translator, counting the hypotheses it is given to score
+        def __init__(self, engine) -> None:
+            self.engine, self.scored = engine, 0
+
+        def __getattr__(self, name: str):
+            return getattr(self.engine, name)
+
+        def score_batch(self, sources, targets, **options):
+            self.scored += len(targets)
+            return self.engine.score_batch(sources, targets, **options)
+
+    ct2.ct2 = CountingScores(ct2.ct2)
+    options = DecodingOptions(beam_size=4, n_best=2, brevity_penalty=2.0)
+    theirs, expected = ct2.translate(toy_sources, options), ours.translate(toy_sources, options)
+    assert ct2.ct2.scored == 2 * SENTENCES
+    same = [(k, a, b) for mine, found in zip(expected, theirs) for k, (a, b) in enumerate(zip(mine, found))
+            if a.text == b.text]
+    assert len(same) >= SENTENCES // 4 and {k for k, _, _ in same} == {0, 1}  # best and second best
+    for _, a, b in same:
+        assert (b.length, b.log_prob, b.lowest) == (a.length, pytest.approx(a.log_prob, abs=1e-4),
+                                                    pytest.approx(a.lowest, abs=1e-4))
+        assert b.confidence == pytest.approx(a.confidence, abs=1e-4)
+    without = ct2.translate(toy_sources, options.replace(confidence=False))
+    assert ct2.ct2.scored == 2 * SENTENCES
+    assert [[(h.text, h.score) for h in found] for found in without] == \
+        [[(h.text, h.score) for h in found] for found in theirs]
+    assert all(h.confidence is None for found in without for h in found)
+
+
 def test_int8_keeps_most_greedy_outputs(toy_translator, toy_sources, tmp_path: Path) -> None:
     ct2 = export_toy(toy_translator, tmp_path / "int8", "int8")
     assert ct2.describe()["quantization"] == "int8"

@@ -8,8 +8,10 @@ GPU), and a model of several target languages: named by their set, --target_lang
 from __future__ import annotations
 
 import io
+import json
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import threading
@@ -21,7 +23,7 @@ import torch
 from nmt.inference import documents
 import translate
 from test_translator import several_targets  # noqa: F401  (a fixture: an untrained model of en -> fr+it)
-from nmt.inference.translator import DecodingOptions, TorchTranslator
+from nmt.inference.translator import CTranslate2Translator, DecodingOptions, TorchTranslator, Translator
 
 FIRST, SECOND = "The cat sees the dog.", "The dog eats the bread."
 
@@ -415,6 +417,35 @@ def test_a_calibrator_that_cannot_be_used_is_one_warning(trained_run, bad_calibr
     code, out, err = run_main(capsys, model + ["--scores", FIRST])
     assert (code, out, len(err)) == (2, [], 1) and f"error: --scores: {problem}" in err[0]
     assert err[0].endswith("; fit it again with evaluate.py --fit_confidence (see --help)")
+
+
+def test_confidence_is_computed_only_with_scores(trained_run, expected: dict[str, str], capsys: pytest.CaptureFixture,
+                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run with a calibrator, on each engine: without --scores no hypothesis is calibrated (nor
+    scored again by CTranslate2, which costs more than its search), and the translations are the
+    ones --scores prints beside its confidence."""
+    import export
+    from conftest import GOOD_CALIBRATOR
+    folder = tmp_path / "weights" / trained_run.folder.name
+    shutil.copytree(trained_run.folder, folder, ignore=shutil.ignore_patterns("*.lock"))
+    (folder / "confidence.json").write_text(json.dumps(GOOD_CALIBRATOR), encoding="utf-8")
+    model = ["--datasource", str(trained_run.datasource), "--model_folder", str(folder.parent)]
+    assert export.main(model + ["--quantization", "float32", "--output", str(tmp_path / "ct2")]) == 0
+    calls: list[str] = []
+    calibrated, rescored = Translator.calibrated, CTranslate2Translator.token_log_probs
+    monkeypatch.setattr(Translator, "calibrated", lambda self, *args: calls.append("calibrated") or
+                        calibrated(self, *args))
+    monkeypatch.setattr(CTranslate2Translator, "token_log_probs", lambda self, *args: calls.append("rescored") or
+                        rescored(self, *args))
+    engines = {"pytorch": model, "ctranslate2": ["--engine", "ctranslate2", "--model_dir", str(tmp_path / "ct2")]}
+    for engine, arguments in engines.items():
+        code, plain, _ = run_main(capsys, arguments + [FIRST, SECOND])
+        assert code == 0 and calls == [] and (engine != "pytorch" or plain == [expected[FIRST], expected[SECOND]])
+        code, rows, _ = run_main(capsys, arguments + ["--scores", FIRST, SECOND])
+        assert code == 0 and [row.split("\t")[2] for row in rows] == plain
+        assert all(0 <= float(row.split("\t")[1]) <= 1 for row in rows)
+        assert set(calls) == {"calibrated", *(["rescored"] if engine == "ctranslate2" else [])}
+        calls.clear()
 
 
 def test_an_attention_plot_without_matplotlib_is_one_line_after_the_translations(

@@ -44,12 +44,14 @@ Confidence (confidence.py): a translator holds the calibrator stored with its mo
 (beside a checkpoint, or in an export's project.json), and gives every translated sentence its
 probability of being good (`Hypothesis.confidence`; None without a calibrator or for a sentence
 with nothing to translate). A sentence cut into pieces is judged on its pieces together: their
-log-probabilities and lengths summed, the least likely token of all. CTranslate2's search does
-not report what the calibrator reads, so that engine scores its hypotheses once more
-(`score_batch`) when it has a calibrator. The calibrator is a side file (confidence.json beside the
-checkpoints): one that cannot be read, or is not a calibrator, leaves the model translating without
-confidence, with one warning and the reason in `no_confidence` (what translate.py --scores and the
-API say); only the checkpoint and its tokenizers must be intact.
+log-probabilities and lengths summed, the least likely token of all. Confidence is computed only
+when the decoding options ask for it (`DecodingOptions.confidence`; translate.py asks only with
+--scores): CTranslate2's search does not report what the calibrator reads, so that engine scores
+the hypotheses it returns once more (`score_batch`), which cost more than its search. The
+calibrator is a side file (confidence.json beside the checkpoints): one that cannot be read, or is
+not a calibrator, leaves the model translating without confidence, with one warning and the reason
+in `no_confidence` (what translate.py --scores and the API say); only the checkpoint and its
+tokenizers must be intact.
 """
 from __future__ import annotations
 
@@ -111,6 +113,9 @@ class DecodingOptions:
     target_lang: str = _DEFAULTS["target_lang"]  # for a model of several target languages: which one
     glossary: Glossary | None = None  # terms the translations must use (Translator.build_glossary)
     constrained_beam_size: int = 0  # the beam of a piece holding a glossary term (with_glossary)
+    # Each hypothesis's confidence (None when off): translate.py asks only with --scores, since
+    # CTranslate2 must score its hypotheses once more for it, which cost more than its search.
+    confidence: bool = True
 
     def __post_init__(self) -> None:
         if self.beam_size is None:
@@ -353,10 +358,15 @@ class Translator(ABC):
             found[i] = found[i].with_confidence(probability)
         return found
 
-    def sentence_results(self, plan: TextPlan,
-                         found: Sequence[Sequence[Hypothesis]]) -> list[tuple[Sentence, list[Hypothesis]]]:
-        """Each sentence of `plan` with its hypotheses (sentence_hypotheses) and their confidence."""
-        return [(sentence, self.calibrated(hypotheses)) for sentence, hypotheses in sentence_hypotheses(plan, found)]
+    def sentence_results(self, plan: TextPlan, found: Sequence[Sequence[Hypothesis]],
+                         confidence: bool = True) -> list[tuple[Sentence, list[Hypothesis]]]:
+        """Each sentence of `plan` with its hypotheses (sentence_hypotheses), with their confidence
+        when `confidence` asks for it (each sentence's apart: the calibrator's batched arithmetic
+        rounds differently in its last bit)."""
+        sentences = sentence_hypotheses(plan, found)
+        if not confidence:
+            return sentences
+        return [(sentence, self.calibrated(hypotheses)) for sentence, hypotheses in sentences]
 
     def target_language(self, target_lang: str) -> str:
         """The language `target_lang` asks this model for ("": a one-target model's only one). Raises
@@ -410,7 +420,7 @@ class Translator(ABC):
         plan, sources = self.segment_lines(lines, options.target_lang, split_sentences)
         found = self.decode_sources(sources, options, self.constraints(plan.sources, options))
         return TextTranslation([fragments[0] for fragments in plan.assemble([h[0].text for h in found])],
-                               self.sentence_results(plan, found), plan.split_for_length)
+                               self.sentence_results(plan, found, options.confidence), plan.split_for_length)
 
     def translate_document(self, text: str, fmt: str, options: DecodingOptions,
                            split_sentences: bool) -> tuple[str, int]:
@@ -701,28 +711,31 @@ class CTranslate2Translator(Translator):
             length_penalty=options.length_penalty, no_repeat_ngram_size=self.repeat_limit(options),
             max_decoding_length=max_tokens, min_decoding_length=0,
             max_input_length=self.seq_len, return_scores=True, **sampling)
-        evidence = self.token_log_probs(tokens, results)
-        found = []
-        for source, result, scored in zip(tokens, results, evidence):
-            # Lengths count [EOS], as in decoding.py.
-            expected = expected_length(len(source), self.length_ratio)
-            hypotheses = [DecodedHypothesis([self.tok_tgt.token_to_id(t) for t in hypothesis],
-                                            score + brevity_term(len(hypothesis) + 1, expected, brevity),
-                                            sum(log_probs), len(log_probs), min(log_probs, default=0.0))
-                          for hypothesis, score, log_probs in zip(result.hypotheses, result.scores, scored)]
-            found.append(sorted(hypotheses, key=lambda item: item[1], reverse=True)[:options.n_best])
-        return found
+        kept = [self.ranked(source, result, brevity, options.n_best) for source, result in zip(tokens, results)]
+        evidence = self.token_log_probs(tokens, kept) if options.confidence and self.calibrator is not None else \
+            [[[] for _ in hypotheses] for hypotheses in kept]
+        return [[DecodedHypothesis([self.tok_tgt.token_to_id(t) for t in hypothesis], score, sum(log_probs),
+                                   len(log_probs), min(log_probs, default=0.0))
+                 for (score, hypothesis), log_probs in zip(hypotheses, scored)]
+                for hypotheses, scored in zip(kept, evidence)]
 
-    def token_log_probs(self, tokens: list[list[str]], results: list[Any]) -> list[list[list[float]]]:
-        """The log-probability of each token of each hypothesis of `results` ([EOS] included), which
-        CTranslate2's search does not report, scored once more by the model: only with a
-        calibrator to read them ([] for each hypothesis without)."""
-        if self.calibrator is None:
-            return [[[] for _ in result.hypotheses] for result in results]
-        sources = [source for source, result in zip(tokens, results) for _ in result.hypotheses]
-        targets = [hypothesis for result in results for hypothesis in result.hypotheses]
+    def ranked(self, source: list[str], result: Any, brevity: float, n_best: int) -> list[tuple[float, list[str]]]:
+        """The `n_best` best of a result's hypotheses (score, tokens), their scores with the brevity
+        penalty's term added (its lengths count [EOS], as in decoding.py)."""
+        expected = expected_length(len(source), self.length_ratio)
+        scored = [(score + brevity_term(len(hypothesis) + 1, expected, brevity), hypothesis)
+                  for hypothesis, score in zip(result.hypotheses, result.scores)]
+        return sorted(scored, key=lambda item: item[0], reverse=True)[:n_best]
+
+    def token_log_probs(self, tokens: list[list[str]],
+                        kept: list[list[tuple[float, list[str]]]]) -> list[list[list[float]]]:
+        """The log-probability of each token of each hypothesis `kept` of each source ([EOS]
+        included), which CTranslate2's search does not report, scored once more by the model: what
+        the calibrator reads, so scored only for the hypotheses returned."""
+        sources = [source for source, hypotheses in zip(tokens, kept) for _ in hypotheses]
+        targets = [hypothesis for hypotheses in kept for _, hypothesis in hypotheses]
         scored = iter(self.ct2.score_batch(sources, targets, max_input_length=self.seq_len))
-        return [[list(next(scored).log_probs) for _ in result.hypotheses] for result in results]
+        return [[list(next(scored).log_probs) for _ in hypotheses] for hypotheses in kept]
 
     def cross_attention(self, sentence: str, target_lang: str = "") -> CrossAttention:
         tokens = self.attention_source(sentence, target_lang).tokens
