@@ -66,10 +66,11 @@ def timings(monkeypatch: pytest.MonkeyPatch) -> list:
 
 def test_cpu_info_reads_vendor_model_and_flags(tmp_path: Path) -> None:
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9B14\n"
-                       "flags\t\t: fpu avx2 avx512f avx512_vnni\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                       "model name\t: AMD EPYC 9B14\nflags\t\t: fpu avx2 avx512f avx512_vnni\n\nprocessor\t: 1\n"
+                       "flags\t\t: fpu\n")
     assert cpu_info(cpuinfo) == CpuInfo("AuthenticAMD", "AMD EPYC 9B14",
-                                        frozenset("fpu avx2 avx512f avx512_vnni".split()))
+                                        frozenset("fpu avx2 avx512f avx512_vnni".split()), "family 25 model 17")
     assert cpu_info(tmp_path / "absent") == CpuInfo("", "", frozenset())
 
 

@@ -104,10 +104,13 @@ def replaced(pinned: Path, folder: Path) -> bool:
 
 @dataclass(frozen=True)
 class CpuInfo:
-    """What /proc/cpuinfo says of this machine's CPU: its vendor, model name and flags."""
+    """What /proc/cpuinfo says of this machine's CPU: its vendor, model name and flags, and its
+    family and model numbers ("family 26 model 2", a Zen 5), which name a CPU whose model name
+    does not (a cloud machine's "AMD EPYC")."""
     vendor: str
     model: str
     flags: frozenset[str]
+    numbers: str = ""
 
     @property
     def family(self) -> str:
@@ -133,7 +136,9 @@ def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> CpuInfo:
         found = re.search(rf"^{name}\s*:[ \t]*(.*)$", text, re.MULTILINE)
         return found[1].strip() if found else ""
 
-    return CpuInfo(field("vendor_id"), field("model name"), frozenset(field("flags").split()))
+    numbers = " ".join(f"{name} {field(key)}" for name, key in (("family", "cpu family"), ("model", "model"))
+                       if field(key))
+    return CpuInfo(field("vendor_id"), field("model name"), frozenset(field("flags").split()), numbers)
 
 
 @dataclass(frozen=True)
