@@ -531,6 +531,8 @@ class Trainer:
         if main:
             log(stop_message(stop, config, self.global_step, self.global_step / self.steps_per_epoch,
                              self.clock_plan.elapsed_minutes(), self.stale_validations, self.nonfinite_run))
+            if note := self.clock_plan.shortfall_at_end(self.global_step):
+                log(note)
         return 1 if stop == "nonfinite" else 0
 
 

@@ -5,8 +5,11 @@ whole runs of train.py: a planned run resumed bit for bit, an explicit length, a
 from __future__ import annotations
 
 import itertools
+import re
 import json
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import pytest
@@ -165,6 +168,11 @@ class FakeClock:
         return self.now
 
 
+def param_groups() -> Any:
+    """What LearningRate sets of an optimizer: its parameter groups' rates (no optimizer needed)."""
+    return SimpleNamespace(param_groups=[{}, {}])
+
+
 def component(clock: FakeClock, steps_per_epoch: int = 30, *, estimate: tuple[float, float, float] = (1.0, 0.0, 0.1),
               given: frozenset[str] = frozenset(), dropouts: list[float] | None = None, planning: bool = True,
               agree: Callable[[Any], Any] = lambda value: value, is_main: bool = True,
@@ -172,8 +180,7 @@ def component(clock: FakeClock, steps_per_epoch: int = 30, *, estimate: tuple[fl
     """A ClockPlan of a tiny run of `steps_per_epoch` steps an epoch planned to one minute by default
     (`settings` override the config), its learning rate on a one-parameter optimizer."""
     config = {**get_config(), **PRESETS["tiny"], "max_minutes": 1.0, "confidence_sentences": 0, **settings}
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=config["lr"])
-    learning_rate = LearningRate(optimizer, Schedule.from_config(config, config["num_epochs"] * steps_per_epoch))
+    learning_rate = LearningRate(param_groups(), Schedule.from_config(config, config["num_epochs"] * steps_per_epoch))
     return ClockPlan(config, clock, 0.0, steps_per_epoch, learning_rate, planning=planning, given=given,
                      set_dropout=(dropouts if dropouts is not None else []).append, estimate=lambda: estimate,
                      agree=agree, is_main=is_main)
@@ -454,9 +461,8 @@ def test_every_rank_follows_rank_0s_plan_and_only_rank_0_times_the_run() -> None
 
     main_clock, other_clock = FakeClock(), FakeClock()
     main = component(main_clock, lr_schedule="inverse_sqrt", agree=post)
-    other = ClockPlan(main.config, other_clock, 0.0, 30, LearningRate(torch.optim.SGD(
-        [torch.nn.Parameter(torch.zeros(1))], lr=1.0), main.learning_rate.schedule), planning=True, estimate=never,
-        agree=lambda value: posted.pop(0), is_main=False)
+    other = ClockPlan(main.config, other_clock, 0.0, 30, LearningRate(param_groups(), main.learning_rate.schedule),
+                      planning=True, estimate=never, agree=lambda value: posted.pop(0), is_main=False)
     runs = Run(main, main_clock), Run(other, other_clock, step_seconds=lambda step: 0.01)
     for until in (15, 30, 60):
         for run in runs:
@@ -605,3 +611,57 @@ def test_an_explicit_length_means_what_it_says(planned: list[str], tmp_path: Pat
     assert "plan for" not in capsys.readouterr().err
     state = final_state([*planned, "--num_epochs", "2"], tmp_path)
     assert state["plan"] is None and state["epoch"] == 2
+
+
+# ---------------------------------------------------------------------------- a plan that cannot work
+
+def test_a_plan_too_short_to_learn_says_so_with_the_budget_that_would_hold_enough_steps(
+        capsys: pytest.CaptureFixture) -> None:
+    """Steps of 2 s (a loaded machine) in one minute: under LEARNING_STEPS. The plan says so, naming
+    the --max_minutes that holds them at the steps measured (to a tenth of a minute), and says it
+    again when the run ends; a plan of enough steps says nothing."""
+    clock = FakeClock()
+    plan = component(clock, estimate=(5.0, 0.0, 0.5))
+    Run(plan, clock, step_seconds=lambda step: 2.0).train(until=15)
+    warning = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning")]
+    minutes = float(re.search(r"--max_minutes ([\d.]+) holds", warning[0]).group(1))
+    assert len(warning) == 1 and plan.plan.total_steps < clock_plan.LEARNING_STEPS
+    assert f"{plan.plan.total_steps} steps are fewer than the {clock_plan.LEARNING_STEPS}" in warning[0]
+    costs = Costs(2.0, 5.0, 0.5, 0.0, 5.0)
+    enough = lambda budget: clock_plan.plan_run(15, 30.0, replace(plan.rules, budget_s=60 * budget),  # noqa: E731
+                                                costs).total_steps
+    assert enough(minutes) >= clock_plan.LEARNING_STEPS > enough(minutes - 0.1)
+    assert plan.shortfall_at_end(plan.plan.total_steps) == warning[0]
+    assert plan.shortfall_at_end(clock_plan.LEARNING_STEPS) is None
+    fast_clock = FakeClock()
+    fast = component(fast_clock)
+    Run(fast, fast_clock).train(until=15)
+    assert "warning" not in capsys.readouterr().err and fast.shortfall_at_end(10) is None
+
+
+def test_a_retime_says_when_the_machine_slowed_or_sped_up_since_the_plan_was_made(
+        capsys: pytest.CaptureFixture) -> None:
+    for late_seconds, said in ((0.2, "slowed"), (0.05, "sped up"), (0.12, None)):
+        clock = FakeClock()
+        plan = component(clock, lr_schedule="inverse_sqrt")
+        Run(plan, clock, step_seconds=lambda step: 0.1 if step <= 15 else late_seconds).train(until=30)
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: steps now take")]
+        if said is None:
+            assert lines == []
+            continue
+        assert len(lines) == 1 and f"this machine {said}" in lines[0] and f"ends at step {plan.plan.total_steps}" \
+            in lines[0], lines
+        assert f"{late_seconds / 0.1:.2g} times the 0.100 s" in lines[0]
+
+
+def test_a_plan_never_reports_an_end_past_a_budget_it_fitted() -> None:
+    """A plan whose steps fit ends within the budget; one made once the budget is spent (a validation
+    that took most of it) has one step left, and says the budget is spent instead of an end."""
+    for elapsed in (10, 60, 100):
+        fitted = plan_run(15, elapsed, 120, 0.25, 8.0, 0.5, 112)
+        assert fitted.fitted and fitted.expected_end_s <= 120 and "expected to end" in fitted.describe()
+    spent = plan_run(15, 117, 120, 0.25, 8.0, 0.5, 112)
+    assert not spent.fitted and spent.total_steps == 16 and spent.expected_end_s > 120
+    assert "expected to end" not in spent.describe()
+    assert "the budget is spent: its one step, validation and checkpoint end about 2.1 min after start, past " \
+        "--max_minutes 2" in spent.describe()

@@ -54,6 +54,10 @@ MARGIN_S = 3.0
 FIT_SHARE = 0.1  # of the budget: a confidence fit estimated to cost more is left out of the run
 VALIDATION_SHARE = 0.1  # of the budget: what a planned run's epoch-end validations may cost
 CHECKPOINT_SHARE = 0.05  # of the budget: what the checkpoints of epoch ends that do not validate may cost
+# The fewest steps whose model translates at all: the cpu recipe on tatoeba at the sizes a very short
+# plan chooses, trained a fixed number of steps (docs/quality.md); a plan of fewer says so.
+LEARNING_STEPS = 300
+SPEED_CHANGE = 1.5  # a re-time whose steps run this many times slower or faster than the plan's says so
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,7 @@ class Plan:
     checkpoint_every: int = 1  # of the epoch ends that do not validate, every this-many-th checkpoints; 1 in older plans
     decay_from: int = 0  # re-timed in wsd's decay: the schedule's step it decays anew from; 0: not
     decay_from_lr: float = 1.0  # ... and the peak lr's multiplier at that step
+    fitted: bool = True  # whether its steps fit the budget; False: the budget was spent, one step is left
 
     @property
     def fit_seconds(self) -> float:
@@ -126,7 +131,9 @@ class Plan:
                 + ("" if self.checkpoint_every == 1 else f", checkpointing every {self.checkpoint_every} epoch "
                    f"ends where it does not validate (at {self.checkpoint_seconds:.1f} s a checkpoint, within "
                    f"{CHECKPOINT_SHARE:.0%} of the budget)")
-                + f"; expected to end {self.expected_end_s / 60:.1f} min after start")
+                + (f"; expected to end {self.expected_end_s / 60:.1f} min after start" if self.fitted else
+                   f"; the budget is spent: its one step, validation and checkpoint end about "
+                   f"{self.expected_end_s / 60:.1f} min after start, past --max_minutes {self.budget_s / 60:g}"))
 
     def describe_validations(self) -> str:
         if not self.validate_from:
@@ -290,7 +297,7 @@ def plan_run(step: int, elapsed_s: float, rules: PlanRules, costs: Costs) -> Pla
             low = middle
         else:
             high = middle - 1
-    total = low
+    total, fitted = low, cost(low) <= left
     # Warmup steadies the first updates of a model still at its random start (Adam's moments, the
     # attention's softmax): it takes steps, whatever the run's length; shrunk with a short run, the
     # full learning rate comes too early.
@@ -304,7 +311,23 @@ def plan_run(step: int, elapsed_s: float, rules: PlanRules, costs: Costs) -> Pla
                 dropout=dropout, validate_from=first_validated_step(total, steps_per_epoch, costs.validation_seconds,
                                                                     budget_s),
                 first_validation_seconds=costs.first_validation_seconds,
-                checkpoint_every=checkpoint_interval(total, steps_per_epoch, costs.checkpoint_seconds, budget_s))
+                checkpoint_every=checkpoint_interval(total, steps_per_epoch, costs.checkpoint_seconds, budget_s),
+                fitted=fitted)
+
+
+def budget_for(steps: int, step: int, elapsed_s: float, rules: PlanRules, costs: Costs) -> float:
+    """The least --max_minutes budget, in seconds, whose plan made at `step` after `elapsed_s` holds
+    `steps` steps at these costs (to a second): what a plan too short to learn names."""
+    low, high = rules.budget_s, max(2 * rules.budget_s, 60.0)
+    while plan_run(step, elapsed_s, replace(rules, budget_s=high), costs).total_steps < steps:
+        low, high = high, 2 * high
+    while high - low > 1.0:
+        middle = (low + high) / 2
+        if plan_run(step, elapsed_s, replace(rules, budget_s=middle), costs).total_steps < steps:
+            low = middle
+        else:
+            high = middle
+    return high
 
 
 def fit_seconds(estimated_fit_seconds: float, validation_seconds: float, first_validation_seconds: float) -> float:
@@ -370,6 +393,7 @@ class ClockPlan:
         self.decay_retime: int | None = None  # a re-time halfway through the decay (decay_retime_step)
         self.validations, self.validation_seconds, self.last_validation_seconds = 0, 0.0, 0.0  # this invocation's
         self.checkpoints, self.checkpoint_seconds = 0, 0.0  # written (or waited for) in this invocation
+        self.needed_budget_s = 0.0  # where the plan fell under LEARNING_STEPS: the budget that holds them
 
     # ------------------------------------------------------------------ the run's length
 
@@ -553,13 +577,15 @@ class ClockPlan:
         re-timed plan whose decay is under way (`decaying`), or would have begun by now, decays from
         the rate it stands at (Schedule.anchor_for), at the schedule's step count, which skipped
         steps do not advance."""
-        plan = plan_run(step, self.clock() - self.started, self.rules, costs)
+        elapsed = self.clock() - self.started
+        plan = plan_run(step, elapsed, self.rules, costs)
         if self.plan is not None:
             anchor = self.learning_rate.schedule.anchor_for(plan.total_steps, plan.warmup_steps,
                                                             self.learning_rate.steps, decaying)
             if anchor is not None:
                 plan = replace(plan, decay_from=anchor[0], decay_from_lr=anchor[1])
         log(label + plan.describe())
+        self.warn(plan, step, elapsed, costs)
         if self.writer is not None:
             self.writer.add_text("plan", label + plan.describe(), step)
             for name in ("total_steps", "warmup_steps", "step_seconds", "validation_seconds", "expected_end_s"):
@@ -568,6 +594,33 @@ class ClockPlan:
                 self.writer.add_scalar("plan/dropout", plan.dropout, step)
             self.writer.add_scalar("plan/epochs", plan.epochs, step)
         return plan
+
+    def warn(self, plan: Plan, step: int, elapsed: float, costs: Costs) -> None:
+        """One line where a re-time's steps run SPEED_CHANGE times slower or faster than those the
+        plan was made from (another load on the machine: the plan's length follows it), and one
+        where the plan falls under LEARNING_STEPS (at the first plan, and where a re-time falls
+        under them), naming the budget that would hold them on this machine as measured."""
+        if self.plan is not None and self.plan.step_seconds > 0:
+            ratio = costs.step_seconds / self.plan.step_seconds
+            if ratio >= SPEED_CHANGE or ratio <= 1 / SPEED_CHANGE:
+                log(f"warning: steps now take {costs.step_seconds:.3f} s, {ratio:.2g} times the "
+                    f"{self.plan.step_seconds:.3f} s the plan was made from: this machine "
+                    f"{'slowed' if ratio > 1 else 'sped up'} (other work on it?); the plan now ends at step "
+                    f"{plan.total_steps}")
+        if plan.total_steps < LEARNING_STEPS and (self.plan is None or self.plan.total_steps >= LEARNING_STEPS):
+            self.needed_budget_s = budget_for(LEARNING_STEPS, step, elapsed, self.rules, costs)
+            log(self.shortfall(plan.total_steps))
+
+    def shortfall_at_end(self, steps: int) -> str | None:
+        """The warning again at the run's end, where a plan too short to learn ended with `steps`."""
+        return self.shortfall(steps) if self.needed_budget_s and steps < LEARNING_STEPS else None
+
+    def shortfall(self, steps: int) -> str:
+        """The warning of a plan of `steps` steps, fewer than LEARNING_STEPS (`warn`)."""
+        return (f"warning: {steps} steps are fewer than the {LEARNING_STEPS} the cpu recipe needs on tatoeba to "
+                f"translate at all (docs/quality.md): the model will barely translate; at the steps measured, "
+                f"--max_minutes {math.ceil(self.needed_budget_s / 6) / 10:g} holds {LEARNING_STEPS} steps on this "
+                f"machine")
 
     def mark(self, step: int) -> PlanMark:
         return PlanMark(step, self.clock(), self.validation_seconds, self.validations, self.checkpoint_seconds,
