@@ -7,10 +7,10 @@ float rounding and the dropout rate's rounding to 1/65536 (tests/test_fast_paths
 off with `CPU_FAST_PATHS = False` (bench.py measures both ways).
 
 - Matrix products: torch runs fp32 products on MKL, which takes slower code paths on non-Intel CPUs.
-  oneDNN (bundled with torch) picks its kernels from the CPU's own features. bench.py measured both
-  on two AMD EPYC machines this project ran on: with AVX-512 oneDNN gave 2.6x torch.mm's GFLOP/s
-  (404 against 153), with AVX2 only 0.82x (154 against 187). So oneDNN is taken only where torch
-  reports AVX-512, and only for products a gradient will flow through (not for decoding: `linear`).
+  oneDNN (bundled with torch) picks its kernels from the CPU's own features: on the AMD EPYC
+  machines measured (bench.py times both) it was faster than torch.mm with AVX-512 and slower with
+  AVX2 only. So oneDNN is taken only where torch reports AVX-512, and only for products a gradient
+  will flow through (not for decoding: `linear`).
 - Dropout: F.dropout's mask comes from ATen's bernoulli_, which costs about four times as much as
   drawing 16 random bits per element.
 - The feed-forward block's ReLU and dropout are one step that keeps a single d_ff activation per

@@ -3,8 +3,8 @@
 - `amp_dtype`: `--amp auto` is bf16 on CUDA GPUs that have it natively (compute capability 8.0 and
   up: A100, H100, RTX 30xx/40xx), fp16 with a GradScaler on older CUDA GPUs (V100 sm_70, T4 sm_75:
   their bf16 is emulated and slow, which `torch.cuda.is_bf16_supported()` counts as support), bf16
-  on CPUs with bf16 instructions (AVX-512 BF16 or AMX: AMD Zen 4, Intel Sapphire Rapids and later;
-  the cpu preset's step takes about two thirds of its fp32 time there, docs/speed.md), and off on
+  on CPUs with bf16 instructions (AVX-512 BF16 or AMX: AMD Zen 4, Intel Sapphire Rapids and later,
+  where the cpu preset's step is faster than in fp32: docs/speed.md), and off on
   other CPUs, where bf16 is emulated and slower than fp32, and on Apple's MPS (fp32 is the path
   tested there). `--amp fp16`/`bf16` ask for autocast on any device, where both run for real.
 - `grad_scaler`: the loss scaler, enabled for fp16 only (bf16 has fp32's exponent range).

@@ -154,14 +154,12 @@ def auto_rule(device: str, quantization: str, info: CpuInfo) -> Rule:
     (docs/serving.md has the measurements). It never lowers the export's weights: int8 weights may
     run as float32 (the same values), float weights never as int8.
     - CUDA: 16-bit (float16, or the export's own bfloat16 or int8_float16; int8 as int8_float16);
-    - x86 CPUs with AVX2: oneDNN (CT2_USE_MKL=0), which ran faster than MKL in every type on each
-      CPU measured (AMD Zen 3 and Zen 4, an Intel Xeon with AVX-512 and AMX); float weights as
-      float32; int8 weights:
-      - AVX2 without AVX-512: int8 (on the Zen 3 int8 beat float32, greedy and at beam 5);
-      - AVX-512, with or without VNNI, BF16 or AMX: float32 or int8, whichever a timing finds faster:
-        the measurements disagree (a Zen 4 ran int8 faster on one day and model, float32 on another;
-        a Zen 5 and the Xeon ran float32 on oneDNN fastest), and CTranslate2 has no bfloat16 on CPUs,
-        so BF16 and AMX add no type to time;
+    - x86 CPUs with AVX2: oneDNN (CT2_USE_MKL=0), faster than MKL in every type on every CPU
+      measured; float weights as float32; int8 weights:
+      - AVX2 without AVX-512: int8, which beat float32 there;
+      - AVX-512, with or without VNNI, BF16 or AMX: float32 or int8, whichever a timing finds faster,
+        as the fastest differed by machine and model; CTranslate2 has no bfloat16 on CPUs, so BF16
+        and AMX add no type to time;
     - other CPUs, and int16 weights (MKL's type): the export's own type (`default`) on CTranslate2's
       default backend."""
     if device == "cuda":
@@ -275,8 +273,8 @@ def time_compute_types(folders: dict[str, Path], threads: int) -> dict[str, floa
     """Sentences per second of CTranslate2's beam search on the CPU in each compute type of `folders`,
     run on the model directory it maps to: TIMED_ROUNDS rounds taking the types in turn, each run in
     a fresh process (`beam_rate`), each type's best round kept (the one least slowed by other work on
-    the machine). A fresh process each, as a serving process loads one translator: in one process a
-    Zen 4 ran float32 up to a third slower once another translator had been loaded (docs/serving.md).
+    the machine). A fresh process each, as a serving process loads one translator: a translator loaded
+    earlier in the same process slows the next one's timing.
     Raises RuntimeError, with the child's last line, where a timing fails."""
     rates = dict.fromkeys(folders, 0.0)
     for _ in range(TIMED_ROUNDS):
