@@ -12,7 +12,7 @@ not needed.
 
 With `--clean_score_forward CKPT --clean_score_backward CKPT` (a model each way, trained on this
 corpus: the first step of the two-step recipe in docs/cleaning.md) the pairs the rules keep are
-also scored by dual conditional cross-entropy (cleaning.py), and the report says how many the best
+also scored by dual conditional cross-entropy (nmt/inference/pair_scoring.py), and the report says how many the best
 `--clean_score_keep` share holds, the highest score it keeps, and the worst-scored pairs: what
 train.py with the same options keeps.
 """

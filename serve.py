@@ -102,6 +102,7 @@ from nmt.serving import libretranslate
 from nmt.serving.libretranslate import LanguageDetector, form_fields, is_form, is_libretranslate
 from nmt.serving.request_checks import ApiError, check_sentence, check_text, json_type
 from nmt.cpu_kernels import release_freed_memory
+from nmt.text_files import TextFileError, read_text
 from nmt.inference.documents import FORMATS, DocumentError, DocumentPlan
 from nmt.inference.glossary import GlossaryError, check_pairs
 from nmt.inference.sentences import TextPlan
@@ -927,10 +928,9 @@ def read_api_key(path: Path | None) -> str | None:
         key, origin = os.environ.get(API_KEY_VARIABLE, "").strip(), f"the {API_KEY_VARIABLE} environment variable"
         return check_api_key(key, origin) if key else None
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"--api_key_file {path}: cannot read it: {getattr(error, 'strerror', None) or error}") \
-            from None
+        lines = read_text(path, f"--api_key_file {path}").splitlines()  # UTF-8, with or without a BOM
+    except TextFileError as error:
+        raise ConfigError(str(error)) from None
     if not lines or not lines[0].strip():
         raise ConfigError(f"--api_key_file {path}: its first line is empty")
     return check_api_key(lines[0].strip(), f"--api_key_file {path}")

@@ -12,6 +12,7 @@ import asyncio
 import http.client
 import json
 import os
+import re
 import signal
 import ssl
 import subprocess
@@ -30,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import export
 import serve
 from benchmarks.loadtest import ROOT, ServerProcess
-from config import get_config
+from config import ConfigError, get_config
 from serve import Batcher
 from test_translator import several_targets  # noqa: F401  (a fixture: an untrained model of en -> fr+it)
 from nmt.inference.translator import DecodingOptions, TorchTranslator
@@ -468,6 +469,17 @@ def test_a_key_that_is_not_visible_ascii_is_refused_at_start(tmp_path: Path, cap
                 serve.main(["--checkpoint", str(tmp_path / "missing.pt"), "--port", "0", *args])
             [line] = capsys.readouterr().err.splitlines()
             assert stopped.value.code == 2 and f"{origin}: the API key holds {shown}; a key must be visible ASCII" in line
+
+
+def test_a_key_file_saved_with_a_bom_gives_the_key_and_one_not_utf8_is_one_line(tmp_path: Path) -> None:
+    """Notepad writes a byte-order mark first: the key is what follows it. A file that is not UTF-8
+    is refused naming the file (ConfigError: serve.py's one line, exit 2)."""
+    key_file = tmp_path / "key"
+    key_file.write_bytes("\ufeffs3cret-key\r\n".encode("utf-8"))
+    assert serve.read_api_key(key_file) == "s3cret-key"
+    key_file.write_bytes(b"\xffkey\n")
+    with pytest.raises(ConfigError, match=rf"^--api_key_file {re.escape(str(key_file))} is not UTF-8 text \(byte 0\)$"):
+        serve.read_api_key(key_file)
 
 
 def test_serving_keys_are_validated() -> None:
