@@ -10,13 +10,17 @@
    rank r takes every world_size-th one, so the data order depends on neither the world size nor
    a resume. One corpus of weight 1 is batched exactly as it was before corpora had weights. A mix
    whose epoch would draw more pairs than half the machine's memory can plan is refused first.
+3. Length buckets (`BatchPlan(buckets=...)`, for CUDA graphs: nmt/training/cuda_graphs.py): every
+   batch padded, both sides, to one of `bucket_lengths(seq_len)`, with budget // length rows (filler
+   rows where a batch has fewer), so an epoch has at most one batch shape per bucket. The CPU keeps
+   the exact widths above, which pad less.
 """
 from __future__ import annotations
 
 import math
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -67,21 +71,30 @@ class BilingualDataset(Dataset):
         start, end = self.offsets[:, index], self.offsets[:, index + 1]
         return self.src_ids[start[0]:end[0]], self.tgt_ids[start[1]:end[1]]
 
-    def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+    def collate(self, indices: Sequence[int], shape: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
         """Pad to the longest sentence of the batch, on the right. A `src_mask` (B, 1, 1, S), True on
         real positions, only when some source is padded; no target mask: the decoder is causal when
         given none, which is all training needs (model.py's docstring), and the loss ignores padded
         labels. So attention takes the fused kernels that accept no mask tensor (FlashAttention on
         CUDA) wherever a batch allows it. Lengths are not rounded up to a multiple of 8 for the
         tensor cores, on CUDA either: in train.py at paper-base size on an H200, padded 38-step epochs
-        of tatoeba took 1.83 s against 1.57 at exact widths (docs/speed.md)."""
+        of tatoeba took 1.83 s against 1.57 at exact widths (docs/speed.md).
+
+        `shape` (rows, length): a length bucket's batch (module docstring), both sides padded to
+        `length`, always with a src_mask; the rows past the sentences are filler whose source is
+        [SOS] [EOS] and whose labels are all padding, so that they add nothing to the loss."""
         # Filled in numpy, then wrapped: a numpy slice assignment costs a fraction of a torch one (60
         # rows of 5 to 29 tokens: 0.3 against 1.9 ms, on a cpu-preset step of about 140 ms).
         src_len, tgt_len = int(self.src_lens[indices].max()), int(self.tgt_lens[indices].max())
-        encoder_input = np.full((len(indices), src_len), PAD_ID, dtype=np.int64)
-        decoder_input = np.full((len(indices), tgt_len), PAD_ID, dtype=np.int64)
-        label = np.full((len(indices), tgt_len), PAD_ID, dtype=np.int64)
-        encoder_input[:, 0] = decoder_input[:, 0] = SOS_ID
+        rows = len(indices)
+        if shape is not None:
+            rows, src_len = shape
+            tgt_len = src_len
+        encoder_input = np.full((rows, src_len), PAD_ID, dtype=np.int64)
+        decoder_input = np.full((rows, tgt_len), PAD_ID, dtype=np.int64)
+        label = np.full((rows, tgt_len), PAD_ID, dtype=np.int64)
+        encoder_input[:, 0] = decoder_input[:len(indices), 0] = SOS_ID
+        encoder_input[len(indices):, 1] = EOS_ID
         for row, index in enumerate(indices):
             src, tgt = self[int(index)]
             encoder_input[row, 1:len(src) + 1], encoder_input[row, len(src) + 1] = src, EOS_ID
@@ -89,7 +102,7 @@ class BilingualDataset(Dataset):
             label[row, len(tgt)] = EOS_ID
         batch = {"encoder_input": torch.from_numpy(encoder_input), "decoder_input": torch.from_numpy(decoder_input),
                  "label": torch.from_numpy(label)}
-        if bool((self.src_lens[indices] < src_len).any()):
+        if shape is not None or bool((self.src_lens[indices] < src_len).any()):
             batch["src_mask"] = (batch["encoder_input"] != PAD_ID)[:, None, None, :]
         return batch
 
@@ -157,12 +170,59 @@ def token_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, batch_tokens: int,
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def padding_waste(batches: Sequence[np.ndarray], src_lens: np.ndarray, tgt_lens: np.ndarray) -> float:
-    """Fraction of the padded source and target positions that are padding."""
+# Length buckets: from SMALLEST_BUCKET tokens up, each at most BUCKET_RATIO times the one before. At
+# 1.1 a sentence is padded by at most 10% of its longer side, and seq_len 128 has 27 buckets, 256 has
+# 34: as many CUDA graphs at most, each captured once. MLPerf's NVIDIA Transformer, without graphs,
+# spaced its buckets 1.035x apart (about three times as many shapes for a few % less padding).
+SMALLEST_BUCKET = 8
+BUCKET_RATIO = 1.1
+
+
+def bucket_lengths(seq_len: int) -> np.ndarray:
+    """The padded lengths of bucketed batches, increasing, the last one seq_len."""
+    lengths = [min(SMALLEST_BUCKET, seq_len)]
+    while lengths[-1] < seq_len:
+        lengths.append(min(seq_len, max(lengths[-1] + 1, math.ceil(lengths[-1] * BUCKET_RATIO))))
+    return np.array(lengths, dtype=np.int64)
+
+
+def bucket_of(longest: np.ndarray | int, lengths: np.ndarray) -> np.ndarray:
+    """The padded length of the bucket each longest side falls in: the first of `lengths` that holds it."""
+    return lengths[np.searchsorted(lengths, longest)]
+
+
+def bucketed_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, batch_tokens: int, lengths: np.ndarray,
+                     rng: np.random.Generator) -> list[np.ndarray]:
+    """Batches of whole length buckets: bucket by bucket, from the shortest, rows in a random
+    order, cut into batches of batch_tokens // length rows; the rows a bucket leaves over join the
+    next one (they fit its longer padding), so only the epoch's last batch may be short. Then the
+    batches are shuffled. Every sentence must fit the budget at its bucket's length."""
+    padded = bucket_of(np.maximum(src_lens, tgt_lens), lengths)
+    order = np.lexsort((rng.random(len(padded)), padded))
+    batches: list[np.ndarray] = []
+    left = np.zeros(0, dtype=np.int64)
+    for length, start, count in zip(*np.unique(padded[order], return_index=True, return_counts=True)):
+        rows = batch_tokens // int(length)
+        if rows == 0:
+            raise ValueError(f"a batch of {batch_tokens} tokens cannot hold one sentence padded to {length}")
+        pool = np.concatenate([left, order[start:start + count]])
+        full = len(pool) // rows * rows
+        batches += np.split(pool[:full], full // rows) if full else []
+        left = pool[full:]
+    if len(left):
+        batches.append(left)
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def padding_waste(batches: Sequence[np.ndarray], src_lens: np.ndarray, tgt_lens: np.ndarray,
+                  shape_of: Callable[[np.ndarray], tuple[int, int] | None] | None = None) -> float:
+    """Fraction of the padded source and target positions that are padding (`shape_of`: a bucketed
+    plan's (rows, length) of each batch, both sides that long)."""
     real = padded = 0
     for batch in batches:
         real += int(src_lens[batch].sum() + tgt_lens[batch].sum())
-        padded += len(batch) * int(src_lens[batch].max() + tgt_lens[batch].max())
+        shape = shape_of(batch) if shape_of is not None else None
+        padded += 2 * shape[0] * shape[1] if shape else len(batch) * int(src_lens[batch].max() + tgt_lens[batch].max())
     return 1.0 - real / padded if padded else 0.0
 
 
@@ -178,6 +238,7 @@ class BatchPlan:
     rank: int = 0
     accum_steps: int = 1
     weights: Sequence[float] = (1.0,)
+    buckets: np.ndarray | None = None  # bucket_lengths(seq_len): batches of length buckets (CUDA graphs)
 
     def __post_init__(self) -> None:
         if len(self.weights) != len(self.dataset.corpus_sizes):
@@ -226,9 +287,19 @@ class BatchPlan:
         if self._cached is None or self._cached[0] != epoch:
             rows = self.epoch_rows(epoch)
             rng = np.random.default_rng([self.seed, epoch])
-            batches = token_batches(self.dataset.src_lens[rows], self.dataset.tgt_lens[rows], self.batch_tokens, rng)
+            lengths = self.dataset.src_lens[rows], self.dataset.tgt_lens[rows]
+            batches = token_batches(*lengths, self.batch_tokens, rng) if self.buckets is None else \
+                bucketed_batches(*lengths, self.batch_tokens, self.buckets, rng)
             self._cached = (epoch, [rows[batch] for batch in batches])
         return self._cached[1]
+
+    def shape_of(self, batch: np.ndarray) -> tuple[int, int] | None:
+        """A bucketed batch's (rows, length), both sides padded to it; None for exact widths."""
+        if self.buckets is None:
+            return None
+        longest = max(int(self.dataset.src_lens[batch].max()), int(self.dataset.tgt_lens[batch].max()))
+        length = int(bucket_of(longest, self.buckets))
+        return self.batch_tokens // length, length
 
     def steps_per_epoch(self, epoch: int, start_batch: int = 0) -> int:
         """Optimizer steps in the epoch from batch `start_batch` on (a trailing partial step is dropped)."""
@@ -249,18 +320,21 @@ class BatchPlan:
 
 
 class MicroBatches(Dataset):
-    """A DataLoader-ready view of one rank's planned micro-batches (collated in the workers)."""
+    """A DataLoader-ready view of one rank's planned micro-batches (collated in the workers; `shape_of`:
+    a bucketed plan's BatchPlan.shape_of)."""
 
-    def __init__(self, dataset: BilingualDataset, plan: list[tuple[np.ndarray, int]]) -> None:
+    def __init__(self, dataset: BilingualDataset, plan: list[tuple[np.ndarray, int]],
+                 shape_of: Callable[[np.ndarray], tuple[int, int] | None] | None = None) -> None:
         self.dataset = dataset
         self.plan = plan
+        self.shape_of = shape_of
 
     def __len__(self) -> int:
         return len(self.plan)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         indices, step_tokens = self.plan[index]
-        batch = self.dataset.collate(indices)
+        batch = self.dataset.collate(indices, self.shape_of(indices) if self.shape_of else None)
         batch["step_tokens"] = torch.tensor(step_tokens)
         batch["num_tokens"] = torch.tensor(int(self.dataset.tgt_lens[indices].sum()))
         return batch

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import dataset
-from dataset import BatchPlan, BilingualDataset, CorpusMix, MicroBatches, padding_waste, token_batches
+from dataset import (BatchPlan, BilingualDataset, CorpusMix, MicroBatches, bucket_lengths, bucketed_batches,
+                     padding_waste, token_batches)
 from nmt.corpora.sources import DataError
 from synthetic_data import synthetic_pairs
 from nmt.corpora.tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_ids, train_tokenizer
@@ -133,6 +134,62 @@ def test_token_batches_equal_the_plain_loop(budget: int) -> None:
     ours = token_batches(src, tgt, budget, np.random.default_rng(5))
     reference = reference_token_batches(src, tgt, budget, np.random.default_rng(5))
     assert [b.tolist() for b in ours] == [b.tolist() for b in reference]
+
+
+# ---------------------------------------------------------------------------- length buckets (CUDA graphs)
+
+def test_bucket_lengths_rise_by_at_most_a_tenth_up_to_seq_len() -> None:
+    for seq_len in (5, 9, 64, 128, 256):
+        lengths = bucket_lengths(seq_len)
+        assert lengths[-1] == seq_len and (np.diff(lengths) > 0).all()
+        assert (lengths[1:] <= np.maximum(lengths[:-1] + 1, np.ceil(lengths[:-1] * 1.1))).all()
+    assert (len(bucket_lengths(128)), len(bucket_lengths(256))) == (27, 34)  # dataset.py's comment
+
+
+def lengths_dataset(src: np.ndarray, tgt: np.ndarray) -> BilingualDataset:
+    """A dataset of the given lengths (special tokens counted as BilingualDataset counts them)."""
+    offsets = np.zeros((2, len(src) + 1), dtype=np.int64)
+    offsets[0, 1:], offsets[1, 1:] = np.cumsum(src - 2), np.cumsum(tgt - 1)
+    return BilingualDataset(np.full(offsets[0, -1], 9), np.full(offsets[1, -1], 9), offsets)
+
+
+@pytest.mark.parametrize("budget", [300, 1500, 4096])
+def test_a_bucketed_epoch_has_at_most_one_batch_shape_per_bucket(budget: int) -> None:
+    """The claim CUDA graphs rest on: every batch of an epoch, on every rank, is (budget // length,
+    length) for a bucket's length, so an epoch has at most len(bucket_lengths(seq_len)) shapes; each
+    holds its sentences, within the budget, and every pair is in one batch of the epoch."""
+    src, tgt = tatoeba_like_lengths(6000, seed=2)
+    src[:5], tgt[5:8] = 100, 120  # a long tail
+    dataset, buckets = lengths_dataset(src, tgt), bucket_lengths(128)
+    plan = BatchPlan(dataset, budget, seed=3, world_size=2, buckets=buckets)
+    for epoch in (0, 1):
+        batches = plan.epoch_batches(epoch)
+        assert sorted(np.concatenate(batches).tolist()) == list(range(len(src)))
+        shapes = {plan.shape_of(batch) for batch in batches}
+        assert len(shapes) <= len(buckets) and {length for _, length in shapes} <= set(buckets.tolist())
+        for batch in batches:
+            rows, length = plan.shape_of(batch)
+            assert len(batch) <= rows and rows * length <= budget
+            assert max(src[batch].max(), tgt[batch].max()) <= length
+        assert padding_waste(batches, src, tgt, plan.shape_of) < 0.3
+    assert BatchPlan(dataset, budget, seed=3).shape_of(batches[0]) is None  # exact widths without buckets
+
+
+def test_a_bucketed_batch_is_padded_to_its_shape_with_filler_rows_that_add_no_loss(tokenizers) -> None:
+    tok_src, tok_tgt = tokenizers
+    dataset = BilingualDataset.from_pairs(synthetic_pairs(3, 4), tok_src, tok_tgt, seq_len=64)
+    batch = dataset.collate([0, 1], shape=(4, 40))
+    assert {key: tuple(value.shape) for key, value in batch.items()} == {
+        "encoder_input": (4, 40), "decoder_input": (4, 40), "label": (4, 40), "src_mask": (4, 1, 1, 40)}
+    exact = dataset.collate([0, 1])
+    source, target = exact["encoder_input"].size(1), exact["label"].size(1)
+    assert torch.equal(batch["encoder_input"][:2, :source], exact["encoder_input"])
+    assert torch.equal(batch["label"][:2, :target], exact["label"]) and (batch["label"][:, target:] == PAD_ID).all()
+    assert batch["encoder_input"][2:, :3].tolist() == [[SOS_ID, EOS_ID, PAD_ID]] * 2  # filler
+    assert (batch["label"][2:] == PAD_ID).all() and (batch["decoder_input"][2:] == PAD_ID).all()
+    assert torch.equal(batch["src_mask"][:, 0, 0], batch["encoder_input"] != PAD_ID)
+    with pytest.raises(ValueError, match="cannot hold one sentence padded to"):
+        bucketed_batches(np.array([50]), np.array([50]), 40, bucket_lengths(64), np.random.default_rng(0))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """loss.py: the chunked label-smoothed loss equals F.cross_entropy in value and gradient, in fp32,
-bf16 and fp16 under a GradScaler (where tiny probabilities must survive the cast to fp16); CUDA
-takes torch's fused form, the CPU the chunked one."""
+bf16 and fp16 under a GradScaler (where tiny probabilities must survive the cast to fp16); every
+device takes it, in chunks of the device's size; `fused=True` is torch's F.cross_entropy."""
 from __future__ import annotations
 
 import pytest
@@ -65,9 +65,9 @@ def test_fp16_gradient_is_scaled_before_it_is_rounded(smoothing: float) -> None:
     torch.testing.assert_close(ours.float(), expected.float(), rtol=1e-3, atol=1e-7)
 
 
-def test_the_chunked_form_off_cuda_and_torchs_fused_one_on_it() -> None:
-    """The device picks the form (`fused` None): chunked on the CPU; `fused=True`, what a CUDA tensor
-    takes, is torch's own F.cross_entropy, equal in value and gradient."""
+def test_the_chunked_form_everywhere_and_torchs_fused_one_when_asked() -> None:
+    """`fused=True` (bench_gpu.py's alternative) is torch's own F.cross_entropy, equal in value and
+    gradient; every device takes the chunked form otherwise."""
     torch.manual_seed(0)
     logits = torch.randn(3, 4, 9, requires_grad=True)
     label = torch.randint(4, 9, (3, 4))
@@ -77,3 +77,20 @@ def test_the_chunked_form_off_cuda_and_torchs_fused_one_on_it() -> None:
     assert "SmoothedCrossEntropySum" not in type(fused.grad_fn).__name__
     torch.testing.assert_close(fused, chunked)
     torch.testing.assert_close(torch.autograd.grad(fused, logits)[0], torch.autograd.grad(chunked, logits)[0])
+    meta = loss_sum(logits.detach().to("meta").requires_grad_(), label.to("meta"), 0.1)
+    assert type(meta.grad_fn).__name__ == "_SmoothedCrossEntropySumBackward"
+
+
+def test_chunks_are_larger_off_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU's chunks fit its caches; a GPU's (here the meta device's) only bound the memory: a
+    few log_softmax calls per batch instead of hundreds."""
+    calls = []
+    real = torch.log_softmax
+    monkeypatch.setattr(torch, "log_softmax",
+                        lambda *args, **kwargs: calls.append(args[0].size(0)) or real(*args, **kwargs))
+    monkeypatch.setattr(loss, "LOSS_CHUNK_ELEMENTS", 4 * 10)
+    monkeypatch.setattr(loss, "LOSS_CHUNK_ELEMENTS_GPU", 16 * 10)
+    for device, rows in (("cpu", [4] * 8), ("meta", [16, 16])):
+        calls.clear()
+        loss_sum(torch.zeros(32, 10, device=device, requires_grad=True), torch.full((32,), 5, device=device), 0.1)
+        assert calls == rows, device

@@ -15,10 +15,13 @@ the loss before anything is rounded to fp16. So for fp16 logits the gradient is 
 rounded to fp16 only in backward, after the scale (grad_output) is applied, as autograd does for
 F.cross_entropy. bf16 has fp32's exponent range and needs no scaler, so it is stored as bf16.
 
-On CUDA the loss is `F.cross_entropy` itself (on fp32 logits, as autocast runs it): one fused
-kernel forward and one backward, where the chunked loop launches a dozen small kernels per chunk.
-GPU memory holds the log-probabilities of a 4k-token batch easily (about 130 MB at an 8k
-vocabulary); the chunks were there for the CPU's peak RSS.
+On CUDA too the loss is chunked, in larger chunks (LOSS_CHUNK_ELEMENTS_GPU: a few per batch):
+`F.cross_entropy` on fp32 logits, as autocast runs it, keeps an fp32 copy of the logits and their
+log-probabilities and allocates a third fp32 tensor of their size in backward, about 12 GB at 32k
+tokens of a 32k vocabulary; here the step holds its bf16 logits and the bf16 gradient, 4 GB, which
+leaves a GPU room for longer batches. Its ~36 bytes of memory traffic per logit are about those of
+the fused form (~32), and inside a CUDA graph its few dozen kernels cost no launches
+(cuda_graphs.py). `fused=True` takes F.cross_entropy itself: benchmarks/bench_gpu.py times both.
 
 Train normalises the sum by the target tokens of the whole optimizer step (train.py).
 """
@@ -29,7 +32,8 @@ import torch.nn.functional as F
 
 from nmt.corpora.tokenizer import PAD_ID
 
-LOSS_CHUNK_ELEMENTS = 2 ** 22  # 16 MB of fp32 log-probabilities at a time
+LOSS_CHUNK_ELEMENTS = 2 ** 22  # 16 MB of fp32 log-probabilities at a time: a CPU's caches
+LOSS_CHUNK_ELEMENTS_GPU = 2 ** 26  # 256 MB off the CPU (CUDA; the meta device of a rehearsal): they bound memory
 
 
 class _SmoothedCrossEntropySum(torch.autograd.Function):
@@ -37,14 +41,16 @@ class _SmoothedCrossEntropySum(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, label: torch.Tensor, smoothing: float) -> torch.Tensor:
-        rows = max(1, LOSS_CHUNK_ELEMENTS // logits.size(-1))
+        elements = LOSS_CHUNK_ELEMENTS if logits.device.type == "cpu" else LOSS_CHUNK_ELEMENTS_GPU
+        rows = max(1, elements // logits.size(-1))
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         grad = None
         if ctx.needs_input_grad[0]:
             stored = torch.float32 if logits.dtype == torch.float16 else logits.dtype
             grad = torch.empty(logits.shape, dtype=stored, device=logits.device)
         for start in range(0, logits.size(0), rows):
-            log_probs = torch.log_softmax(logits[start:start + rows].float(), dim=-1)
+            # dtype=: on CUDA one kernel reads the bf16 logits and writes fp32 (no fp32 copy first)
+            log_probs = torch.log_softmax(logits[start:start + rows], dim=-1, dtype=torch.float32)
             target = label[start:start + rows]
             real = (target != PAD_ID).unsqueeze(1)
             picked = log_probs.gather(1, target.unsqueeze(1))
@@ -68,12 +74,12 @@ class _SmoothedCrossEntropySum(torch.autograd.Function):
 
 
 def loss_sum(logits: torch.Tensor, label: torch.Tensor, label_smoothing: float,
-             fused: bool | None = None) -> torch.Tensor:
+             fused: bool = False) -> torch.Tensor:
     """Summed label-smoothed cross-entropy over the non-padding target tokens (fp32 softmax) of
-    logits (..., V) and labels (...): torch's fused `F.cross_entropy` on CUDA (or when `fused`), the
-    chunked form elsewhere (module docstring)."""
+    logits (..., V) and labels (...): the chunked form, or torch's `F.cross_entropy` when `fused`
+    (module docstring)."""
     logits, label = logits.reshape(-1, logits.size(-1)), label.reshape(-1)
-    if logits.is_cuda if fused is None else fused:
+    if fused:
         return F.cross_entropy(logits.float(), label, ignore_index=PAD_ID, label_smoothing=label_smoothing,
                                reduction="sum")
     return _SmoothedCrossEntropySum.apply(logits, label, label_smoothing)
