@@ -86,7 +86,8 @@ class Option:
     """One config key: its default (whose type is the key's type), one line of help, its group,
     its allowed values (`choices`) or `range`, the programs whose command line takes it, and whether
     it is part of what a model is made of (`model`: --init_from takes it from the checkpoint) or of
-    what a run is (`identity`: resuming with another value is refused)."""
+    what a run is (`identity`: resuming with another value is refused). `auto`: the key's type, for
+    a key that also takes the word auto (AUTO), which the run decides and records (train.py)."""
 
     default: Any
     help: str
@@ -96,10 +97,14 @@ class Option:
     range: Range | None = None
     model: bool = False
     identity: bool = False
+    auto: type | None = None
     kind: type = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", type(self.default))
+        object.__setattr__(self, "kind", self.auto or type(self.default))
+
+
+AUTO = "auto"  # what an option with `auto` takes besides its type's values
 
 
 O = Option
@@ -198,10 +203,14 @@ OPTIONS: dict[str, Option] = {
     "tie_embeddings": O(False, "share the embeddings and the output projection; needs joint_vocab", "model",
                         model=True, identity=True),
     # ---- optimisation
-    "batch_tokens": O(4096, "token budget of one batch (padded; source or target, whichever is larger); a "
-                            "--max_minutes plan on a CPU too slow for num_epochs takes smaller ones unless given",
-                      "optimisation", range=AT_LEAST_ONE),
+    "batch_tokens": O(AUTO, "token budget of one batch (padded; source or target, whichever is larger); auto: a "
+                            "GPU's largest that fits (docs/gpu.md), 4096 on a CPU, where a --max_minutes plan too "
+                            "slow for num_epochs takes smaller ones",
+                      "optimisation", range=AT_LEAST_ONE, auto=int),
     "accum_steps": O(1, "batches accumulated into one optimizer step", "optimisation", range=AT_LEAST_ONE),
+    "update_tokens": O(25000, "tokens of an optimizer step (all ranks) that accum_steps reaches where batch_tokens is "
+                              "auto on a GPU or this is given; 0: accum_steps as given", "optimisation",
+                       range=NON_NEGATIVE),
     "lr": O(7e-4, "peak learning rate, reached at the end of warmup (7e-4: the paper's d_model**-0.5 x 4000**-0.5)",
             "optimisation", range=POSITIVE),
     "warmup_steps": O(0, "linear warmup over this many steps; 0: warmup_fraction of the run's steps", "optimisation",
@@ -231,6 +240,8 @@ OPTIONS: dict[str, Option] = {
     "amp": O("auto", "mixed precision: auto is bf16 on CUDA from compute capability 8.0 (before: fp16, loss-scaled) "
                      "and on CPUs with AVX-512 BF16 or AMX, else off", "run", choices=("auto", "off", "bf16", "fp16")),
     "compile": O(False, "torch.compile the model for training", "run"),
+    "cuda_graphs": O("auto", "the training step as CUDA graphs (docs/gpu.md); auto: on for one CUDA process "
+                             "without fp16, --compile or --deterministic", "run", choices=("auto", "on", "off")),
     "deterministic": O(False, "torch.use_deterministic_algorithms: bit-exact repeats and resumes on CUDA, slower",
                        "run"),
     "num_workers": O(-1, "DataLoader workers; -1: 2 on CUDA, 0 elsewhere", "run", range=Range(-1)),
@@ -398,6 +409,8 @@ def check_value(key: str, value: Any) -> Any:
     within its choices and range (never NaN, an infinity only where the range names it: Range); a
     ConfigError names the key otherwise."""
     option = OPTIONS[key]
+    if option.auto and value == AUTO:
+        return value
     if option.kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if type(value) is not option.kind:
@@ -512,6 +525,14 @@ def option_help(option: Option) -> str:
     return f"{option.help}{allowed} (default: {default})"
 
 
+def auto_or(kind: type) -> Any:
+    """The command-line type of an option with `auto`: the word auto, or a value of `kind`."""
+    def parse(text: str) -> Any:
+        return AUTO if text == AUTO else kind(text)
+    parse.__name__ = kind.__name__  # argparse names the type in its "invalid int value" line
+    return parse
+
+
 def build_parser(program: str | tuple[str, ...], description: str) -> OneLineParser:
     """`program`'s parser: --config, --preset (train.py), --print_config, --version, and one --key option
     per config key the program uses (any of several, for a benchmark that drives several), in groups,
@@ -534,8 +555,9 @@ def build_parser(program: str | tuple[str, ...], description: str) -> OneLinePar
         section = parser.add_argument_group(heading)
         for key in keys:
             option = OPTIONS[key]
-            kind = parse_bool if option.kind is bool else option.kind
+            kind = parse_bool if option.kind is bool else auto_or(option.kind) if option.auto else option.kind
             metavar = "{" + ",".join(map(str, option.choices)) + "}" if option.choices else option.kind.__name__.upper()
+            metavar += f"|{AUTO}" if option.auto else ""
             section.add_argument(f"--{key}", type=kind, default=None, metavar=metavar, help=option_help(option))
     return parser
 
@@ -729,6 +751,7 @@ def options_table() -> str:
             if option.group != group:
                 continue
             allowed = ", ".join(map(str, option.choices)) or (str(option.range) if option.range else "")
+            allowed += f" or {AUTO}" if option.auto else ""
             users = [program for program in PROGRAMS if program in option.programs]
             programs = "all" if len(users) == len(PROGRAMS) else ", ".join(users)
             default = json.dumps(option.default)

@@ -1,12 +1,12 @@
 """Train the Transformer: `python train.py [--preset cpu] [--key value ...]`.
 
 A run reads top to bottom, one phase after another (`Trainer.run`):
-1. `train`: the ranks of a torchrun job, the device, the run lock, then a `Trainer`.
-2. `Trainer.start_or_resume`: the checkpoint to continue, if any (nmt/training/resume.py); the data
-   and tokenizers (nmt/training/run_data.py: a text and a token store per corpus of `datasource`,
-   cleaned, the counts by reason in TensorBoard); what the data decides (length_ratio,
-   no_repeat_ngram_size); on a CPU, the sizes a plan to the clock chooses (planned_size.py); then
-   `build`: the model, AdamW, its learning rate (schedule.py), the loss scaler and the clock plan.
+1. `train`: the ranks of a torchrun job, the device, the run lock, then a `Trainer` (modules: nmt/training/).
+2. `Trainer.start_or_resume`: the checkpoint to continue, if any (resume.py); the data and tokenizers
+   (run_data.py: a text and a token store per corpus of `datasource`, cleaned, the counts by reason
+   in TensorBoard); what the data decides (length_ratio, no_repeat_ngram_size), the batches
+   (batch_size.py), a CPU's plan to the clock (planned_size.py); then `build`: the model, AdamW, its
+   learning rate (schedule.py), the loss scaler, the clock plan and the step (cuda_graphs.py).
 3. `Trainer.train_epoch`: `forward_backward` of each micro-batch (AMP, gradient accumulation);
    `optimizer_step` after the last one of each step (clipping, skipping a non-finite step, an fp16
    overflow included); then `stop_decision` (max_steps, the plan's end, max_minutes, a signal, too
@@ -22,9 +22,9 @@ never written: what the data, the plan or a checkpoint decides is recorded as su
 weights/<experiment>/config.json and in every checkpoint.
 
 Under `torchrun --nproc_per_node N train.py ...` each rank trains on a disjoint share of every
-global step (DistributedDataParallel); rank 0 alone writes tokenizers, checkpoints, TensorBoard and
-the progress bar; every rank decodes its share of validation, and rank 0 scores them. ranks.py makes
-the ranks fail and stop together, with one line naming the rank that failed or hung.
+global step (DistributedDataParallel); rank 0 writes tokenizers, checkpoints (so does a rank on each
+node with a disk of its own: nodes.py), TensorBoard and the progress bar; every rank decodes its
+share of validation, and rank 0 scores them. ranks.py makes the ranks fail and stop together.
 """
 from __future__ import annotations
 
@@ -53,14 +53,17 @@ from nmt.device import pick_device
 from nmt.diagnostics import log
 from nmt.inference.scoring import improves
 from nmt.precision import allow_tf32, amp_dtype, autocast_context, grad_scaler, load_scaler_state
+from nmt.training.batch_size import decide_batches
 from nmt.training.checkpoint import CheckpointError, load_weights, read_manifest, save_average, save_checkpoint
 from nmt.training.clock_plan import FIT_SHARE, ClockPlan
+from nmt.training.cuda_graphs import training_step
 from nmt.training.loss import loss_sum
+from nmt.training.nodes import common_start, lock_run_folder
 from nmt.training.optimizer import apply_settings, build_optimizer
 from nmt.training.planned_size import PLANNED_SIZE, cpu_epoch_estimate, cpu_epoch_line, planned_size, size_records, \
     sizes_of_records, sizes_plannable
 from nmt.training.ranks import GracefulStop, RankExchange, RankFailed, Ranks, RankWatch, StopRequested, join_ranks
-from nmt.training.resume import batch_settings, checkpoint_to_resume, resumed_position, take_model_from
+from nmt.training.resume import batch_settings, resumed_position, take_model_from
 from nmt.training.run_data import batch_plan, corpus_labels, epoch_loader, prepare_data, repeat_limit, step_seed
 from nmt.training.run_lock import RunLock, RunLockError
 from nmt.training.schedule import LearningRate, Schedule
@@ -96,13 +99,15 @@ class Trainer:
     def __init__(self, config: dict[str, Any], device: torch.device, ranks: Ranks, started: float, *,
                  given: frozenset[str] = frozenset(), preset: str | None = None,
                  initial: dict[str, Any] | None = None, taken: dict[str, Any] | None = None,
-                 keep_freed: bool = False, watch: RankWatch | None = None, plan_to_clock: bool = False) -> None:
+                 keep_freed: bool = False, watch: RankWatch | None = None, plan_to_clock: bool = False,
+                 folder_owner: bool = True) -> None:
         self.run_config = config  # what the user gave, resolved: read, never written
         self.config = dict(config)  # ... with what the run decided since (`decide`): what it trains with
         self.decided: dict[str, dict[str, Any]] = {}
         self.device, self.ranks, self.started, self.given, self.preset = device, ranks, started, given, preset
         self.watch, self.exchange = watch, RankExchange(ranks, watch, device)
         self.initial, self.keep_freed, self.plan_to_clock = initial, keep_freed, plan_to_clock
+        self.folder_owner = folder_owner  # whether this rank writes the run's folder: rank 0, and nodes.py's
         if taken:
             self.decide(taken, f"the checkpoint --init_from {config['init_from']}")
         self.folder = weights_dir(self.config)
@@ -155,14 +160,13 @@ class Trainer:
             self.size_records.update({record: state[record] for record, keys in PLANNED_SIZE.items()
                                       if state.get(record) and all(config[key] == sizes[key] for key in keys)})
 
-        start = checkpoint_to_resume(self.folder, config, adopt, ranks.is_main)
-        data_changed = self.exchange.from_rank0(start.data_changed)  # every rank resumes at the same batch
+        start = common_start(self.exchange, ranks, self.folder, config, adopt)  # every rank at the same batch
         if start.state is None and self.initial is not None:
             log(f"starting from {config['init_from']}: its weights, tokenizers and architecture, with a new "
                 f"optimizer, schedule and step count")
         origin = str(start.path if start.state is not None else config["init_from"])
         data = prepare_data(config, self.folder, self.exchange, ranks.is_main, start.state or self.initial, origin,
-                            start.held_out_from)
+                            start.held_out_from, self.folder_owner)
         self.text, self.tokens, self.tok_src, self.tok_tgt = data.held_out, data.tokens, data.tok_src, data.tok_tgt
         self.data_record, self.cleaning_reports = data.record, data.cleaning_reports
         self.train_ds = CorpusMix([store.dataset("train") for store in self.tokens])
@@ -178,17 +182,19 @@ class Trainer:
         self.val_pairs = validation_subset(self.text.pairs("validation"), config["val_max_sentences"], config["seed"])
         if len(self.train_ds) == 0:
             raise DataError(f"no training pairs fit in --seq_len {config['seq_len']}")
+        decide_batches(config, self.decide, self.given, self.device, self.exchange, ranks, self.train_ds, start.state,
+                       (self.tok_src.get_vocab_size(), self.tok_tgt.get_vocab_size()))
         self.batches = batch_plan(self.train_ds, config, ranks)
         if self.plan_to_clock and start.state is None and self.initial is None and \
                 sizes_plannable(config, self.given):
             self.size_to_clock()
-        if ranks.is_main:
+        if self.folder_owner:
             self.folder.mkdir(parents=True, exist_ok=True)
             record = {"config": self.run_config, "given": sorted(self.given), "preset": self.preset,
                       "decided": self.decided}
             atomic_write_bytes(self.folder / "config.json", json.dumps(record, indent=1).encode("utf-8"))
             atomic_write_bytes(self.folder / DATA_RECORD, json.dumps(self.data_record, indent=1).encode("utf-8"))
-        self.build(start.path, start.state, data_changed)
+        self.build(start.path, start.state, start.data_changed)
         if ranks.is_main and self.clock_plan.already_done(self.global_step, self.epoch) is None:
             self.start_logging()  # no TensorBoard run for one that trains nothing
 
@@ -224,7 +230,7 @@ class Trainer:
         total = config["max_steps"] or config["num_epochs"] * self.steps_per_epoch
         self.learning_rate = LearningRate(self.optimizer, Schedule.from_config(config, total))
         self.autocast_dtype, self.tf32 = amp_dtype(config, device), allow_tf32(device)
-        self.autocast = autocast_context(device, self.autocast_dtype)
+        self.autocast = autocast_context(device, self.autocast_dtype, cache=config["cuda_graphs"] != "on")
         self.scaler = grad_scaler(device, self.autocast_dtype)
 
         def estimate() -> tuple[float, float, float]:
@@ -246,6 +252,7 @@ class Trainer:
         if ranks.distributed:
             self.model = DistributedDataParallel(self.model, device_ids=[device.index]
                                                  if device.type == "cuda" else None)
+        self.step = training_step(self.model, self.optimizer, self.scaler, config, device)  # eager, or CUDA graphs
 
     def restore(self, state: dict[str, Any], path: Path, data_changed: bool) -> None:
         """Weights, the plan, optimizer, learning rate, scaler and position from a checkpoint; the
@@ -280,7 +287,7 @@ class Trainer:
             for name, count in cleaning_scalars(self.cleaning_reports).items():
                 self.writer.add_scalar(f"data/cleaning/{name}", count, self.global_step)
         batches = self.batches.epoch_batches(self.epoch)
-        waste = padding_waste(batches, self.train_ds.src_lens, self.train_ds.tgt_lens)
+        waste = padding_waste(batches, self.train_ds.src_lens, self.train_ds.tgt_lens, self.batches.shape_of)
         log(f"{len(self.train_ds)} training pairs, {self.steps_per_epoch} steps per epoch, {waste:.1%} padding, "
             f"{sum(p.numel() for p in self.raw_model.parameters()):,} parameters, device {self.device}"
             + (f", {ranks.world_size} ranks" if ranks.distributed else "")
@@ -342,25 +349,28 @@ class Trainer:
         return stop
 
     def forward_backward(self, batch: dict[str, torch.Tensor], index: int) -> torch.Tensor:
-        """One micro-batch: its forward, label-smoothed loss and backward (gradients accumulate over
-        the step's micro-batches); returns its summed loss, on the device."""
+        """One micro-batch through the step (eager, or its shape's CUDA graph: cuda_graphs.py);
+        gradients accumulate over the step's micro-batches. Returns its summed loss, on the device."""
         config, ranks = self.config, self.ranks
         if index % config["accum_steps"] == 0:
             torch.manual_seed(step_seed(config["seed"], ranks.rank, self.global_step))
         # Token counts stay on the host: reading them back from the device would sync.
         step_tokens, num_tokens = int(batch.pop("step_tokens")), int(batch.pop("num_tokens"))
-        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        self.log_tokens += num_tokens
         last_micro = index % config["accum_steps"] == config["accum_steps"] - 1
         # DDP all-reduces gradients only on the last micro-batch of a step.
         sync = self.model.no_sync() if ranks.distributed and not last_micro else contextlib.nullcontext()
         with sync, out_of_memory_names(batch, self.global_step + 1, config):
-            with self.autocast:
-                logits = self.model(batch["encoder_input"], batch["decoder_input"], batch.get("src_mask"))
-            summed = loss_sum(logits, batch["label"], config["label_smoothing"])
-            del logits  # backward needs only the gradient the loss stored: free the logits
             # Normalised by the whole global step's target tokens; DDP averages over ranks.
-            self.scaler.scale(summed * (ranks.world_size / step_tokens)).backward()
-        self.log_tokens += num_tokens
+            return self.step.micro_batch(batch, ranks.world_size / step_tokens, self.loss_backward)
+
+    def loss_backward(self, batch: dict[str, torch.Tensor], scale: float | torch.Tensor) -> torch.Tensor:
+        """A micro-batch on the device: forward, label-smoothed loss, backward of it times `scale`; its sum."""
+        with self.autocast:
+            logits = self.model(batch["encoder_input"], batch["decoder_input"], batch.get("src_mask"))
+        summed = loss_sum(logits, batch["label"], self.config["label_smoothing"])
+        del logits  # backward needs only the gradient the loss stored: free the logits
+        self.scaler.scale(summed * scale).backward()
         return summed.detach()
 
     def optimizer_step(self, step_loss: torch.Tensor, graceful: GracefulStop) -> tuple[bool, bool]:
@@ -369,18 +379,11 @@ class Trainer:
         `log_every` steps. Returns whether any rank has seen a stop signal, and whether rank 0's clock
         says the time is up: every rank learns both here, in the one exchange of the step, so all
         ranks decide alike."""
-        self.scaler.unscale_(self.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(),
-                                                   self.config["clip_grad"] or float("inf"))
-        # The one device->host read of a step (in on_any_rank): whether the step is usable decides
-        # whether to apply it. A non-finite gradient norm is exactly the fp16 scaler's overflow (its
-        # found_inf), so the step is applied with optimizer.step(): scaler.step() would read found_inf
-        # back a second time.
-        nonfinite = ~(torch.isfinite(step_loss) & torch.isfinite(grad_norm))
-        nonfinite, signal_seen, out_of_time = self.exchange.on_any_rank(nonfinite, graceful.requested,
-                                                                        self.clock_plan.out_of_time())
+        # The one device->host read of a step (on_any_rank) decides to apply it (as a captured step did).
+        nonfinite, signal_seen, out_of_time = self.exchange.on_any_rank(
+            self.step.check(step_loss), graceful.requested, self.clock_plan.out_of_time())
+        self.step.apply(nonfinite)
         if not nonfinite:
-            self.optimizer.step()
             self.learning_rate.step()
             self.nonfinite_run = 0
             self.log_loss += step_loss
@@ -390,8 +393,6 @@ class Trainer:
             log(f"step {self.global_step + 1}: non-finite loss or gradient, step skipped "
                 f"({self.nonfinite_run} in a row)" + ("; the fp16 loss scale is halved" if self.scaler.is_enabled()
                                                        else ""))
-        self.scaler.update()  # on the device: halves the scale after an overflow
-        self.optimizer.zero_grad(set_to_none=True)
         self.global_step += 1
         self.step_in_epoch += 1
         self.batches_done += self.batches.per_step
@@ -467,7 +468,7 @@ class Trainer:
                                                          self.tok_tgt, self.config, self.writer, self.global_step)
                 except StopRequested:
                     log(f"validation at step {self.global_step} abandoned")
-            self.exchange.from_rank0()  # the others wait for rank 0's scores
+            metrics = self.exchange.from_rank0(metrics)  # the others wait for rank 0's scores
         if metrics is not None:
             metric = self.config["best_metric"]
             if improves(metric, metrics[metric], self.best_value):
@@ -483,10 +484,10 @@ class Trainer:
         return metrics, stop or ("early_stopping" if early else "signal" if signal_seen else None)
 
     def save(self, metrics: dict[str, float] | None = None) -> None:
-        """Rank 0 writes a checkpoint while the others wait; the time it takes is counted apart
-        from the steps' (the clock plan)."""
+        """Rank 0 writes a checkpoint (as does a rank of each node with a folder of its own) while the
+        others wait; the time it takes is counted apart from the steps' (the clock plan)."""
         with self.clock_plan.timing_checkpoint():
-            if self.ranks.is_main:
+            if self.folder_owner:
                 path = save_checkpoint(self.folder, self.state_dict(metrics), self.global_step,
                                        self.config["keep_checkpoints"], metrics, self.config["best_metric"])
                 log(f"saved {path}")
@@ -554,10 +555,10 @@ def train(resolved: Resolved, started: float | None = None, keep_freed: bool = F
     lock = RunLock(weights_dir({**config, **taken}))
     clean = False
     try:
-        if ranks.is_main:
-            lock.acquire()
+        owner = lock_run_folder(lock, ranks, RankExchange(ranks, watch, device))
         code = Trainer(config, device, ranks, started, given=given, preset=resolved.preset_name, initial=initial,
-                       taken=taken, keep_freed=keep_freed, watch=watch, plan_to_clock=plan_to_clock).run()
+                       taken=taken, keep_freed=keep_freed, watch=watch, plan_to_clock=plan_to_clock,
+                       folder_owner=owner).run()
         clean = True
         return code
     except BaseException as error:

@@ -55,9 +55,12 @@ def inference_dtype(device: torch.device) -> torch.dtype | None:
     return amp_dtype({"amp": "auto"}, device)
 
 
-def autocast_context(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    """Autocast to `dtype` on `device`, or nothing for fp32."""
-    return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+def autocast_context(device: torch.device, dtype: torch.dtype | None,
+                     cache: bool = True) -> contextlib.AbstractContextManager:
+    """Autocast to `dtype` on `device`, or nothing for fp32. `cache` False for work captured as CUDA
+    graphs (nmt/training/cuda_graphs.py), as torch's CUDA graph notes ask: no cast weight is kept
+    from one graph's capture for another's."""
+    return torch.autocast(device.type, dtype=dtype, cache_enabled=cache) if dtype else contextlib.nullcontext()
 
 
 def grad_scaler(device: torch.device, dtype: torch.dtype | None) -> torch.amp.GradScaler:

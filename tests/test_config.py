@@ -19,7 +19,7 @@ import export
 import serve
 import train
 import translate
-from config import (EVERY, GROUPS, OPTIONS, PRESETS, PROGRAMS, ConfigError, Range, Resolved, choose_run,
+from config import (AUTO, EVERY, GROUPS, OPTIONS, PRESETS, PROGRAMS, ConfigError, Range, Resolved, choose_run,
                     experiment_name, get_config, options_table, parse_args, parse_config, runs_dir, validate_config,
                     weights_dir)
 from nmt.inference.translator import DecodingOptions
@@ -35,7 +35,7 @@ def test_every_key_is_declared_once_with_type_help_group_and_programs() -> None:
         assert option.kind in (int, float, str, bool), key
         assert option.programs and option.programs <= EVERY, key
         assert not option.choices or option.default in option.choices, key
-        assert option.range is None or option.range.admits(option.default), key
+        assert option.range is None or option.default == AUTO and option.auto or option.range.admits(option.default), key
         # an option that takes infinity says what it means
         assert option.range is None or not option.range.admits(math.inf) or "inf" in option.help, key
     validate_config(get_config())

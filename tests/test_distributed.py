@@ -13,9 +13,11 @@ Adam's eps is raised to 1e-6 for the comparison: the key projection's bias has a
 true gradient (it shifts every attention score of a query equally), so it only ever sees rounding
 noise, which eps 1e-9 would turn into full-size, order-dependent updates.
 
-2. With dropout on, two ranks killed with SIGKILL and restarted (torchrun) end bit for bit where an
-   unbroken run ends (its ranks forked by `rank_faults.py --launch`, see 4): each rank's dropout
-   stream is a function of (seed, rank, step).
+2. Two nodes (`torchrun --nnodes 2`, one rank each, c10d rendezvous on 127.0.0.1), each in its own
+   folder with its own copy of the corpus, no shared disk, dropout on, killed with SIGKILL and
+   restarted: each node resumes from its own checkpoints and ends bit for bit where an unbroken run
+   ends (its ranks forked by `rank_faults.py --launch`, see 4): each rank's dropout stream is a
+   function of (seed, rank, step).
 3. A NaN loss on one rank only makes both ranks skip that step (their weights stay identical). In a
    run planned to --max_minutes, rank 1's clock running 20 times as fast, both ranks follow rank 0's
    plan, and a stop by --max_minutes, judged on rank 0's clock, ends both with exit 0 and a checkpoint.
@@ -38,6 +40,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -129,19 +132,38 @@ def process_tree(root: int) -> list[int]:
     return tree
 
 
-def test_two_ranks_killed_and_resumed_equal_an_unbroken_run(tmp_path: Path) -> None:
+def two_nodes(folders: list[Path], args: list[str], port: int) -> list[subprocess.Popen]:
+    """Two torchrun agents on this machine acting as two nodes of one rank each (c10d rendezvous on
+    127.0.0.1), each in its own working folder: train.py `args` with paths relative to it."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+               "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}"]
+    # one thread per rank whatever the caller's OMP_NUM_THREADS, as the unbroken run's forked ranks
+    # have: another thread count sums in another order, and the weights would differ in their last bits
+    # (no --node_rank: the c10d rendezvous numbers the nodes as they join)
+    return [subprocess.Popen([*command, str(ROOT / "train.py"), *args], cwd=folder,
+                             stdout=subprocess.DEVNULL, stderr=open(folder / f"node{node}.log", "a"), env=ONE_THREAD)
+            for node, folder in enumerate(folders)]
+
+
+def test_two_nodes_without_a_shared_disk_killed_and_resumed_equal_an_unbroken_run(tmp_path: Path) -> None:
+    """Two nodes (torchrun --nnodes 2), each with its own folder and its own copy of the corpus and
+    nothing shared but the rendezvous: each node builds its own data stores (checked against rank
+    0's by content), takes rank 0's tokenizers, writes its own checkpoints; both killed with SIGKILL
+    at a seeded random moment after a first checkpoint and started again, each resumes from its own
+    folder and ends bit for bit where an unbroken run ends (its ranks forked by `rank_faults.py
+    --launch`, one folder): each rank's dropout stream is a function of (seed, rank, step)."""
     data = tiny_corpus(tmp_path / "data", train=400)
     steps = 12  # 3 steps an epoch: 4 epochs, killed early in the second, resumed for three more
     extra = ("--max_steps", str(steps), "--save_every_steps", "4", "--keep_checkpoints", "50", *QUICK_WATCH)
-    unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
-    # The unbroken run trains while the other is killed and resumed (one thread per rank), so the
-    # test takes about one run's time instead of two. Its two ranks are forked by one interpreter
-    # (`rank_faults.py --launch`, which imports torch once instead of three times under torchrun):
-    # the run that is killed and resumed is torchrun's, as a user would start it.
+    unbroken, nodes = tmp_path / "unbroken", [tmp_path / "node0", tmp_path / "node1"]
+    for folder in nodes:
+        shutil.copytree(data, folder / "data")
+    relative = train_args(Path("data"), Path("."), *extra, dropout="0.1")[1:]
+    # The unbroken run trains while the nodes are killed and resumed (one thread per rank).
     reference = launch(job_specs(unbroken, train_args(data, unbroken, *extra, dropout="0.1")[1:]),
                        tmp_path / "unbroken.json")
     try:
-        kill_and_resume([*TORCHRUN, *train_args(data, broken, *extra, dropout="0.1")], broken, steps)
+        kill_and_resume(nodes, relative, steps)
         exits = reference.communicate(timeout=240)[0]
         codes = [int(line.split()[2]) for line in exits.splitlines() if line.startswith("exited ")]
         assert codes == [0, 0], "".join((unbroken / f"rank{rank}.log").read_text()[-3000:] for rank in (0, 1))
@@ -151,36 +173,42 @@ def test_two_ranks_killed_and_resumed_equal_an_unbroken_run(tmp_path: Path) -> N
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         reference.wait()
-    expected, actual = weights(unbroken, steps), weights(broken, steps)
-    assert expected.keys() == actual.keys()
-    for name in expected:
-        assert torch.equal(expected[name], actual[name]), name
+    expected = weights(unbroken, steps)
+    for folder in nodes:  # each node's own stores, tokenizers and checkpoints, the last one the unbroken run's
+        assert list((folder / "s").glob("*_tokens_*")) and list((folder / "w").glob("*/tokenizer_*.json"))
+        actual = weights(folder, steps)
+        assert expected.keys() == actual.keys()
+        for name in expected:
+            assert torch.equal(expected[name], actual[name]), (folder.name, name)
 
 
-def kill_and_resume(command: list[str], out: Path, steps: int) -> None:
-    """Run `command` (torchrun), SIGKILL it and its ranks at a seeded random moment after their
-    first checkpoint, then run it again to the end."""
-    # one thread per rank whatever the caller's OMP_NUM_THREADS, as the unbroken run's forked ranks
-    # have: another thread count sums in another order, and the weights would differ in their last bits
-    victim = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ONE_THREAD)
+def kill_and_resume(nodes: list[Path], args: list[str], steps: int) -> None:
+    """Run the two nodes, SIGKILL both agents and their ranks at a seeded random moment after the
+    first checkpoint, then run them again to the end."""
+    port = free_port()
+    victims = two_nodes(nodes, args, port)
     deadline = time.monotonic() + 120
-    while not list((out / "w").glob("*/ckpt_*.pt")):
-        assert victim.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+    while not any(list((folder / "w").glob("*/ckpt_*.pt")) for folder in nodes):
+        assert all(victim.poll() is None for victim in victims) and time.monotonic() < deadline, \
+            "".join((folder / f"node{n}.log").read_text()[-3000:] for n, folder in enumerate(nodes))
         time.sleep(0.01)
     delay = random.Random(9).uniform(0.0, 0.3)
-    print(f"killing the ranks {delay:.2f} s after their first checkpoint")
+    print(f"killing the nodes {delay:.2f} s after the first checkpoint")
     time.sleep(delay)
-    tree = process_tree(victim.pid)
-    assert len(tree) >= 3, "torchrun and its two ranks"
-    for pid in tree:
-        os.kill(pid, signal.SIGKILL)
-    victim.wait(timeout=30)
-    saved = sorted(int(p.stem.split("_")[1]) for p in (out / "w").glob("*/ckpt_*.pt"))
+    trees = [process_tree(victim.pid) for victim in victims]
+    assert all(len(tree) >= 2 for tree in trees), "torchrun and its rank, on each node"
+    for pid in (pid for tree in trees for pid in tree):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for victim in victims:
+        victim.wait(timeout=30)
+    saved = sorted(int(p.stem.split("_")[1]) for folder in nodes for p in (folder / "w").glob("*/ckpt_*.pt"))
     assert saved and saved[-1] < steps, "the run finished before it could be killed"
-
-    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240, env=ONE_THREAD)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"step {saved[-1]})" in resumed.stderr
+    resumed = two_nodes(nodes, args, port)
+    codes = [node.wait(timeout=240) for node in resumed]
+    logs = [(folder / f"node{n}.log").read_text() for n, folder in enumerate(nodes)]
+    assert codes == [0, 0], "".join(log[-3000:] for log in logs)
+    assert all("resuming from w/" in log for log in logs), logs
 
 
 def test_nan_on_one_rank_skips_on_both_and_rank_0s_plan_and_clock_rule_both(tmp_path: Path) -> None:

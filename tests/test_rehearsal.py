@@ -2,7 +2,9 @@
 validation loss, the model, the loss or decoding.
 
 On CUDA a tensor created without `device=` lives on the host, and meeting a device tensor raises
-(or, for a scalar, silently copies and syncs). Two stand-ins catch that without a GPU:
+(or, for a scalar, silently copies and syncs); inside a CUDA graph's capture, a read of the device
+raises too. Two stand-ins catch that without a GPU, for the eager step and the captured one
+(--cuda_graphs on, its capture and replay paths run against cuda_graphs.StandInGraphs):
 
 - PyTorch's `meta` device, which raises the same way: train.py's real `Trainer` runs two optimizer
   steps (collation, forward, loss, backward, clipping, AdamW, the schedule) and the validation loss
@@ -30,6 +32,7 @@ from torch.overrides import TorchFunctionMode
 import train
 from config import PRESETS, get_config, parse_config
 from nmt.inference.decoding import beam_search, greedy_decode, sample
+from nmt.training import cuda_graphs
 from nmt.training.loss import loss_sum
 from nmt.training.ranks import GracefulStop, RankExchange, Ranks
 from nmt.training.validation import validation_loss
@@ -38,7 +41,7 @@ from synthetic_data import synthetic_pairs, write_hub_dataset
 from nmt.corpora.tokenizer import PAD_ID, SOS_ID
 
 AUDITED = {"model.py", "loss.py", "decoding.py", "cpu_kernels.py", "train.py", "schedule.py", "clock_plan.py",
-           "validation.py", "step.py", "run_data.py"}
+           "validation.py", "step.py", "run_data.py", "cuda_graphs.py"}
 FACTORIES = {torch.tensor, torch.as_tensor, torch.zeros, torch.ones, torch.full, torch.empty, torch.arange,
              torch.rand, torch.randn, torch.randint, torch.eye, torch.linspace}
 
@@ -67,10 +70,10 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
                               "test": synthetic_pairs(4, 3)})
 
 
-def trainer_on(device: torch.device, data: Path, tmp_path: Path) -> train.Trainer:
+def trainer_on(device: torch.device, data: Path, tmp_path: Path, *extra: str) -> train.Trainer:
     config = parse_config(["--datasource", str(data), "--preset", "tiny", "--batch_tokens", "200", "--max_steps", "2",
                            "--log_every", "1000", "--model_folder", str(tmp_path / "w"), "--runs_folder",
-                           str(tmp_path / "r"), "--store_folder", str(tmp_path / "s"), "--dropout", "0.1"])
+                           str(tmp_path / "r"), "--store_folder", str(tmp_path / "s"), "--dropout", "0.1", *extra])
     trainer = train.Trainer(config, device, Ranks(), time.monotonic())
     trainer.start_or_resume()
     return trainer
@@ -101,6 +104,44 @@ def test_a_training_step_on_the_cpu_makes_no_host_tensor_in_project_code(data: P
     with HostTensorAudit() as audit, GracefulStop() as graceful:
         trainer.train_epoch(graceful)
         validation_loss(trainer.raw_model, trainer.val_ds, trainer.config, trainer.device)
+    assert audit.found == []
+
+
+@pytest.fixture
+def graphs_anywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--cuda_graphs on taken on the CPU and the meta device, where training_step captures into
+    cuda_graphs.StandInGraphs: the capture and replay code, without CUDA."""
+    monkeypatch.setattr(cuda_graphs, "GRAPH_DEVICES", ("cuda", "cpu", "meta"))
+
+
+def test_the_captured_step_runs_on_the_meta_device_reading_nothing(data: Path, tmp_path: Path, graphs_anywhere: None,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step train.py captures as CUDA graphs (--cuda_graphs on: length-bucketed batches, a graph
+    per shape and one for the optimizer) runs its capture and replay paths with the model, the
+    optimizer and every static tensor on the meta device, which raises on any read: nothing inside
+    the graphs reads the device; the one read of a step is on_any_rank's, handed a device tensor."""
+    reads: list[torch.device] = []
+
+    def no_step_is_skipped(self, *flags):
+        reads.extend(flag.device for flag in flags if isinstance(flag, torch.Tensor))
+        return [False] * len(flags)
+
+    monkeypatch.setattr(RankExchange, "on_any_rank", no_step_is_skipped)
+    trainer = trainer_on(torch.device("meta"), data, tmp_path, "--cuda_graphs", "on", "--max_steps", "5")
+    assert isinstance(trainer.step, cuda_graphs.CapturedStep) and trainer.batches.buckets is not None
+    with GracefulStop() as graceful:
+        assert trainer.train_epoch(graceful) == "max_steps"
+    graphs = trainer.step.graphs
+    assert trainer.global_step == 5 and reads == [torch.device("meta")] * 5
+    assert graphs.captured == len(trainer.step.micro) + 1 and graphs.replayed >= 4  # the optimizer's, at least
+
+
+def test_the_captured_step_on_the_cpu_makes_no_host_tensor_in_project_code(data: Path, tmp_path: Path,
+                                                                           graphs_anywhere: None) -> None:
+    trainer = trainer_on(torch.device("cpu"), data, tmp_path, "--cuda_graphs", "on", "--max_steps", "4")
+    with HostTensorAudit() as audit, GracefulStop() as graceful:
+        trainer.train_epoch(graceful)
+    assert isinstance(trainer.step, cuda_graphs.CapturedStep) and trainer.step.graphs.replayed >= 3
     assert audit.found == []
 
 

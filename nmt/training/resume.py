@@ -29,9 +29,10 @@ DATA_PATHS = ("datasource", "valid_data", "test_data")
 # What a training step's batches are made of: a checkpoint records them. Changing world_size or
 # accum_steps regroups the same batches into steps (resumed exactly); the others change the batches.
 # "cleaning" is what the text stores were built with (cleaning.cleaning_description: the rules'
-# settings, the scoring models' sha256), from the first store's key.
+# settings, the scoring models' sha256), from the first store's key; cuda_graphs on batches in
+# length buckets (run_data.batch_plan).
 BATCH_SETTINGS = ("world_size", "accum_steps", "batch_tokens", "seq_len", "filter_duplicates",
-                  "filter_max_length_ratio", "cleaning")
+                  "filter_max_length_ratio", "cleaning", "cuda_graphs")
 # How to start over when a folder's checkpoints cannot be resumed: train.py removes none of them itself.
 START_OVER = "they are left as they are; to start over, move them out of the folder or choose another --experiment_name"
 
@@ -201,7 +202,7 @@ def resumed_position(saved: dict[str, Any], current: dict[str, Any], data_change
     never silent. world_size and accum_steps regroup the same batches, so training resumes at the
     very next batch; other changes (the corpora's content too, `data_changed`) make other batches,
     so it resumes at the start of the next epoch."""
-    saved = {"cleaning": NOT_CLEANED, **saved}
+    saved = {"cleaning": NOT_CLEANED, "cuda_graphs": "auto", **saved}  # what checkpoints before them batched by
     changed = [key for key in BATCH_SETTINGS if saved[key] != current[key]]
     described = ", ".join([f"cleaning: {cleaning_changes(saved[key], current[key])}" if key == "cleaning"
                            else f"--{key} {saved[key]} -> {current[key]}" for key in changed]
