@@ -84,6 +84,7 @@ from config import PRESETS, ConfigError, get_config  # noqa: E402
 from dataset import BatchPlan, BilingualDataset, padding_waste  # noqa: E402
 from nmt.inference.decoding import greedy_decode, max_output_tokens  # noqa: E402
 from nmt.device import pick_device  # noqa: E402
+from nmt.training.batch_size import CPU_BATCH_TOKENS  # noqa: E402
 from nmt.training.loss import loss_sum  # noqa: E402
 from model import PositionalEncoding, build_model, train_flops  # noqa: E402
 from nmt.training.optimizer import build_optimizer  # noqa: E402
@@ -114,8 +115,9 @@ STARTED = time.monotonic()
 # ---------------------------------------------------------------------------- settings
 
 def bench_settings(quick: bool) -> dict[str, Any]:
-    """Sizes of one run: the paper-base model of config.py, or tiny ones for a smoke test."""
-    config = get_config()
+    """Sizes of one run: the paper-base model of config.py at the CPU's batch (--batch_tokens auto's
+    there, the budget this benchmark's figures were measured at, on a GPU too), or tiny ones."""
+    config = {**get_config(), "batch_tokens": CPU_BATCH_TOKENS}
     settings = {"quick": quick, "train_steps": 4, "tutorial_steps": 1, "tutorial_seq_len": TUTORIAL_SEQ_LEN,
                 "decode_lengths": (10, 50, 150), "decode_batch": 16, "peak_size": 4096, "synthetic_pairs": 20000,
                 "vocab_floor": VOCAB_FLOOR, "translate_sentences": 64, "resume_preset": "cpu", "resume_steps": 200,
@@ -135,12 +137,15 @@ def on_cuda(settings: dict[str, Any]) -> dict[str, Any]:
     return {**settings, "train_steps": 24, "peak_size": 8192} if not settings["quick"] else settings
 
 
-# Dense bf16 tensor-core peaks from the vendors' datasheets (SXM parts, no sparsity), TFLOP/s: MFU is
-# also reported against these, beside the peak measured in the run.
-SPEC_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0}
+# Dense bf16 tensor-core peaks from the vendors' datasheets (no sparsity), TFLOP/s, by a part of the
+# name torch.cuda.get_device_name gives (the first that matches: the PCIe and NVL parts before their SXM
+# namesakes, L40S before L4): MFU is also reported against these, beside the peak measured in the run.
+SPEC_BF16_TFLOPS = {"H200 NVL": 835.0, "H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0,
+                    "L40S": 362.0, "L4": 121.0, "A10": 125.0}
 
 
 def spec_peak_tflops(device_name: str) -> float | None:
+    """The datasheet's dense bf16 peak of the GPU so named (SPEC_BF16_TFLOPS); None for another."""
     return next((peak for name, peak in SPEC_BF16_TFLOPS.items() if name in device_name), None)
 
 
@@ -270,8 +275,8 @@ def pick_batches(batches: Sequence[np.ndarray], dataset: BilingualDataset,
 
 class TorchTransformer(nn.Module):
     """torch.nn.Transformer of the same sizes with the project's sinusoidal embeddings and a plain
-    nn.Linear projection; takes the project's src_mask (True = attend, None = no padding) and finds
-    the target's padding from its ids."""
+    nn.Linear projection (tied to the embeddings as the project's where `tie_embeddings`); takes the
+    project's src_mask (True = attend, None = no padding) and finds the target's padding from its ids."""
 
     def __init__(self, src_vocab: int, tgt_vocab: int, config: dict[str, Any]) -> None:
         super().__init__()
@@ -287,6 +292,8 @@ class TorchTransformer(nn.Module):
                                               config["num_layers"], config["d_ff"], config["dropout"],
                                               batch_first=True, norm_first=config["norm_first"])
         self.proj = nn.Linear(d_model, tgt_vocab)
+        if config["tie_embeddings"]:
+            self.tgt_embed.weight = self.proj.weight = self.src_embed.weight
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
         length = tgt.size(1)

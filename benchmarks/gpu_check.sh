@@ -1,125 +1,114 @@
 #!/usr/bin/env bash
-# The GPU proof in one short run: bench.py on CUDA; bench_new_shapes.py (a batch shape's first
-# step against the same step again, cuDNN's attention off and on); the paper-base recipe on the
-# shipped data, planned to a clock and scored with beam 5 on both engines; then the CUDA paths the
-# suite only rehearses: fp16 with its loss scaler, torchrun over NCCL, and --compile (inductor) to a
-# run's end. Every leg has its own time limit and log, and a failing leg does not stop the next one.
+# The GPU figures in one run of under 8 minutes on one GPU, offline (everything it reads is in the
+# repository: data/tatoeba, benchmarks/news_lengths.json): bench_gpu.py (the training step on news
+# lengths, paper base and big, the anchors' settings, tatoeba's launch-overhead check, against
+# torch.nn.Transformer); then train.py on the GPU as a user runs it (the probe's batch, CUDA graphs
+# over length buckets), and the CUDA paths the suite only rehearses: fp16 with its loss scaler,
+# torchrun over NCCL. Every leg has its own time limit (their sum is 475 s) and log, and a failing
+# leg does not stop the next. At the end: one table on stdout and one JSON, OUT_FOLDER/gpu_check.json.
 #
-#     bash benchmarks/gpu_check.sh [OUT_FOLDER] [TRAIN_MINUTES]
+#     bash benchmarks/gpu_check.sh [OUT_FOLDER]
 #
-# LEGS (default: all, in this order) names the legs to run: "bench shapes train eval fp16 torchrun compile".
-# DEVICE (default cuda) lets the script itself be rehearsed on a machine without a GPU.
+# LEGS (default: all, in this order) names the legs to run: "bench train fp16 torchrun".
+# DEVICE=cpu TINY=1 rehearses the script itself on a machine without a GPU (tiny sizes, seconds a leg).
 # Python packages the GPU machine lacks can be given as wheels in $WHEELS (a folder); they are
 # installed into a folder of their own, never over the machine's packages.
 set -u
 out="${1:-${OUT:-gpu_check}}"
-minutes="${2:-2}"
-legs=" ${LEGS:-bench shapes train eval fp16 torchrun compile} "
+legs=" ${LEGS:-bench train fp16 torchrun} "
 device="${DEVICE:-cuda}"
+tiny="${TINY:-}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-python=python3
-step() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$out/steps.log"; }
+python="${PYTHON:-python3}"
+step() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$out/steps.log" >&2; }
 wanted() { [[ "$legs" == *" $1 "* ]]; }
-
-# A run's TensorBoard scalars in one line: steps, loss first and last, the median tokens/s of the
-# second half of the run, skipped steps, the last fp16 loss scale.
-summary() {
-    $python - "$1" <<'EOF'
-import os, statistics, sys
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-if not os.path.isdir(sys.argv[1]):
-    sys.exit(f"{sys.argv[1]}: no TensorBoard run (the leg failed before its first step)")
-events = EventAccumulator(sys.argv[1]); events.Reload()
-values = lambda tag: [s.value for s in events.Scalars(tag)] if tag in events.Tags()["scalars"] else []
-loss, speed = values("train/loss"), values("train/tokens_per_second")
-steps = events.Scalars("train/loss")[-1].step if loss else 0
-print(f"{sys.argv[1]}: {steps} steps, loss {loss[0] if loss else 0:.3f} -> {loss[-1] if loss else 0:.3f}, "
-      f"{statistics.median(speed[len(speed) // 2:]) if speed else 0:,.0f} tokens/s (median, second half), "
-      f"skipped {sum(values('train/skipped_steps')):.0f}, loss scale {(values('train/loss_scale') or ['-'])[-1]}")
-EOF
+# leg NAME SECONDS COMMAND...: the command under its limit, its output in OUT/NAME.log, its exit code
+# and seconds in OUT/NAME.exit
+leg() {
+    local name=$1 limit=$2 start
+    shift 2
+    step "$name (at most $limit s)"
+    start=$(date +%s)
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    echo "$? $(( $(date +%s) - start ))" >"$out/$name.exit"
 }
 
 step "machine"
-{ nvidia-smi; nproc; $python -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))"; } \
+{ nvidia-smi; nproc; $python -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name(0))"; } \
     >"$out/machine.txt" 2>&1
 if [ -n "${WHEELS:-}" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
     $python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHEELS"/*.whl \
         >>"$out/machine.txt" 2>&1 && export PYTHONPATH=/tmp/site
 fi
-data=data/tatoeba
-$python -c "import datasets" 2>>"$out/machine.txt" || data="${TSV_DATA:-$data}"
-echo "data: $data" >>"$out/machine.txt"
 work=$(mktemp -d)
-paths=(--datasource "$data" --model_folder "$work/weights")
-common=("${paths[@]}" --device "$device" --runs_folder "$work/runs" --store_folder "$work/stores" --num_examples 0)
-
-if wanted bench; then
-    step "bench.py --device $device"
-    timeout 240 $python -m benchmarks.bench --device "$device" --datasource "$data" --json >"$out/bench.json" \
-        2>"$out/bench.log"
-    echo "exit $?" >>"$out/bench.log"
+common=(--datasource data/tatoeba --device "$device" --model_folder "$work/weights" --runs_folder "$work/runs"
+        --store_folder "$work/stores" --num_examples 0 --confidence_sentences 0 --val_max_sentences 64)
+if [ -n "$tiny" ]; then
+    bench=(--tiny --steps 2 --rows "base 32k" "tatoeba base 4,096" --variants captured eager nn.Transformer)
+    base=(--preset tiny --batch_tokens auto --max_steps 20) short=(--preset tiny) steps=(20 10)
+else
+    bench=(--budget_s 230) base=(--max_minutes 0.75) short=(--preset cpu) steps=(100 60)
 fi
 
-if wanted shapes; then
-    step "bench_new_shapes.py --device $device"
-    timeout 180 $python -m benchmarks.bench_new_shapes --device "$device" --datasource "$data" >"$out/shapes.txt" \
-        2>"$out/shapes.log"
-    echo "exit $?" >>"$out/shapes.log"
-fi
+wanted bench && leg bench 290 $python -m benchmarks.bench_gpu --device "$device" --json "$out/bench_gpu.json" "${bench[@]}"
+# The paper-base recipe on tatoeba as a user runs it on a GPU: --batch_tokens auto (the probe),
+# --update_tokens 25,000, --cuda_graphs auto.
+wanted train && leg train 90 $python train.py "${common[@]}" "${base[@]}" --experiment_name gpu_train
+wanted fp16 && leg fp16 45 $python train.py "${common[@]}" "${short[@]}" --amp fp16 --max_steps "${steps[0]}" \
+    --experiment_name gpu_fp16
+wanted torchrun && leg torchrun 45 $python -m torch.distributed.run --standalone --nproc_per_node 1 train.py \
+    "${common[@]}" "${short[@]}" --max_steps "${steps[1]}" --experiment_name gpu_torchrun
 
-if wanted train; then
-    step "train.py, paper base, $minutes minutes"
-    limit=$($python -c "print(round(60 * $minutes) + 90)")
-    timeout "$limit" $python train.py "${common[@]}" --max_minutes "$minutes" --experiment_name gpu_base \
-        >"$out/train.log" 2>&1
-    echo "exit $?" >>"$out/train.log"
-    summary "$work/runs/gpu_base" >>"$out/train.log" 2>&1
-fi
+step "summary"
+$python - "$out" "$work" <<'EOF'
+"""One table and one JSON (OUT/gpu_check.json) from the legs' outputs."""
+import json, os, statistics, sys
+from pathlib import Path
+out, work = Path(sys.argv[1]), Path(sys.argv[2])
 
-if wanted eval; then
-    step "export.py float16"
-    timeout 60 $python export.py "${paths[@]}" --experiment_name gpu_base --quantization float16 \
-        --output "$work/ct2" >"$out/export.log" 2>&1
-    echo "exit $?" >>"$out/export.log"
-    # CTranslate2's CUDA build loads libcublas.so.12, which a CUDA 13 machine may have somewhere.
-    cublas=$(find /usr /opt -name 'libcublas.so.12' 2>/dev/null | head -1)
-    echo "libcublas.so.12: ${cublas:-none found under /usr and /opt}" >>"$out/export.log"
-    for engine in pytorch ctranslate2; do
-        step "evaluate.py test beam 5 ($engine)"
-        extra=()
-        [ "$engine" = ctranslate2 ] && extra=(--engine ctranslate2 --model_dir "$work/ct2")
-        start=$(date +%s.%N)
-        LD_LIBRARY_PATH="${cublas:+$(dirname "$cublas"):}${LD_LIBRARY_PATH:-}" timeout 60 $python evaluate.py \
-            "${paths[@]}" --device "$device" --store_folder "$work/stores" --experiment_name gpu_base \
-            "${extra[@]}" --split test --beam_size 5 --output "$out/test_hyp_$engine.txt" >"$out/eval_$engine.log" 2>&1
-        echo "exit $? after $($python -c "import time; print(round(time.time() - $start, 1))") s" >>"$out/eval_$engine.log"
-    done
-fi
+def run_of(name):
+    """A train.py leg: its exit, seconds, TensorBoard scalars and the decisions it recorded."""
+    exit_file = out / f"{name}.exit"
+    if not exit_file.exists():
+        return None
+    code, seconds = map(int, exit_file.read_text().split())
+    leg = {"exit": code, "seconds": seconds, "log_tail": (out / f"{name}.log").read_text()[-600:]}
+    runs = work / "runs" / f"gpu_{name}"
+    if runs.is_dir():
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+        events = EventAccumulator(str(runs)); events.Reload()
+        values = lambda tag: [s.value for s in events.Scalars(tag)] if tag in events.Tags()["scalars"] else []
+        loss, speed = values("train/loss"), values("train/tokens_per_second")
+        leg.update(steps=events.Scalars("train/loss")[-1].step if loss else 0, loss=[loss[0], loss[-1]] if loss else [],
+                   tokens_per_s=statistics.median(speed[len(speed) // 2:]) if speed else None,
+                   skipped=sum(values("train/skipped_steps")), loss_scale=(values("train/loss_scale") or [None])[-1])
+    record = work / "weights" / f"gpu_{name}" / "config.json"
+    if record.exists():
+        leg["decided"] = json.loads(record.read_text())["decided"]
+    return leg
 
-# The short legs: the cpu preset (tatoeba's recipe) for a few hundred steps, a small validation.
-short=("${common[@]}" --preset cpu --val_max_sentences 64 --confidence_sentences 0)
-if wanted fp16; then
-    step "train.py --amp fp16 (loss-scaled), 300 steps"
-    timeout 90 $python train.py "${short[@]}" --amp fp16 --max_steps 300 --experiment_name gpu_fp16 \
-        >"$out/fp16.log" 2>&1
-    echo "exit $?" >>"$out/fp16.log"
-    summary "$work/runs/gpu_fp16" >>"$out/fp16.log" 2>&1
-fi
-if wanted torchrun; then
-    step "torchrun --nproc_per_node 1 (NCCL), 150 steps"
-    timeout 90 $python -m torch.distributed.run --standalone --nproc_per_node 1 train.py "${short[@]}" \
-        --max_steps 150 --experiment_name gpu_torchrun >"$out/torchrun.log" 2>&1
-    echo "exit $?" >>"$out/torchrun.log"
-    summary "$work/runs/gpu_torchrun" >>"$out/torchrun.log" 2>&1
-fi
-if wanted compile; then
-    # The cpu preset, so that the run reaches its end inside the check; TORCH_LOGS names each recompilation.
-    step "train.py --compile true (inductor), cpu preset, 300 steps"
-    TORCH_LOGS=recompiles timeout 240 $python train.py "${short[@]}" --compile true --max_steps 300 \
-        --experiment_name gpu_compile >"$out/compile.log" 2>&1
-    echo "exit $?" >>"$out/compile.log"
-    echo "recompilations logged: $(grep -c 'Recompiling function' "$out/compile.log")" >>"$out/compile.log"
-    summary "$work/runs/gpu_compile" >>"$out/compile.log" 2>&1
-fi
+result = {"machine": (out / "machine.txt").read_text() if (out / "machine.txt").exists() else "",
+          "legs": {name: run_of(name) for name in ("bench", "train", "fp16", "torchrun")}}
+if (out / "bench_gpu.json").exists():
+    result["bench_gpu"] = json.loads((out / "bench_gpu.json").read_text())
+(out / "gpu_check.json").write_text(json.dumps(result, indent=1) + "\n")
+if "bench_gpu" in result:
+    from benchmarks.bench_gpu import table
+    print(table(result["bench_gpu"]))
+else:
+    print(f"bench leg: no figures (see {out / 'bench.log'})")
+print(f"\n{'leg':<10}{'exit':>5}{'s':>5}{'steps':>7}{'loss':>16}{'tokens/s':>11}  decided / notes")
+for name, leg in result["legs"].items():
+    if leg is None:
+        continue
+    loss = " -> ".join(f"{value:.2f}" for value in leg.get("loss", [])) or "-"
+    decided = ", ".join(f"{key} {entry['value']}" for key, entry in leg.get("decided", {}).items()
+                        if key in ("batch_tokens", "accum_steps", "cuda_graphs"))
+    notes = decided + (f"; skipped {leg['skipped']:.0f}, loss scale {leg['loss_scale']}" if leg.get("loss_scale") else "")
+    speed = f"{leg['tokens_per_s']:,.0f}" if leg.get("tokens_per_s") else "-"
+    print(f"{name:<10}{leg['exit']:>5}{leg['seconds']:>5}{leg.get('steps', '-'):>7}{loss:>16}{speed:>11}  {notes}")
+print(f"\n(all figures: {out / 'gpu_check.json'})")
+EOF
+rm -rf "$work"
 step "done"
