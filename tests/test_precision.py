@@ -138,3 +138,12 @@ def test_fp16_overflows_skip_their_step_are_counted_logged_and_stop_the_run(
     assert [(e.step, e.value) for e in events.Scalars("train/skipped_steps")] == \
         [(start + 1, 1.0), (start + 2, 1.0), (start + 3, 1.0)]
     assert [e.value for e in events.Scalars("train/loss_scale")] == [2.0 ** 39, 2.0 ** 38, 2.0 ** 37]
+
+
+def test_autocast_for_captured_work_keeps_no_cast_weights() -> None:
+    """CUDA graphs' capture wants autocast's cache off (cuda_graphs.py); everything else keeps it."""
+    cpu = torch.device("cpu")
+    with precision.autocast_context(cpu, torch.bfloat16):
+        assert torch.is_autocast_enabled("cpu") and torch.is_autocast_cache_enabled()
+    with precision.autocast_context(cpu, torch.bfloat16, cache=False):
+        assert torch.is_autocast_enabled("cpu") and not torch.is_autocast_cache_enabled()
