@@ -1,13 +1,16 @@
 """documents.py, property-based (Hypothesis): any document of each format (plain text, SubRip,
-Markdown), with any line endings, a byte-order mark or none, comes back byte for byte through a
-translator that changes nothing; a SubRip file's numbers and timing lines never reach the
-translator."""
+Markdown, HTML), with any line endings, a byte-order mark or none, comes back byte for byte through
+a translator that changes nothing; a SubRip file's numbers and timing lines never reach the
+translator; an HTML document whose every word is changed parses to the same tag tree, with the same
+attributes, comments and kept text."""
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nmt.inference.documents import plan_document, translate_document
+from test_commonmark import every_word_changed
+from test_documents import html_structure
 
 # A few seconds per test; the same examples on every run (CI stays reproducible), and no example
 # database written into the work tree.
@@ -67,3 +70,25 @@ def test_any_subrip_file_round_trips_and_its_numbers_and_timings_stay_out_of_the
     assert round_trips(document, "srt")
     pieces = plan_document(document, "srt", "en").sources
     assert not any("-->" in piece for piece in pieces)
+
+
+# HTML's syntax, tag soup included (misnested, unclosed, ignored tags), with any other text between.
+HTML_PARTS = ["a", "Word", "é", " ", "\n", "\r\n", ". ", "? ", "<p>", "</p>", "<div>", "</div>", "<b>", "</b>",
+              "<i>", "</i>", '<a href="x.html?a=1&amp;b">', "</a>", "<span class='c d'>", "</span>", "<code>",
+              "</code>", "<pre>", "</pre>", "<br>", "<img alt=\"A cat\">", "<ul>", "<li>", "<table>", "<tr>", "<td>",
+              "</td>", "</table>", "<script>", "</script>", "<style>", "</style>", "<textarea>", "<title>",
+              "</title>", "<!-- c -->", "<!--", "-->", "&amp;", "&nbsp;", "&copy", "&#65;", "&bogus;", "<", ">",
+              "&", "\0", '<em translate="no">', "</em>", "<!DOCTYPE html>", "<html>", "<body>", "http://x.org/a"]
+HTML_DOCUMENT = st.lists(st.one_of(st.sampled_from(HTML_PARTS), st.text(max_size=3)), max_size=50).map("".join)
+
+
+@QUICK
+@given(BOM, HTML_DOCUMENT)
+def test_any_html_round_trips(bom: str, text: str) -> None:
+    assert round_trips(bom + text, "html")
+
+
+@QUICK
+@given(HTML_DOCUMENT)
+def test_any_html_keeps_its_tag_tree_when_every_word_changes(text: str) -> None:
+    assert html_structure(translate_document(text, "html", every_word_changed, "en")) == html_structure(text)

@@ -2,12 +2,17 @@
 line endings, SubRip numbers and timings unchanged (cues with and without blank lines and numbers)
 and sentences across cues, Markdown's structure, code, URLs, link targets, references, front matter
 and table pipes untouched; a byte-order mark and CRLF kept in every format; each sentence's span in
-the document's text. The CommonMark examples: test_commonmark.py; any document: test_document_properties.py."""
+the document's text; HTML's blocks translated and its markup, comments, script, style, code and
+pre as they were, in the same tag tree. The CommonMark examples: test_commonmark.py; any document:
+test_document_properties.py; inline tags placed by attention: test_inline_tags.py."""
 from __future__ import annotations
 
-import pytest
+from typing import Any
 
-from nmt.inference.documents import DocumentError, document_format, plan_document, translate_document
+import pytest
+from justhtml import Comment, Element, JustHTML
+
+from nmt.inference.documents import DocumentError, document_format, element_text, plan_document, translate_document
 
 
 def bracketed(pieces: list[str]) -> list[str]:
@@ -19,8 +24,8 @@ def upper(pieces: list[str]) -> list[str]:
 
 
 def test_the_format_comes_from_the_name_and_the_override_wins() -> None:
-    assert [document_format(name) for name in ("a.txt", "b.SRT", "c.md", "d.markdown")] == [
-        "text", "srt", "markdown", "markdown"]
+    assert [document_format(name) for name in ("a.txt", "b.SRT", "c.md", "d.markdown", "e.html", "f.HTM")] == [
+        "text", "srt", "markdown", "markdown", "html", "html"]
     assert document_format("notes.md", "text") == "text"
     with pytest.raises(DocumentError, match="unknown document format 'docx'"):
         document_format("a.txt", "docx")
@@ -135,10 +140,10 @@ Hard break
 here.
 """
 
-EXPECTED = """# [Title with] `code` #
+EXPECTED = """# [Title with `code`] #
 
 [Intro paragraph that runs
-across two lines.] [Read] [[the guide]](http://x.org/a_b "T") [now.]
+across two lines.] [Read [the guide](http://x.org/a_b "T") now.]
 
 > [Quoted text here.]
 > - [List item in a quote
@@ -156,7 +161,7 @@ print("Hello. There")
 
 | [Name] | [Description] |
 |------|:-----------:|
-| [foo]  | [A] **[bold]** [thing.] |
+| [foo]  | [A **bold** thing.] |
 
 <div>
 Raw html block.
@@ -168,7 +173,7 @@ Raw html block.
 ==============
 
 * * *
-[Text with] ![[a cat]](img/cat.png) [and] <span class="x">[inline html]</span>, &amp; *[emphasis]*.
+[Text with ![a cat](img/cat.png) and] <span class="x">[inline html]</span>, &amp; [*emphasis*.]
 [Hard break  
 here.]
 """
@@ -247,13 +252,13 @@ def test_srt_text_before_the_first_cue_is_refused_naming_its_line() -> None:
 # -------------------------------------------------------------------------------------- Markdown
 
 @pytest.mark.parametrize("text, expected", [
-    ("Read [the manual](<docs/user guide.pdf>) first.\n", "[Read] [[the manual]](<docs/user guide.pdf>) [first.]\n"),
+    ("Read [the manual](<docs/user guide.pdf>) first.\n", "[Read [the manual](<docs/user guide.pdf>) first.]\n"),
     ('See [the site](\n  http://x.org/a_b  "The (Title)"\n) and ![a cat](cat.png \'A cat\') now.\n',
-     '[See] [[the site]](\n  http://x.org/a_b  "The (Title)"\n) [and] ![[a cat]](cat.png \'A cat\') [now.]\n'),
+     '[See] [[the site]](\n  http://x.org/a_b  "The (Title)"\n) [and ![a cat](cat.png \'A cat\') now.]\n'),
     ("Mail <jo@x.org> or see <https://x.org/a_b> and <x:y z> now.\n",
      "[Mail] <jo@x.org> [or see] <https://x.org/a_b> [and <x:y z> now.]\n"),
     ("[Full text][Doc], [Doc][] and [Doc] go there.\n\n[doc]: <a b> (Title)\n",
-     "[[Full text]][Doc], [Doc][] [and] [Doc] [go there.]\n\n[doc]: <a b> (Title)\n"),
+     "[[Full text][Doc],] [Doc][] [and] [Doc] [go there.]\n\n[doc]: <a b> (Title)\n"),
     ("Use `a\nb` and <span\nclass=\"x\">here</span> &copy; \\*.\n",
      "[Use] `a\nb` [and] <span\nclass=\"x\">[here]</span> &copy; \\*.\n"),
 ])
@@ -289,7 +294,8 @@ def test_markdown_table_cells_are_flows_of_their_own_and_escaped_pipes_are_kept(
     ("text", "\ufeffHello there.\r\nBye.\r\n", "\ufeff[Hello there.]\r\n[Bye.]\r\n"),
     ("srt", "\ufeff1\r\n00:00:01,000 --> 00:00:02,000\r\nHello.\r\n",
      "\ufeff1\r\n00:00:01,000 --> 00:00:02,000\r\n[Hello.]\r\n"),
-    ("markdown", "\ufeff# Title\r\n\r\nSome *text*.\r\n", "\ufeff# [Title]\r\n\r\n[Some] *[text]*.\r\n"),
+    ("markdown", "\ufeff# Title\r\n\r\nSome *text*.\r\n", "\ufeff# [Title]\r\n\r\n[Some *text*.]\r\n"),
+    ("html", "\ufeff<p>Some\r\n<b>text</b>.</p>\r\n", "\ufeff<p>[Some <b>text</b>.]</p>\r\n"),
 ])
 def test_every_format_keeps_a_byte_order_mark_and_crlf_endings(fmt: str, text: str, expected: str) -> None:
     """As Windows editors save a file: the mark comes back first, each line with its ending, and the
@@ -316,3 +322,101 @@ def test_markdown_whitespace_markdown_it_trims_or_a_line_starts_with_stays() -> 
     assert plan.sources == ["Some text # more text."]
     assert plan.assemble(upper(plan.sources)) == "\xa0\nSOME TEXT\n\xa0# MORE TEXT.\n"
 
+
+
+# ------------------------------------------------------------------------------------------ HTML
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>Tom &amp; Jerry</title>
+<style>p::after { content: "<b>"; }</style>
+<script>if (a < b && c) document.write("<p>Hi.</p>");</script></head>
+<body class="main">
+<!-- Navigation. Do not translate. -->
+<h1 id="top">Welcome <em>home</em>!</h1>
+<p>Click <a href="/next?a=1&amp;b=2" title="Next page">here</a> to go on. Then run
+<code>ls -l &gt; out</code> &copy; twice.</p>
+<pre>  Keep   this.
+  <b>Bold</b> too.</pre>
+<ul><li>First item<li>Second <span translate="no">Acme Corp</span> item</ul>
+<p translate="no">Not this one.</p>
+<textarea>Typed text.</textarea>
+</body></html>
+"""
+PAGE_UPPER = PAGE.replace("Tom &amp; Jerry", "TOM &amp; JERRY").replace("Welcome <em>home</em>!", "WELCOME <em>HOME</em>!") \
+    .replace(">here</a> to go on. Then run\n<code>", ">HERE</a> TO GO ON. THEN RUN <code>") \
+    .replace("&copy; twice.", "&copy; TWICE.").replace("First item", "FIRST ITEM") \
+    .replace("Second <span", "SECOND <span").replace("</span> item", "</span> ITEM").replace("Click <a", "CLICK <a")
+KEPT_TEXT = {"script", "style", "pre", "code", "textarea"}
+
+
+def html_structure(text: str) -> list[tuple]:
+    """The tag tree of an HTML document as JustHTML parses it: each element's depth, name and
+    attributes, each comment, and the text of what must stay as it is (script, style, pre, code,
+    textarea, what says translate="no")."""
+    found: list[tuple] = []
+
+    def walk(node: Any, depth: int) -> None:
+        for child in node.children or []:
+            if isinstance(child, Element):
+                found.append((depth, child.name, sorted((child.attrs or {}).items())))
+                if child.name in KEPT_TEXT or (child.attrs or {}).get("translate") == "no":
+                    found.append(("kept", element_text(child)))
+                walk(child, depth + 1)
+            elif isinstance(child, Comment):
+                found.append(("comment", child.data))
+
+    walk(JustHTML(text, sanitize=False).root, 0)
+    return found
+
+
+def test_html_is_read_with_its_blocks_as_flows_and_its_markup_kept() -> None:
+    """The title, the heading, the paragraph's two sentences (a link inside one, code and a
+    reference inside the other), the list items (one with a translate="no" name inside); nothing of
+    the head's style and script, the comment, the pre, the textarea or the translate="no" paragraph."""
+    plan = plan_document(PAGE, "html", "en")
+    assert plan.sources == ["Tom & Jerry", "Welcome home!", "Click here to go on.", "Then run ls -l > out © twice.",
+                            "First item", "Second Acme Corp item"]
+    assert translate_document(PAGE, "html", lambda pieces: pieces, "en") == PAGE
+    translated = translate_document(PAGE, "html", upper, "en")
+    assert translated == PAGE_UPPER
+    assert html_structure(translated) == html_structure(PAGE)
+    assert html_structure(PAGE.replace("<em>home</em>", "home")) != html_structure(PAGE)  # the check sees a tag
+
+
+def test_html_translations_are_written_as_html_text() -> None:
+    """& < > as references, a character the source wrote as one as the source wrote it."""
+    text = "<p>Fish &amp; chips &eacute;t&eacute;.</p>"
+    assert translate_document(text, "html", lambda pieces: ["Pesce & patatine <ok> é."], "en") == \
+        "<p>Pesce &amp; patatine &lt;ok&gt; &eacute;.</p>"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("<p><b>It rains.</b> We stay.</p>", "<p><b>IT RAINS.</b> WE STAY.</p>"),  # a sentence's own tags stay out
+    ("<p><b>It rains. We</b> stay.</p>", "<p><b>IT RAINS. WE</b> STAY.</p>"),  # across sentences: they cut
+    ("<p>Tom<br>and <b>Jerry</b></p>", "<p>TOM<br>AND <b>JERRY</b></p>"),  # a line break cuts
+    ("<p>un<b>believ</b>able</p>", "<p>UN<b>BELIEV</b>ABLE</p>"),  # inside a word: cut, never placed
+    # tags the parser ignores join the text around them into one node, which stays as it is
+    ("<td>Loose</td> <b>cell</b>", "<td>Loose</td> <b>CELL</b>"),
+])
+def test_html_markup_a_sentence_cannot_keep_inline_cuts_it(text: str, expected: str) -> None:
+    assert translate_document(text, "html", upper, "en") == expected
+
+
+def test_html_text_the_parser_moves_stays_as_it_is() -> None:
+    """Text inside a table but outside its cells goes before the table in the tree: the cell's text,
+    then out of the source's order, is left untranslated rather than put back in the wrong place."""
+    text = "<table><tr><td>cell</td>stray</tr></table>"
+    assert plan_document(text, "html", "en").sources == ["stray"]
+    assert translate_document(text, "html", upper, "en") == text.replace("stray", "STRAY")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("<p>Hi <!x> there <?php echo 1 ?> now.</p>", "<p>HI <!x> THERE <?php echo 1 ?> NOW.</p>"),
+    ("<p>Hi there<!-- never closed", "<p>HI THERE<!-- never closed"),
+    ("<p>Hi there<b class='x", "<p>HI THERE<b class='x"),
+])
+def test_html_bogus_comments_and_tags_cut_off_by_the_end_stay_as_they_are(text: str, expected: str) -> None:
+    """A browser reads these as comments (or drops a tag the end cuts off): none of it reaches the
+    model or comes back as text."""
+    assert translate_document(text, "html", upper, "en") == expected
+    assert html_structure(expected) == html_structure(text)

@@ -41,13 +41,16 @@ document's text with its translation; `translate_document` does both with one tr
 from __future__ import annotations
 
 import bisect
+import collections
+import html
 import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import srt
+from justhtml import Comment, Element, JustHTML, Text
 from markdown_it import MarkdownIt
 from markdown_it.common.utils import MD_TRIM_CHARS
 from markdown_it.rules_block import StateBlock
@@ -56,10 +59,12 @@ from markdown_it.rules_inline import StateInline, autolink, backtick, image, lin
 from markdown_it.token import Token
 from mdit_py_plugins.front_matter import front_matter_plugin
 
+from nmt.inference.inline_tags import CLOSE, CUT, OPEN, READ, WHOLE, Escape, Mark
 from nmt.inference.sentences import (EMAIL, URL, URL_OR_EMAIL, Sentence, Span, TextPlan, Translate, merged,
                                      plan_flows)
 
-FORMATS = {"text": (".txt", ".text"), "srt": (".srt",), "markdown": (".md", ".markdown")}
+FORMATS = {"text": (".txt", ".text"), "srt": (".srt",), "markdown": (".md", ".markdown"),
+           "html": (".html", ".htm", ".xhtml")}
 
 LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)?")
 BOM = "\ufeff"
@@ -99,7 +104,7 @@ def document_format(path: str | Path, override: str = "") -> str:
 
 
 Place = tuple[int, int, int]  # a fragment's line, and its start and end within that line
-Kept = list[list[list[Span]]]  # for each flow, for each fragment, its markup (offsets into the fragment)
+Kept = list[list[list[Mark]]]  # for each flow, for each fragment, its markup (offsets into the fragment)
 
 
 @dataclass
@@ -241,8 +246,10 @@ class InlineSource:
     def __init__(self, content: str, env: dict[str, Any]) -> None:
         self.content = content
         self.state = StateInline(content, MARKDOWN, env, [])
-        self.markup: list[Span] = []
+        self.markup: list[Mark] = []
         self.breaks: list[Span] = []
+        self.pairs = itertools.count()  # an id for each element whose tags are placed by the words
+        self.open: list[int] = []  # the ids of the emphasis and strikethrough markers open now
 
     def rule_end(self, rule: Callable[[StateInline, bool], bool], position: int) -> int:
         """Where the construct that `rule` finds at `position` ends."""
@@ -277,10 +284,22 @@ class InlineSource:
                 position = self.link(token, token.children or [], position)
             else:
                 end = self.atom_end(token, position)
-                self.markup.append(Span(position, end))
+                self.markup.append(self.atom_mark(token, position, end))
                 position = end
             index += 1
         return position
+
+    def atom_mark(self, token: Token, start: int, end: int) -> Mark:
+        """The mark of a token that is markup as a whole: an emphasis or strikethrough marker opens or
+        closes (placed with the words), a code span is kept whole where its words go, the rest cuts."""
+        if token.type.endswith("_open") and token.type != "link_open":
+            self.open.append(next(self.pairs))
+            return Mark(start, end, OPEN, self.open[-1])
+        if token.type.endswith("_close") and self.open:
+            return Mark(start, end, CLOSE, self.open.pop())
+        if token.type == "code_inline":
+            return Mark(start, end, WHOLE, text=token.content)
+        return Mark(start, end)
 
     def atom_end(self, token: Token, position: int) -> int:
         """The end of a token that is markup as a whole."""
@@ -295,7 +314,7 @@ class InlineSource:
         unless the text is the label of a shortcut or collapsed reference; where it ends."""
         if token.info == "auto":
             end = self.rule_end(autolink, position)
-            self.markup.append(Span(position, end))
+            self.markup.append(Mark(position, end))
             return end
         is_image = token.type == "image"
         end = self.rule_end(image if is_image else link, position)
@@ -303,10 +322,11 @@ class InlineSource:
         label_end = self.walk(inside, position + (2 if is_image else 1))
         if self.content[label_end:end] in ("]", "][]"):
             del self.markup[markup:], self.breaks[breaks:]
-            self.markup.append(Span(position, end))
+            self.markup.append(Mark(position, end))
         else:
-            self.markup[markup:markup] = [Span(position, position + (2 if is_image else 1))]
-            self.markup.append(Span(label_end, end))
+            pair = next(self.pairs)
+            self.markup[markup:markup] = [Mark(position, position + (2 if is_image else 1), OPEN, pair)]
+            self.markup.append(Mark(label_end, end, CLOSE, pair))
         return end
 
 
@@ -378,29 +398,39 @@ def cell_line(token: Token, bodies: list[str], line_starts: list[int]) -> Conten
     return ContentLine(0, len(token.content), 0, line, position, pipes=True)
 
 
+def unpaired_cut(marks: list[Mark], broken: set[int] = frozenset()) -> list[Mark]:
+    """`marks` with the tags of an element that lacks one of its two (or is `broken`) made CUT."""
+    count = collections.Counter(m.pair for m in marks if m.role in (OPEN, CLOSE))
+    return [m._replace(role=CUT, pair=-1) if m.role in (OPEN, CLOSE) and (count[m.pair] != 2 or m.pair in broken)
+            else m for m in marks]
+
+
 def inline_flow(token: Token, lines: list[ContentLine], env: dict[str, Any],
-                offsets: list[int]) -> tuple[list[Place], list[list[Span]]]:
+                offsets: list[int]) -> tuple[list[Place], list[list[Mark]]]:
     """An inline token's fragments (one per content line, without a line's break) and the markup
     of each, as offsets into it; `offsets`: what comes before each line's text in the document
-    (a byte-order mark)."""
+    (a byte-order mark). A mark that runs across a line's end cuts on both lines."""
     content = token.content
     found = InlineSource(content, env)
     if found.walk(token.children or [], 0) != len(content):
         raise LookupError("the tokens end before the content")
-    pipes = [Span(i, i + 1) for i, c in enumerate(content) if c == "|"] if lines[0].pipes else []
-    markup = merged(found.markup + pipes)  # in order and apart: each line looks up its own
-    markup_starts, markup_ends = [span.start for span in markup], [span.end for span in markup]
+    pipes = [Mark(i, i + 1) for i, c in enumerate(content) if c == "|"] if lines[0].pipes else []
+    markup = unpaired_cut(merged(found.markup + pipes))  # in order and apart: each line looks up its own
+    markup_starts, markup_ends = [mark.start for mark in markup], [mark.end for mark in markup]
     line_end = {content.index("\n", b.start): b.start for b in found.breaks}  # a line's end before its break
-    places, kept = [], []
+    places, kept, broken = [], [], set()
     for part in lines:
         start = part.start + part.lead
         end = max(line_end.get(part.end, part.end), start)
         first = part.column_of(content, start)
         places.append((part.line, first + offsets[part.line], part.column_of(content, end) + offsets[part.line]))
         on_line = markup[bisect.bisect_right(markup_ends, start):bisect.bisect_left(markup_starts, end)]
-        kept.append([Span(part.column_of(content, max(a, start)) - first, part.column_of(content, min(b, end)) - first)
-                     for a, b in on_line])
-    return places, kept
+        broken |= {m.pair for m in on_line if (m.start < start or m.end > end) and m.role in (OPEN, CLOSE)}
+        kept.append([m._replace(start=part.column_of(content, max(m.start, start)) - first,
+                                end=part.column_of(content, min(m.end, end)) - first,
+                                role=m.role if start <= m.start and m.end <= end else CUT)
+                     for m in on_line])
+    return places, [unpaired_cut(line, broken) for line in kept]
 
 
 def markdown_places(lines: list[str]) -> tuple[list[list[Place]], Kept | None]:
@@ -428,20 +458,212 @@ def markdown_places(lines: list[str]) -> tuple[list[list[Place]], Kept | None]:
     return flows, kept
 
 
-PLACES = {"text": (text_places, URL_OR_EMAIL), "srt": (srt_places, SRT_PROTECTED),
-          "markdown": (markdown_places, URL_OR_EMAIL)}
+# ------------------------------------------------------------------------------------------ HTML
+
+# An element's role in a flow of text. INLINE: its tags are placed around the words they covered;
+# WHOLE: kept as it is, and put where the words it stood for went (its text reaches the model);
+# KEPT: kept as it is where it is, cutting the sentence; BREAK: its tags cut the sentence, its text
+# is the sentence's; UNTOUCHED: kept as it is, and it ends the flow; anything else is a block,
+# whose text is a flow of its own.
+HTML_ROLES = {**dict.fromkeys("a abbr b bdi bdo big cite data del dfn em font i ins label mark q s small span strike "
+                              "strong sub sup time tt u".split(), "inline"),
+              **dict.fromkeys("code kbd samp var".split(), "whole"),
+              **dict.fromkeys("script style svg math textarea select object iframe noscript template canvas video "
+                              "audio picture map".split(), "kept"),
+              **dict.fromkeys("br wbr img input embed area ruby rt rp output progress meter".split(), "break"),
+              **dict.fromkeys("pre listing xmp plaintext noembed noframes".split(), "untouched")}
+CHARACTER_REFERENCE = re.compile(r"&(?:#[xX][0-9a-fA-F]+;?|#[0-9]+;?|[A-Za-z][A-Za-z0-9]*;?)")
+HTML_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+# What a browser reads as a comment or a tag cut off by the end, and JustHTML, when it tracks where
+# nodes lie, as text (<!x>, <?php ?>, an unclosed <!--, a<b at the end): kept as it is, cutting.
+BOGUS_MARKUP = re.compile(r"<!--.*|<[A-Za-z!?/][^>]*>?", re.DOTALL)
+
+
+def html_text(text: str, entities: dict[str, str]) -> str:
+    """A translation's words as HTML text: & < > as references, and each character the source wrote
+    as a reference written as it was."""
+    return "".join(entities.get(char) or HTML_ESCAPES.get(char, char) for char in text)
+
+
+def html_decoded(raw: str) -> str:
+    """The text an HTML parser reads from `raw`, text of an element's content."""
+    return html.unescape(raw.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+def tag_spans(element: Element) -> tuple[Span | None, Span | None]:
+    """Where the element's start and end tags lie in the source (None: implied, or made by the
+    parser). JustHTML records them with track_node_locations, in these fields of its elements."""
+    start, end = (element._start_tag_start, element._start_tag_end), (element._end_tag_start, element._end_tag_end)
+    return (Span(*start) if None not in start else None), (Span(*end) if None not in end else None)
+
+
+def html_nodes(node: Any) -> Iterator[Any]:
+    """`node` and everything under it, a template's content included."""
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack += reversed([*(node.children or []), *([node.template_content] if getattr(node, "template_content", None)
+                                                      else [])])
+
+
+def element_text(element: Element) -> str:
+    return "".join(node.data for node in html_nodes(element) if isinstance(node, Text))
+
+
+def html_role(element: Element) -> str:
+    """The element's role (HTML_ROLES); an element that says translate="no" (or class notranslate)
+    is kept whole, or untouched when it is a block; foreign content (SVG, MathML) is kept."""
+    if element.namespace not in (None, "html"):
+        return "kept"
+    role = HTML_ROLES.get(element.name, "block")
+    attributes = element.attrs or {}
+    if (attributes.get("translate") or "").strip().lower() == "no" or "notranslate" in (attributes.get("class") or
+                                                                                      "").split():
+        return "untouched" if role == "block" else "whole"
+    return role
+
+
+class HtmlReader:
+    """An HTML document's flows of text, found in JustHTML's tree (an HTML5 parser that records where
+    each node lies in the source): the text of each block (a paragraph, a heading, a list item, a
+    cell, a title) with the markup inside it as marks (inline_tags.Mark), in the source's order.
+    Text the parser put elsewhere than it stands (misnested tables), or that does not read as the
+    parser read it, stays as it is."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        root = JustHTML(source, sanitize=False, track_node_locations=True).root
+        bounds = set()
+        for node in html_nodes(root):
+            bounds.add(node.origin_offset if not isinstance(node, Element) else None)
+            if isinstance(node, Element):
+                bounds.update(point for span in tag_spans(node) if span for point in span)
+        self.bounds = sorted(point for point in bounds if point is not None) + [len(source)]
+        self.flows: list[tuple[Span, list[Mark]]] = []
+        self.texts: list[Span] = []
+        self.marks: list[Mark] = []
+        self.last = 0  # where the last item of any flow ends: items before it are the parser's moves
+        self.pairs = itertools.count()
+        self.walk(root)
+        self.end_flow()
+
+    def next_bound(self, position: int) -> int:
+        return self.bounds[bisect.bisect_right(self.bounds, position)]
+
+    def add(self, span: Span, mark: Mark | None = None) -> bool:
+        """Add a text node's span or a mark to the flow, if it lies after what the flows hold."""
+        if span.start < self.last or span.start >= span.end:
+            return False
+        if mark is None:
+            self.texts.append(span)
+            self.marks += [Mark(m.start(), m.end(), READ, text=html.unescape(m.group()))
+                           for m in CHARACTER_REFERENCE.finditer(self.source, span.start, span.end)
+                           if html.unescape(m.group()) != m.group()]
+        else:
+            self.marks.append(mark)
+        self.last = span.end
+        return True
+
+    def end_flow(self) -> None:
+        """The flow so far, from its first item to its last, what lies between that no mark covers
+        marked as CUT."""
+        if self.texts:
+            # the tags before the first text and after the last are the flow's too (<p><b>Hi</b></p>)
+            extent = Span(min([self.texts[0].start, *(m.start for m in self.marks)]),
+                          max([self.texts[-1].end, *(m.end for m in self.marks)]))
+            marks = self.marks
+            covered = sorted([*self.texts, *(Span(m.start, m.end) for m in marks if m.role != READ)])
+            position, gaps = extent.start, []
+            for span in covered:
+                if span.start > position:
+                    gaps.append(Mark(position, span.start))
+                position = max(position, span.end)
+            self.flows.append((extent, unpaired_cut(sorted(marks + gaps))))
+        self.texts, self.marks = [], []
+
+    def text(self, span: Span) -> None:
+        """A text node's span, its bogus markup (BOGUS_MARKUP) marked as cutting."""
+        position = span.start
+        for bogus in BOGUS_MARKUP.finditer(self.source, span.start, span.end):
+            if bogus.start() > position:
+                self.add(Span(position, bogus.start()))
+            self.add(Span(*bogus.span()), Mark(*bogus.span()))
+            position = bogus.end()
+        if position < span.end:
+            self.add(Span(position, span.end))
+
+    def walk(self, node: Any) -> None:
+        for child in node.children or []:
+            if isinstance(child, Text):
+                start = child.origin_offset
+                span = Span(start, self.next_bound(start)) if start is not None else None
+                if span is None or html_decoded(self.source[span.start:span.end]) != child.data:
+                    self.end_flow()
+                else:
+                    self.text(span)
+            elif isinstance(child, Comment) and child.origin_offset is not None:
+                start = child.origin_offset
+                self.add(Span(start, self.next_bound(start)), Mark(start, self.next_bound(start)))
+            elif isinstance(child, Element):
+                self.element(child)
+
+    def element(self, element: Element) -> None:
+        role, (start, end) = html_role(element), tag_spans(element)
+        if role in ("block", "untouched") or role in ("whole", "kept") and not (start and end):
+            self.end_flow()
+            if role == "block":
+                self.walk(element)
+                self.end_flow()
+        elif role in ("whole", "kept"):
+            whole = Span(start.start, end.end)
+            self.add(whole, Mark(*whole, WHOLE, text=element_text(element)) if role == "whole" else Mark(*whole))
+        else:
+            pair = next(self.pairs) if role == "inline" and start and end else -1
+            if start:
+                self.add(start, Mark(*start, OPEN if pair >= 0 else CUT, pair))
+            self.walk(element)
+            if end:
+                self.add(end, Mark(*end, CLOSE if pair >= 0 else CUT, pair))
+
+
+def html_places(lines: list[str]) -> tuple[list[list[Place]], Kept | None]:
+    """HTML: a flow per block of text, one fragment each (`lines`: the whole document, one line)."""
+    text = lines[0] if lines else ""
+    bom = len(BOM) if text.startswith(BOM) else 0
+    reader = HtmlReader(text[bom:])
+    return ([[(0, bom + extent.start, bom + extent.end)] for extent, _ in reader.flows],
+            [[[m._replace(start=m.start - extent.start, end=m.end - extent.start) for m in marks]]
+             for extent, marks in reader.flows])
+
+
+@dataclass(frozen=True)
+class Reader:
+    """How a format is read: its flows and markup (`places`, given the document's lines, or the
+    whole document as one line unless `by_line`), what else it keeps (`protected`), and how its text
+    is written (`escape`; None: as it is)."""
+
+    places: Callable[[list[str]], tuple[list[list[Place]], Kept | None]]
+    protected: re.Pattern
+    escape: Escape | None = None
+    by_line: bool = True
+
+
+READERS = {"text": Reader(text_places, URL_OR_EMAIL), "srt": Reader(srt_places, SRT_PROTECTED),
+           "markdown": Reader(markdown_places, URL_OR_EMAIL),
+           "html": Reader(html_places, URL_OR_EMAIL, html_text, by_line=False)}
 
 
 def plan_document(text: str, fmt: str, language: str, **options) -> DocumentPlan:
     """The pieces of a document to translate and how to put it back together; `options` are
     sentences.plan_flows' (split_sentences, count_tokens, max_tokens)."""
-    if fmt not in PLACES:
+    if fmt not in READERS:
         raise DocumentError(f"unknown document format {fmt!r} (known: {', '.join(FORMATS)})")
-    places_of, protected = PLACES[fmt]
-    lines = split_lines(text)
-    places, kept = places_of(lines)
+    reader = READERS[fmt]
+    lines = split_lines(text) if reader.by_line else [text]
+    places, kept = reader.places(lines)
     plan = plan_flows([[lines[line][start:end] for line, start, end in flow] for flow in places], language,
-                      protected=protected, kept=kept, **options)
+                      protected=reader.protected, kept=kept, escape=reader.escape, **options)
     return DocumentPlan(lines, places, plan)
 
 
