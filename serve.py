@@ -37,8 +37,9 @@ sentence. Endpoints:
   sentence whose confidence is below confidence_mark_below, the value in its tooltip.
 - LibreTranslate's API, for the clients that speak it (nmt/serving/libretranslate.py says what they
   send and get): POST /translate with `q` (a form, or a JSON object with q; the project's own
-  request has `text`), POST /detect and GET /languages. `format: html` reaches document_plan, which
-  refuses it until documents.py reads HTML. Its requests share the limits, the queue and the metrics.
+  request has `text`), POST /detect and GET /languages. `format: html` is read by documents.py (the
+  markup kept, inline tags placed by the model's attention: place_inline). Its requests share the
+  limits, the queue and the metrics.
 
 Requests that arrive together are translated together (serve_batch_sentences, serve_batch_wait_ms);
 each request is limited by serve_max_sentences (sentences after segmentation), serve_max_chars (of
@@ -741,10 +742,10 @@ async def translate_text(service: Service, request: Request, arrived: float, pay
 
 def document_plan(translator: Translator, text: str, fmt: str, target_lang: str,
                   split_sentences: bool) -> DocumentPlan:
-    """A request's text as the pieces to translate, read as `fmt`: plain text, or HTML once
-    documents.py reads it (until then 'html' is refused)."""
+    """A request's text as the pieces to translate, read as `fmt` (documents.FORMATS: LibreTranslate's
+    text and html)."""
     if fmt not in FORMATS:
-        raise ApiError(400, f"{fmt!r} format is not supported by this server yet: send format 'text'")
+        raise ApiError(400, f"{fmt!r} format is not supported (formats: {', '.join(FORMATS)})")
     try:
         return translator.segment_document(text, fmt, target_lang, split_sentences)[0]
     except DocumentError as error:
@@ -770,11 +771,33 @@ async def translate_libretranslate(service: Service, request: Request, arrived: 
     plans = [document_plan(translator, text, order.format, order.target, split_sentences) for text in order.texts]
     check_sentence_count([plan.text for plan in plans], config, "'q'")
     found = await service.hypotheses(request, arrived, [piece for plan in plans for piece in plan.sources], options)
+    await place_inline(service, request, arrived, plans, found, order.target)
     results, start = [], 0
     for plan in plans:
         results.append(libretranslate.translations(plan, found[start:start + len(plan.sources)], order.alternatives))
         start += len(plan.sources)
     return libretranslate.translation_answer(order, results, detected)
+
+
+async def place_inline(service: Service, request: Request, arrived: float, plans: Sequence[DocumentPlan],
+                       found: Sequence[Sequence[Hypothesis]], target_lang: str) -> None:
+    """For the pieces of `plans` that hold inline markup (HTML's <b>, <a href>), the model's alignment
+    of each of their hypotheses, stored in their plan (Translator.place_inline): one job on the
+    model's thread, after their translation, so that the tags of the translation and of its
+    alternatives go around the words the attention says. Nothing to do without inline markup."""
+    work, pieces, start = [], [], 0
+    for plan in plans:
+        marked = plan.text.marked
+        if marked:
+            hypotheses = found[start:start + len(plan.sources)]
+            work.append((plan.text, [[h.text for h in piece] for piece in hypotheses]))
+            pieces += [piece.prose for piece in marked.values()]
+        start += len(plan.sources)
+    if work:
+        translator = service.translator
+        await service.run(request, arrived, pieces, DecodingOptions(beam_size=1),
+                          lambda _: [translator.place_inline(text, translations, target_lang)
+                                     for text, translations in work], "placement")
 
 
 def with_alternatives(options: DecodingOptions, alternatives: int) -> DecodingOptions:

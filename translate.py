@@ -20,9 +20,12 @@ head -1`): not 0, since not everything was written, and no traceback; so does a 
 stdout closed (`translate.py "x" >&-`, unless it writes to --output), before loading the model.
 
 Documents: `--input FILE` translates a whole file in its own shape (documents.py): plain text,
-SubRip subtitles (.srt: numbers and timings kept) or Markdown (.md: structure, code, URLs and link
-targets kept), the format from the file's name or `--format text|srt|markdown`; the translation
-goes to `--output FILE`, written atomically (replacing a file there, never the input), or to stdout.
+SubRip subtitles (.srt: numbers and timings kept), Markdown (.md: structure, code, URLs and link
+targets kept) or HTML (.html: tags, attributes, comments, script, style, code and pre kept), inline
+markup (HTML's <b>, <a href>; Markdown's emphasis and links) put back around the words of the
+translation the model's attention says it covered; the format from the file's name or
+`--format text|srt|markdown|html`; the translation goes to `--output FILE`, written atomically
+(replacing a file there, never the input), or to stdout.
 
 The model: the checkpoint --checkpoint_choice picks (default best: the best on validation) of the
 run --experiment_name names, else of the one --datasource and the language pair name, else of the

@@ -3,7 +3,8 @@
 wrote, translates, detects and lists the languages, and gets LibreTranslate's errors for a bad key
 (403) and a target the model lacks (400); a plain JSON client and a multipart form do the same with
 a list q, an auto source (detectedLanguage), alternatives from the n-best list, and get a 400 for
-each malformed request; /languages needs no key, /detect does; the requests are counted in /metrics."""
+each malformed request; /languages needs no key, /detect does; the requests are counted in /metrics;
+format html comes back with its markup, the inline tags placed by the model's attention."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,6 @@ import pytest
 from libretranslatepy import LibreTranslateAPI
 
 from benchmarks.loadtest import ServerProcess
-from nmt.inference.documents import FORMATS
 from nmt.inference.translator import DecodingOptions, TorchTranslator
 from test_serve import KEY, SENTENCES, call, exchange, metric, no_traceback
 from test_serve import checkpoint, server, translator  # noqa: F401  (fixtures, shared with test_serve.py)
@@ -152,11 +152,18 @@ def test_detect_and_languages(server: ServerProcess) -> None:
     assert metric(server.port, "serve_requests_total", endpoint="languages", code="200") >= 1
 
 
-@pytest.mark.skipif("html" in FORMATS, reason="documents.py reads HTML: format html is translated, not refused")
-def test_html_is_refused_until_documents_read_it(server: ServerProcess) -> None:
-    """serve.document_plan routes format html to documents.py, which does not read it yet: a 400,
-    never a 500, and the text format still translates."""
-    assert libre(server, {"q": "<p>The cat.</p>", "source": "en", "target": "it", "format": "html",
-                          "api_key": KEY}) == \
-        (400, {"error": "'html' format is not supported by this server yet: send format 'text'"})
+def test_html_comes_back_with_its_markup_and_inline_tags_placed_by_attention(server: ServerProcess,
+                                                                             translator: TorchTranslator) -> None:
+    """format html: read by documents.py, its markup, comment and pre kept, its text translated and
+    the inline tag placed as translate.py --input places it (the model's attention: the same answer
+    as the translator's own translate_document), alone and in a list q."""
+    page = '<p class="x">The old man sees the <b>black</b> cat.</p><!--n--><pre>a b</pre>'
+    expected, _ = translator.translate_document(page, "html", DecodingOptions(), True)
+    assert "<b>" in expected and expected.endswith("<!--n--><pre>a b</pre>")
+    fields = {"source": "en", "target": "it", "format": "html", "api_key": KEY}
+    assert libre(server, {"q": page, **fields}) == (200, {"translatedText": expected})
+    status, answer = libre(server, {"q": [page, "The dog eats."], **fields})
+    assert status == 200 and answer["translatedText"][0] == expected
+    assert answer["translatedText"][1] == translator.translate_document("The dog eats.", "html", DecodingOptions(),
+                                                                        True)[0]
     assert no_traceback(server)

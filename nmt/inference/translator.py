@@ -77,6 +77,7 @@ from nmt.device import pick_device
 from nmt.diagnostics import first_line, log
 from nmt.inference.documents import DocumentPlan, plan_document
 from nmt.inference.glossary import Glossary
+from nmt.inference.inline_tags import word_alignment
 from model import Transformer, causal_mask
 from nmt.precision import autocast_context, inference_dtype
 from nmt.inference.sentences import URL_OR_EMAIL, Sentence, TextPlan, plan_lines
@@ -428,7 +429,31 @@ class Translator(ABC):
         options.check()
         plan, sources = self.segment_document(text, fmt, options.target_lang, split_sentences)
         found = self.decode_sources(sources, options, self.constraints(plan.sources, options))
+        self.place_inline(plan.text, [[h[0].text] for h in found], options.target_lang)
         return plan.assemble([h[0].text for h in found]), plan.text.split_for_length
+
+    def place_inline(self, plan: TextPlan, translations: Sequence[Sequence[str]], target_lang: str) -> None:
+        """Store in `plan` the model's alignment of each translation (`translations`: each piece's,
+        in the order of plan.sources) of each piece that holds inline markup, by which
+        TextPlan.assemble places the piece's tags (inline_tags.py): the last decoder layer's
+        cross-attention, mean over heads, with the decoder teacher-forced over the translation. Only
+        those pieces cost a pass of the model: a text without inline markup costs nothing."""
+        pending = [(index, piece.prose, text) for index, piece in plan.marked.items()
+                   for text in dict.fromkeys(translations[index])
+                   if text and text != piece.prose and (index, text) not in plan.alignments]
+        if not pending:
+            return
+        tag = self.source_tag(target_lang)
+        prose, texts = [item[1] for item in pending], [item[2] for item in pending]
+        sources, offsets = self.encode(prose, tag), encode_texts(self.tok_src, prose)
+        targets = encode_texts(self.tok_tgt, texts)
+        attention = self.forced_attention(sources, [Source(t.ids, t.tokens) for t in targets])
+        for (index, source_text, text), source, encoding, target, weights in zip(pending, sources, offsets, targets,
+                                                                                  attention):
+            if weights is not None:  # the tag's columns are no word of the source's
+                rows = [row[len(source.ids) - len(encoding.ids):] for row in weights]
+                plan.alignments[(index, text)] = word_alignment(source_text, encoding.offsets, text, target.offsets,
+                                                                rows)
 
     def translate(self, sentences: Sequence[str], options: DecodingOptions) -> list[list[Hypothesis]]:
         """Each input translated as one sentence (a piece over the model's limit is cut, and the
@@ -492,6 +517,13 @@ class Translator(ABC):
     @abstractmethod
     def cross_attention(self, sentence: str, target_lang: str = "") -> CrossAttention:
         """The heatmap data of the greedy translation of `sentence` into `target_lang`."""
+
+    @abstractmethod
+    def forced_attention(self, sources: list[Source], targets: list[Source]) -> list[list[list[float]] | None]:
+        """For each source and a translation of it (target tokens, without [SOS] and [EOS]), the last
+        decoder layer's cross-attention, mean over heads, with the decoder fed the translation:
+        weights[i][j] from target token i to source token j (the tag included, [SOS] and [EOS] not);
+        None for a translation too long for the model."""
 
 
 class TorchTranslator(Translator):
@@ -585,6 +617,18 @@ class TorchTranslator(Translator):
         return CrossAttention([self.tok_src.id_to_token(i) for i in src[0].tolist()],
                               [self.tok_tgt.id_to_token(i) for i in [*generated, last]],
                               heads.mean(dim=0).tolist(), heads.tolist())
+
+    def forced_attention(self, sources: list[Source], targets: list[Source]) -> list[list[list[float]] | None]:
+        found: list[list[list[float]] | None] = []
+        with self.evaluating():
+            for source, target in zip(sources, targets):
+                if len(target.ids) + 1 > self.seq_len:
+                    found.append(None)
+                    continue
+                src, src_mask = self.source_batch([source])
+                heads, _ = last_layer_cross_attention(self.model, src, src_mask, target.ids)
+                found.append(heads.mean(dim=0)[:len(target.ids), 1:-1].tolist())  # [SOS] and [EOS] off
+        return found
 
 
 @torch.no_grad()
@@ -743,6 +787,21 @@ class CTranslate2Translator(Translator):
                                             max_decoding_length=max_output_tokens(len(tokens), self.seq_len),
                                             max_input_length=self.seq_len)
         return CrossAttention(tokens, result.hypotheses[0], [list(row) for row in result.attention[0]])
+
+    def forced_attention(self, sources: list[Source], targets: list[Source]) -> list[list[list[float]] | None]:
+        fits = [i for i, target in enumerate(targets) if len(target.tokens) + 1 <= self.seq_len]
+        found: list[list[list[float]] | None] = [None] * len(targets)
+        if not fits:
+            return found
+        # the translation as the target prefix: CTranslate2 decodes it as given, with its attention
+        results = self.ct2.translate_batch([sources[i].tokens for i in fits],
+                                           target_prefix=[targets[i].tokens for i in fits], beam_size=1,
+                                           return_attention=True, min_decoding_length=0,
+                                           max_decoding_length=max(len(targets[i].tokens) for i in fits) + 1,
+                                           max_input_length=self.seq_len)
+        for i, result in zip(fits, results):
+            found[i] = [list(row) for row in result.attention[0][:len(targets[i].tokens)]]
+        return found
 
 
 def add_translator_arguments(parser: argparse.ArgumentParser) -> None:
