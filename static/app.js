@@ -6,6 +6,11 @@ const $ = (id) => document.getElementById(id);
 // Sentences whose confidence is below this are marked (the server's confidence_mark_below).
 let markBelow = 0.5;
 
+// The elements documents.py places inside a sentence (its HTML_ROLES' inline and whole ones).
+const INLINE = ["a", "abbr", "b", "bdi", "bdo", "big", "cite", "code", "data", "del", "dfn", "em", "font", "i", "ins",
+  "kbd", "label", "mark", "q", "s", "samp", "small", "span", "strike", "strong", "sub", "sup", "time", "tt", "u",
+  "var"];
+
 // Viridis, as attention_plot.py draws the same heatmap, from 0 to 1.
 const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 
@@ -129,6 +134,47 @@ function showHeatmap({source_tokens: sources, output_tokens: outputs, weights}) 
   $("attention").hidden = false;
 }
 
+// The inline elements of an HTML text, in document order. DOMParser's document is inert: nothing in it
+// runs or loads.
+function inlineElements(html) {
+  const page = new DOMParser().parseFromString(html, "text/html");
+  return Array.from(page.querySelectorAll(INLINE.join(",")));
+}
+
+function startTag(element) {
+  const attributes = Array.from(element.attributes).map((a) => ` ${a.name}="${a.value}"`).join("");
+  return `<${element.localName}${attributes}>`;
+}
+
+// Where each inline tag went: the source's and the translation's elements pair up in order, as the
+// translation keeps the source's tag tree.
+function showTags(source, translated) {
+  const pairs = inlineElements(source).map((element, i) => [element, inlineElements(translated)[i]]);
+  $("tag-table").tBodies[0].replaceChildren(...pairs.map(([from, to]) => {
+    const row = document.createElement("tr");
+    for (const text of [startTag(from), from.textContent, to ? to.textContent : ""]) {
+      const cell = document.createElement("td");
+      cell.textContent = text;
+      row.append(cell);
+    }
+    return row;
+  }));
+  $("tags").hidden = pairs.length === 0;
+}
+
+// HTML through LibreTranslate's API (format html): the markup kept, inline tags placed by the server.
+async function translateHtml(text) {
+  $("attention").hidden = true;
+  const languages = await api("/languages");
+  const source = languages.find((language) => language.targets.length > 0);
+  const target = $("target-box").hidden ? source.targets[0] : $("target").value;
+  const answer = await api("/translate", {q: text, source: source.code, target, format: "html"});
+  $("translation").textContent = answer.translatedText;
+  $("pieces").hidden = $("unsure").hidden = true;
+  $("result").hidden = false;
+  showTags(text, answer.translatedText);
+}
+
 async function translate(event) {
   event.preventDefault();
   const text = $("source").value;
@@ -136,7 +182,12 @@ async function translate(event) {
   button.disabled = true;
   button.textContent = "Translating…";
   showError("");
+  $("tags").hidden = true;
   try {
+    if ($("format").value === "html") {
+      await translateHtml(text);
+      return;
+    }
     // Only a model of several target languages is told which; the others need not be.
     const target = $("target-box").hidden ? {} : {target_lang: $("target").value};
     // The whole text in one request: the server finds its sentences and keeps its paragraphs.
@@ -150,6 +201,7 @@ async function translate(event) {
   } catch (error) {
     $("result").hidden = true;
     $("attention").hidden = true;
+    $("tags").hidden = true;
     showError(`The server refused this: ${error.message}`);
   } finally {
     button.disabled = false;

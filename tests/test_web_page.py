@@ -1,8 +1,8 @@
 """The web page at / in a real browser (Playwright driving Debian's Chromium): a text of two
 paragraphs (three sentences, a blank line between) typed and translated shows the translation with
 the same paragraphs, the checkpoint's name and the heatmap of the server's attention weights for
-the first sentence; a rejected input shows the server's own message. Skips where the browser or the
-playwright package is missing."""
+the first sentence; a rejected input shows the server's own message; in HTML mode the translated
+HTML and where each inline tag went. Skips where the browser or the playwright package is missing."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from justhtml import Element, JustHTML
+
 from benchmarks.loadtest import ServerProcess
+from nmt.inference.documents import element_text, html_nodes
 from nmt.inference.translator import DecodingOptions, TorchTranslator
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -87,3 +90,25 @@ def test_rejected_input_shows_the_server_message(page) -> None:
     assert page.locator("#result").is_hidden() and page.locator("#attention").is_hidden()
     translate(page, " \n  ")
     sync_api.expect(page.locator("#error")).to_have_text("The server refused this: 'text' is empty")
+
+
+def test_html_mode_shows_where_inline_tags_went(page, checkpoint: Path) -> None:
+    """Format HTML: the text goes through LibreTranslate's API as format html, the translation comes
+    back as HTML (shown as text), and a table says which words each inline tag covers in the source
+    and in the translation; no heatmap."""
+    translator = TorchTranslator.load(checkpoint, checkpoint.parent, torch.device("cpu"))
+    source = '<p>The old man sees the <b class="k">black</b> cat.</p>'
+    expected, _ = translator.translate_document(source, "html", DecodingOptions(), True)
+    bold = next(node for node in html_nodes(JustHTML(expected, sanitize=False).root)
+                if isinstance(node, Element) and node.name == "b")
+    page.select_option("#format", "html")
+    try:
+        translate(page, source)
+        sync_api.expect(page.locator("#translation")).to_have_text(expected)
+        rows = page.locator("#tag-table tbody tr")
+        sync_api.expect(rows).to_have_count(1)
+        assert [cell.text_content() for cell in rows.nth(0).locator("td").all()] == [
+            '<b class="k">', "black", element_text(bold)]
+        assert page.locator("#attention").is_hidden() and page.locator("#error").is_hidden()
+    finally:
+        page.select_option("#format", "text")
