@@ -105,6 +105,7 @@ def test_html_mode_shows_where_inline_tags_went(page, checkpoint: Path) -> None:
     try:
         translate(page, source)
         sync_api.expect(page.locator("#translation")).to_have_text(expected)
+        sync_api.expect(page.locator("#tags")).to_be_visible()
         rows = page.locator("#tag-table tbody tr")
         sync_api.expect(rows).to_have_count(1)
         assert [cell.text_content() for cell in rows.nth(0).locator("td").all()] == [
