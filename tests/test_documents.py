@@ -420,3 +420,10 @@ def test_html_bogus_comments_and_tags_cut_off_by_the_end_stay_as_they_are(text: 
     model or comes back as text."""
     assert translate_document(text, "html", upper, "en") == expected
     assert html_structure(expected) == html_structure(text)
+
+
+def test_html_a_tag_that_ends_at_an_apostrophe_keeps_the_sentence_whole() -> None:
+    """<b>Tom</b>'s: the tag ends between a letter and a mark, a word's end (un<b>believ</b>able cuts)."""
+    text = "<p><b>Tom</b>'s cat sleeps.</p>"
+    assert plan_document(text, "html", "en").sources == ["Tom's cat sleeps."]
+    assert translate_document(text, "html", upper, "en") == "<p><b>TOM</b>'S CAT SLEEPS.</p>"

@@ -18,9 +18,9 @@ from nmt.inference.inline_tags import (CLOSE, OPEN, READ, WHOLE, Alignment, Inli
 from nmt.inference.translator import CTranslate2Translator, DecodingOptions
 
 
-def reversed_words(count: int) -> Alignment:
-    """Target word t on source word count - 1 - t."""
-    return Alignment([[1.0 if s == count - 1 - t else 0.0 for s in range(count)] for t in range(count)])
+def linked(links: dict[int, int], targets: int, sources: int) -> Alignment:
+    """Target word t on source word links[t] (a word without a link: on none)."""
+    return Alignment([[1.0 if links.get(t) == s else 0.0 for s in range(sources)] for t in range(targets)])
 
 
 def test_read_piece_gives_the_prose_and_each_tag_with_the_words_it_covered() -> None:
@@ -35,13 +35,17 @@ def test_read_piece_gives_the_prose_and_each_tag_with_the_words_it_covered() -> 
 
 def test_a_tag_goes_around_the_target_word_its_source_word_is_aligned_with() -> None:
     piece = InlinePiece("one two three.", [Tag("<b>", "</b>", 8, 13)])
-    assert place(piece, "tre due uno.", reversed_words(3)) == ("<b>tre</b> due uno.", [(0, 3), (6, 10)])
+    # words: one two three . -> tre due uno .
+    assert place(piece, "tre due uno.", linked({0: 2, 1: 1, 2: 0, 3: 3}, 4, 4)) == ("<b>tre</b> due uno.",
+                                                                                  [(0, 3), (6, 10)])
     assert place(piece, "tre due uno.")[0] == "tre due <b>uno</b>."  # without attention: the words in order
 
 
 def test_nested_tags_stay_nested_and_side_by_side_ones_share_no_word() -> None:
     nested = InlinePiece("the old man", [Tag("<b>", "</b>", 4, 11), Tag("<i>", "</i>", 8, 11, parent=0)])
-    assert place(nested, "l'uomo vecchio il", reversed_words(3))[0] == "<b><i>l'uomo</i> vecchio</b> il"
+    # words: l ' uomo vecchio il; a mark between two words of a tag is taken with them
+    assert place(nested, "l'uomo vecchio il", linked({0: 2, 2: 2, 3: 1, 4: 0}, 5, 3))[0] == \
+        "<b><i>l'uomo</i> vecchio</b> il"
     siblings = InlinePiece("red green", [Tag("<b>", "</b>", 0, 3), Tag("<i>", "</i>", 4, 9)])
     # both target words attend most to "green", and "red" most to the first: <i> takes the second only
     aligned = Alignment([[0.4, 0.6], [0.0, 1.0]])
@@ -52,7 +56,8 @@ def test_a_tag_grows_onto_the_neighbours_that_attend_to_its_words_and_not_onto_f
     """"went" -> "è andato": "andato" attends most to it, "è" beside it too; "casa." attends most to it
     as well, but stands apart, and stays out."""
     piece = InlinePiece("He went home.", [Tag("<b>", "</b>", 3, 7)])
-    aligned = Alignment([[1, 0, 0], [0.2, 0.7, 0.1], [0, 0.9, 0.1], [0.1, 0.3, 0.6], [0, 0.55, 0.45]])
+    aligned = Alignment([[1, 0, 0, 0], [0.2, 0.7, 0.1, 0], [0, 0.9, 0.1, 0], [0.1, 0.3, 0.6, 0], [0, 0.55, 0.45, 0],
+                         [0, 0, 0.2, 0.8]])
     assert place(piece, "Lui è andato a casa.", aligned)[0] == "Lui <b>è andato</b> a casa."
 
 

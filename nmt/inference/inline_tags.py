@@ -14,10 +14,11 @@ cross-attention over the translation, summed by word on both sides (`word_alignm
 it, `monotone_alignment`, the words in order). A target word belongs to a tag when it is the
 target word that attends most to one of the words the tag covered, or when it stands beside one
 that belongs and the source word it attends to most is one the tag covered; the tag then covers
-the contiguous run of target words with the best score (+1 a word that belongs, -0.6 one that does
-not: a lone word between two that belong is taken, two are not), or the single word that attends most to its words when none belongs. Tags nest as in the source:
-an element inside another is placed within the other's words, and elements side by side never
-share a word. Punctuation at the ends of the covered words stays outside unless the source's
+the contiguous run of target words with the best score (+1 a word that belongs, or a punctuation
+mark it covered; -0.6 a word that does not, -0.1 a mark: a lone word between two that belong is
+taken, two are not), or the single word that attends most to its words when none belongs. Tags
+nest as in the source: an element inside another is placed within the other's words, and elements
+side by side never share a word. Punctuation at the ends of the covered words stays outside unless the source's
 covered text had it there. A WHOLE mark replaces the words it covered. The words of the translation
 are written through the format's `escape` (HTML: & < > as entities, and each character the source
 piece wrote as a reference written the same way).
@@ -31,9 +32,11 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Sequence
 
 CUT, OPEN, CLOSE, WHOLE, READ = "cut", "open", "close", "whole", "read"
-WORD = re.compile(r"\S+")
+WORD = re.compile(r"\w+|[^\w\s]")  # a word, or a punctuation mark (or symbol) of its own
 ALNUM = re.compile(r"[^\W_]")
-IN_WORD, OUT_WORD = 1.0, -0.6  # the run's score of a target word that belongs to the tag, and of one that does not
+# The run's score of a target word that belongs to the tag, of a word that does not, and of a mark
+# (punctuation, a symbol) that does not: a run bridges marks more readily than words.
+IN_WORD, OUT_WORD, OUT_MARK = 1.0, -0.6, -0.1
 
 Escape = Callable[[str, dict[str, str]], str]
 
@@ -75,7 +78,7 @@ class InlinePiece:
 @dataclass
 class Alignment:
     """weights[t][s]: how much the translation's word t attended to the source's word s (words:
-    runs of non-space characters), each row summing to 1 (or 0 for a word with no tokens)."""
+    runs of letters and digits, and each other character but space: WORD), each row summing to 1 (or 0 for a word with no tokens)."""
 
     weights: list[list[float]]
 
@@ -141,16 +144,13 @@ def read_piece(raw: str, marks: Sequence[Mark]) -> InlinePiece:
 
 
 def inside_words(piece: InlinePiece) -> list[int]:
-    """The tags of `piece` that begin or end inside a word (a letter or digit of the word outside
-    them, as in Markdown's foo*bar*): placed by words, they would take the whole word."""
-    found = []
-    for index, tag in enumerate(piece.tags):
-        word_start = piece.prose.rfind(" ", 0, tag.start) + 1
-        word_end = piece.prose.find(" ", tag.end)
-        word_end = len(piece.prose) if word_end < 0 else word_end
-        if ALNUM.search(piece.prose, word_start, tag.start) or ALNUM.search(piece.prose, tag.end, word_end):
-            found.append(index)
-    return found
+    """The tags of `piece` that begin or end inside a word (a letter or digit on both sides of the
+    tag, as in un<b>believ</b>able): placed by words, they would take the whole word."""
+    def splits(position: int) -> bool:
+        return 0 < position < len(piece.prose) and bool(ALNUM.match(piece.prose, position - 1)) and \
+            bool(ALNUM.match(piece.prose, position))
+
+    return [index for index, tag in enumerate(piece.tags) if splits(tag.start) or splits(tag.end)]
 
 
 def words(text: str) -> list[tuple[int, int]]:
@@ -192,33 +192,41 @@ def word_alignment(source: str, source_offsets: Sequence[tuple[int, int]], targe
 
 
 def monotone_alignment(source: str, target: str) -> Alignment:
-    """The alignment of a translation with the source's words in the same order, each target word
-    on the source word at the same relative place: what placement falls back on without attention."""
-    count_source, count_target = len(words(source)), len(words(target))
-    weights = [[0.0] * count_source for _ in range(count_target)]
-    for t, row in enumerate(weights):
-        if count_source:
-            row[min(int((t + 0.5) * count_source / count_target), count_source - 1)] = 1.0
+    """The alignment of a translation with the source's words in the same order, each target word of
+    letters or digits on the source's such word at the same relative place (punctuation: none):
+    what placement falls back on without attention."""
+    source_words, target_words = words(source), words(target)
+    source_content = [i for i, span in enumerate(source_words) if ALNUM.search(source, *span)]
+    target_content = [i for i, span in enumerate(target_words) if ALNUM.search(target, *span)]
+    weights = [[0.0] * len(source_words) for _ in target_words]
+    for k, t in enumerate(target_content):
+        if source_content:
+            weights[t][source_content[min(int((k + 0.5) * len(source_content) / len(target_content)),
+                                          len(source_content) - 1)]] = 1.0
     return Alignment(weights)
 
 
-def belonging(weights: Sequence[Sequence[float]], covered: set[int]) -> list[bool]:
+def belonging(weights: Sequence[Sequence[float]], covered: set[int], content: Sequence[bool]) -> list[bool]:
     """For each target word, whether it belongs to a tag that covered the source words `covered`:
     the target word that attends most to one of them does, and so, grown from those, does a target
     word beside one that belongs whose own most attended source word is one of them (the neighbours
     of grow-diag: a word translated by two, "went" -> "è andato", without taking every far word whose
-    attention strays onto the covered ones)."""
+    attention strays onto the covered ones). Only words of the covered ones' kind (`content`: of
+    letters or digits, or not) belong: a full stop that attends to the last source word is no
+    translation of it."""
     found = [False] * len(weights)
     for source_word in covered:
-        column = [row[source_word] for row in weights]
+        column = [row[source_word] if usable else 0.0 for row, usable in zip(weights, content)]
         if any(column):
             found[column.index(max(column))] = True
     tops = [max(range(len(row)), key=row.__getitem__) if any(row) else -1 for row in weights]
+    alike = [t for t, usable in enumerate(content) if usable]  # beside: the next word of that kind (l'uomo)
     grown = True
     while grown:
         grown = False
-        for t, top in enumerate(tops):
-            if not found[t] and top in covered and (t > 0 and found[t - 1] or t + 1 < len(found) and found[t + 1]):
+        for k, t in enumerate(alike):
+            if not found[t] and tops[t] in covered and (k > 0 and found[alike[k - 1]] or
+                                                        k + 1 < len(alike) and found[alike[k + 1]]):
                 found[t] = grown = True
     return found
 
@@ -239,10 +247,12 @@ def best_run(scores: Sequence[float], free: Sequence[bool]) -> tuple[int, int] |
     return found
 
 
-def word_runs(piece: InlinePiece, targets: list[tuple[int, int]], alignment: Alignment) -> list[tuple[int, int]]:
+def word_runs(piece: InlinePiece, translation: str, targets: list[tuple[int, int]],
+              alignment: Alignment) -> list[tuple[int, int]]:
     """Each tag's run of target words [first, end) (first == end: none, the tag goes before word
     `first`), parents before their children (read_piece lists them so)."""
     sources = words(piece.prose)
+    content = [bool(ALNUM.search(translation, *span)) for span in targets]
     runs: list[tuple[int, int]] = []
     taken: dict[int, set[int]] = {}  # a parent's children's words
     for tag in piece.tags:
@@ -250,13 +260,21 @@ def word_runs(piece: InlinePiece, targets: list[tuple[int, int]], alignment: Ali
         siblings = taken.setdefault(tag.parent, set())
         free = [low <= t < high and t not in siblings for t in range(len(targets))]
         covered = {i for i, (a, b) in enumerate(sources) if a < tag.end and tag.start < b}
+        prose = {i for i in covered if ALNUM.search(piece.prose, *sources[i])}
+        marks = {piece.prose[slice(*sources[i])] for i in covered - prose}
+        covered = prose or covered
+        kind = [found == bool(prose) for found in content]  # words for words, else marks for marks
         run = None
         if covered and any(free):
-            scores = [IN_WORD if found else OUT_WORD for found in belonging(alignment.weights, covered)]
+            found = belonging(alignment.weights, covered, kind)
+            # a mark the tag covered belongs where the translation has it (the # of `#`)
+            scores = [IN_WORD if found[t] or not content[t] and translation[slice(*targets[t])] in marks else
+                      OUT_WORD if content[t] else OUT_MARK for t in range(len(targets))]
             run = best_run(scores, free)
             if run is None:
-                mass = [sum(alignment.weights[t][s] for s in covered) if free[t] else -1.0 for t in range(len(targets))]
-                best = mass.index(max(mass))
+                usable = [t for t in range(len(targets)) if free[t] and kind[t]] or \
+                    [t for t in range(len(targets)) if free[t]]
+                best = max(usable, key=lambda t: sum(alignment.weights[t][s] for s in covered))
                 run = (best, best + 1)
         if run is None:  # nothing to cover: before the target word of the source word after it
             after = [i for i, (a, _) in enumerate(sources) if a >= tag.start]
@@ -270,12 +288,13 @@ def word_runs(piece: InlinePiece, targets: list[tuple[int, int]], alignment: Ali
     return runs
 
 
+def punctuation(char: str) -> bool:
+    return unicodedata.category(char).startswith("P")
+
+
 def trimmed(text: str, start: int, end: int, covered: str) -> tuple[int, int]:
     """[start, end) of `text` without the punctuation at its ends that `covered` (the source's
     covered text) does not have at its own."""
-    def punctuation(char: str) -> bool:
-        return unicodedata.category(char).startswith("P")
-
     covered = covered.strip()
     if not (covered and punctuation(covered[-1])):
         while end - 1 > start and punctuation(text[end - 1]):
@@ -310,7 +329,7 @@ def place(piece: InlinePiece, translation: str, alignment: Alignment | None = No
     if alignment is None or len(alignment.weights) != len(targets) or \
             any(len(row) != len(sources) for row in alignment.weights):
         alignment = monotone_alignment(piece.prose, translation)
-    spans = character_spans(piece, translation, targets, word_runs(piece, targets, alignment))
+    spans = character_spans(piece, translation, targets, word_runs(piece, translation, targets, alignment))
     depth = [0] * len(piece.tags)
     for index, tag in enumerate(piece.tags):
         depth[index] = depth[tag.parent] + 1 if tag.parent >= 0 else 0
