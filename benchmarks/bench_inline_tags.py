@@ -19,7 +19,8 @@ Reported, for each way: the sentences whose output (tags stripped) holds the wor
 and of those the share whose <b> holds it (`placed`) and whose <b> holds it alone (`exact`: no
 other word); corpus BLEU and chrF of the outputs with the tags stripped, against the references and
 against the plain translation (how much the tags changed the text), beside the plain translation's
-own scores (sacreBLEU signatures).
+own scores (sacreBLEU signatures). Every translation is a text's, segmented as translate.py
+segments it, so that the plain text and the HTML paragraph are split into the same sentences.
 """
 from __future__ import annotations
 
@@ -85,12 +86,20 @@ def placed_by_attention(translator: Translator, chosen: Sequence[tuple[str, re.M
     return found
 
 
+def as_text(translator: Translator, lines: Sequence[str], options: DecodingOptions) -> list[str]:
+    """Each line translated as translate.py translates a text (segmented into sentences, as the
+    HTML document's paragraphs are)."""
+    text = "\n".join(line.replace("\n", " ") for line in lines)
+    translated, _ = translator.translate_document(text, "text", options, split_sentences=True)
+    return translated.split("\n")
+
+
 def split_at_tags(translator: Translator, chosen: Sequence[tuple[str, re.Match]],
                   options: DecodingOptions) -> list[tuple[str, str]]:
     """Each sentence's text before the word, the word and the text after translated apart, joined."""
     parts = [(s[:m.start()].strip(), m.group(), s[m.end():].strip()) for s, m in chosen]
     pieces = sorted({piece for part in parts for piece in part if piece})
-    translated = dict(zip(pieces, translator.translate_best(pieces, options)))
+    translated = dict(zip(pieces, as_text(translator, pieces, options)))
     return [(" ".join(translated[piece] for piece in part if piece), translated[part[1]]) for part in parts]
 
 
@@ -112,7 +121,7 @@ def scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, An
 def measure(translator: Translator, train: Sequence[Pair], test: Sequence[Pair], options: DecodingOptions) -> dict:
     """The benchmark on `test`, with the word list of `train` (module docstring)."""
     best = translations_of(word_list(train))
-    plain = translator.translate_best([s for s, _ in test], options)
+    plain = as_text(translator, [s for s, _ in test], options)
     chosen, targets, references, plain_kept = [], [], [], []
     for (source, reference), output in zip(test, plain):
         found = chosen_word(source, output, best)

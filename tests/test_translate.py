@@ -193,16 +193,35 @@ def test_documents_through_input_and_output(trained_run, capsys: pytest.CaptureF
     assert (code, out) == (0, []) and err[-1] == f"translate.py: wrote {target} ({documents.document_format(name)})"
     translated = target.read_text(encoding="utf-8")
     translator = TorchTranslator.load(None, trained_run.folder, torch.device("cpu"))
-    assert translated == documents.translate_document(text, documents.document_format(name), lambda pieces:
-                                                      translator.translate_best(pieces, DecodingOptions()), "en")
+    # the translator's own document path: a Markdown link placed by the model's attention
+    assert translated == translator.translate_document(text, documents.document_format(name), DecodingOptions(),
+                                                       True)[0]
     assert translated != text and all(part in translated for part in kept)
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted([name, f"out-{name}"])  # no temporary left
+
+
+def test_an_html_page_through_input_keeps_its_markup_and_places_its_inline_tag(
+        trained_run, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    """translate.py --input page.html: the head, attributes, comment and script as they were, the
+    <b> placed by the model's attention (Translator.translate_document, as serve.py places it)."""
+    page = ('<!DOCTYPE html><html><head><title>The red house.</title><script>var a = "<b>";</script></head>'
+            '<body><p class="x">The cat sees the <b>dog</b>.</p><!-- keep --></body></html>')
+    source, target = tmp_path / "page.html", tmp_path / "page.it.html"
+    source.write_text(page, encoding="utf-8")
+    code, out, err = run_main(capsys, experiment(trained_run) + ["--input", str(source), "--output", str(target)])
+    assert (code, out) == (0, []) and err[-1] == f"translate.py: wrote {target} (html)"
+    translated = target.read_text(encoding="utf-8")
+    translator = TorchTranslator.load(None, trained_run.folder, torch.device("cpu"))
+    assert translated == translator.translate_document(page, "html", DecodingOptions(), True)[0]
+    assert translated.startswith('<!DOCTYPE html><html><head><title>') and translated.count("<b>") == 2
+    assert '<script>var a = "<b>";</script>' in translated and '<p class="x">' in translated
+    assert translated.endswith("</p><!-- keep --></body></html>") and "The cat" not in translated
 
 
 def test_document_options_are_checked_in_one_line(trained_run, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     source = tmp_path / "report.docx"
     source.write_text(FIRST, encoding="utf-8")
-    for extra, message in ((["--format", "docx"], "unknown document format 'docx' (known: text, srt, markdown)"),
+    for extra, message in ((["--format", "docx"], "unknown document format 'docx' (known: text, srt, markdown, html)"),
                            ([], f"cannot tell the format of {source} from its name"),
                            (["--format", "text", "--output", str(source)], f"--output {source} is the input"),
                            (["--format", "text", FIRST], "not with sentence arguments")):

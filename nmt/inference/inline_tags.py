@@ -78,7 +78,8 @@ class InlinePiece:
 @dataclass
 class Alignment:
     """weights[t][s]: how much the translation's word t attended to the source's word s (words:
-    runs of letters and digits, and each other character but space: WORD), each row summing to 1 (or 0 for a word with no tokens)."""
+    runs of letters and digits, and each other character but space: WORD), each row summing to 1
+    (or 0 for a word with no tokens)."""
 
     weights: list[list[float]]
 
