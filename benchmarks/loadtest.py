@@ -708,6 +708,25 @@ def server_arguments(args: argparse.Namespace, engine: str) -> list[str]:
     return forwarded + (["--checkpoint", str(args.checkpoint)] if args.checkpoint is not None else [])
 
 
+# The load test's seconds, minutes and rates: each positive where given (parse_arguments checks).
+POSITIVE_OPTIONS: tuple[tuple[str, float | None, str], ...] = (
+    ("slope_skip_minutes", 1.0, "soak: the memory slope is fitted to the samples after this many minutes "
+                                "(default: 1)"),
+    ("time_limit", 120.0, "seconds per engine after which closed-loop clients stop sending, and for the warm-up "
+                          "(default: 120)"),
+    ("rate", None, "open loop: requests per second (default: --rate_factor times the measured capacity)"),
+    ("rate_factor", None, f"open loop: times the capacity (default: {DEFAULT_RATE_FACTOR:g})"),
+    ("capacity_seconds", 20.0, "open loop: length of the closed-loop run that measures the capacity "
+                               "(default: 20)"),
+    ("duration", 60.0, "open loop: seconds of load (default: 60)"),
+    ("soak_minutes", 10.0, "soak: minutes of load (default: 10)"),
+    ("deadline_s", None, f"bound on the p99 latency of answered requests (default: the server's {DEADLINE_KEY}, "
+                         f"else {DEFAULT_DEADLINE_S:g})"),
+    ("request_timeout_s", None, "open loop: a request unanswered this long is a failure (default: 3 x the deadline)"),
+    ("rss_interval_s", 2.0, "open loop: seconds between readings of the server's memory (default: 2)"),
+)
+
+
 def argument_parser() -> argparse.ArgumentParser:
     """The load test's options, beside serve.py's and evaluate.py's config keys."""
     parser = build_parser((SERVE, EVALUATE), __doc__.splitlines()[0])
@@ -727,37 +746,19 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="fixed: --sentences_per_request sentences at the server's beam size; mixed: 1 to 16 "
                              "sentences, beam 1 or 5, 5%% of requests to /attention, drawn with --seed "
                              "(default: fixed)")
-    parser.add_argument("--slope_skip_minutes", type=float, default=1.0,
-                        help="soak: the memory slope is fitted to the samples after this many minutes (default: 1)")
     parser.add_argument("--split", default="test", help="split of --datasource to take sentences from (default: test)")
     parser.add_argument("--text_file", type=Path, default=None, help="take sentences from this file, one a line")
-    parser.add_argument("--time_limit", type=float, default=120.0,
-                        help="seconds per engine after which closed-loop clients stop sending, and for the warm-up "
-                             "(default: 120)")
-    parser.add_argument("--rate", type=float, default=None,
-                        help="open loop: requests per second (default: --rate_factor times the measured capacity)")
-    parser.add_argument("--rate_factor", type=float, default=None,
-                        help=f"open loop: times the capacity (default: {DEFAULT_RATE_FACTOR:g})")
-    parser.add_argument("--capacity_seconds", type=float, default=20.0,
-                        help="open loop: length of the closed-loop run that measures the capacity (default: 20)")
-    parser.add_argument("--duration", type=float, default=60.0, help="open loop: seconds of load (default: 60)")
-    parser.add_argument("--soak_minutes", type=float, default=10.0, help="soak: minutes of load (default: 10)")
     parser.add_argument("--arrivals", choices=["poisson", "uniform"], default="poisson",
                         help="open loop: request times, a Poisson process seeded by --seed or evenly spaced "
                              "(default: poisson)")
     parser.add_argument("--max_in_flight", type=int, default=1024,
                         help="open loop: unanswered requests at most; one due beyond is counted unsent (default: 1024)")
-    parser.add_argument("--deadline_s", type=float, default=None,
-                        help=f"bound on the p99 latency of answered requests (default: the server's {DEADLINE_KEY}, "
-                             f"else {DEFAULT_DEADLINE_S:g})")
-    parser.add_argument("--request_timeout_s", type=float, default=None,
-                        help="open loop: a request unanswered this long is a failure (default: 3 x the deadline)")
     parser.add_argument("--max_rss_growth_mb", type=float, default=64.0,
                         help="open loop: bound on the server's resident memory growth over the load (default: 64)")
     parser.add_argument("--max_rss_slope_mb_per_min", type=float, default=None,
                         help="open loop: bound on the memory slope (default: reported, not bounded)")
-    parser.add_argument("--rss_interval_s", type=float, default=2.0,
-                        help="open loop: seconds between readings of the server's memory (default: 2)")
+    for name, default, text in POSITIVE_OPTIONS:
+        parser.add_argument(f"--{name}", type=float, default=default, help=text)
     parser.add_argument("--no_pin", action="store_true",
                         help="open loop: do not pin the generator and the server to different CPUs")
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
@@ -770,8 +771,7 @@ def parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, dict[st
     config = resolved.config
     if min(args.clients, args.requests, args.sentences_per_request, args.max_in_flight) < 1:
         parser.error("--clients, --requests, --sentences_per_request and --max_in_flight must be at least 1")
-    for name in ("time_limit", "rate", "rate_factor", "capacity_seconds", "duration", "soak_minutes", "deadline_s",
-                 "request_timeout_s", "rss_interval_s", "slope_skip_minutes"):
+    for name, _, _ in POSITIVE_OPTIONS:
         if getattr(args, name) is not None and not getattr(args, name) > 0:
             parser.error(f"--{name} must be positive, got {getattr(args, name)}")
     if args.max_rss_growth_mb < 0:
