@@ -124,6 +124,9 @@ OPTIONS: dict[str, Option] = {
                    frozenset({TRAIN, EVALUATE}), identity=True),
     "reserved_tags": O("<BT>", "tag tokens reserved in the tokenizers beside those the corpora carry, comma-separated",
                        "data", model=True),
+    "term_annotation": O(0.0, "share of training sources annotated with linked target words, so that the model "
+                              "places glossary terms (docs/glossary.md); needs joint_vocab", "data",
+                         range=Range(0, 1), identity=True),
     "val_fraction": O(0.05, "share of a train-only source carved out for validation", "data", range=FRACTION,
                       identity=True),
     "test_fraction": O(0.05, "share of a train-only source carved out for test", "data", range=FRACTION,
@@ -446,6 +449,9 @@ def check_model(config: dict[str, Any]) -> None:
         raise ConfigError(f"--d_model must be even for sinusoidal positions, got {config['d_model']}")
     if config["tie_embeddings"] and not config["joint_vocab"]:
         raise ConfigError("--tie_embeddings needs --joint_vocab true: separate vocabularies cannot share weights")
+    if config["term_annotation"] and not config["joint_vocab"]:
+        raise ConfigError("--term_annotation needs --joint_vocab true: the target terms are written in the sources, "
+                          "in the target's vocabulary")
 
 
 def check_data(config: dict[str, Any]) -> None:
@@ -762,6 +768,8 @@ def options_table() -> str:
 # A tag token: <BT> for back-translated pairs, <2fr> for "translate into French".
 TAG_PATTERN = re.compile(r"<[A-Za-z0-9_.-]+>")
 TARGET_TAG = re.compile(r"<2([A-Za-z0-9_-]+)>")
+# term_annotation's tags (nmt/corpora/terms.py): before a source term, before its target term, after that
+TERM_TAGS = ("<term>", "<term_as>", "<term_end>")
 COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz")
 
 
@@ -862,12 +870,13 @@ def corpora(config: dict[str, Any]) -> list[Corpus]:
 
 def tokenizer_tags(config: dict[str, Any]) -> list[str]:
     """The tag tokens reserved in a new run's tokenizers: `reserved_tags`, the target tags of a model of
-    several target languages, and every corpus tag, in that order, each once."""
+    several target languages, every corpus tag, and with term_annotation TERM_TAGS, in that order, each once."""
     tags = config["reserved_tags"].split(",") if config["reserved_tags"] else []
     targets = target_languages(config)
     if len(targets) > 1:
         tags += [target_tag(lang) for lang in targets]
     tags += [tag for _, _, tag in corpus_entries(config["datasource"]) if tag]
+    tags += list(TERM_TAGS) if config["term_annotation"] else []
     return list(dict.fromkeys(tags))
 
 

@@ -669,3 +669,34 @@ def test_an_unnamed_tsv_read_the_other_way_by_a_later_run_is_refused(tmp_path: P
         text_store(config_for(tsv, tmp_path, lang_src="it", lang_tgt="en"))
     named = tsv.rename(tmp_path / "corpus.en-it.tsv")
     assert text_store(config_for(named, tmp_path, lang_src="it", lang_tgt="en")).pairs("train")[0][0].startswith("La")
+
+
+def test_term_annotation_annotates_a_seeded_share_of_the_training_sources(tmp_path: Path) -> None:
+    """With term_annotation 0.5 about half of the training sources carry a term inline (<term> ...
+    <term_as> ... <term_end>), the held-out splits none; the store's key changes with the share and
+    the seed, and one seed gives the same rows twice."""
+    pairs = [(f"The {animal} number w{i} sleeps.", f"Il {name} numero w{i} dorme.")
+             for i in range(300) for animal, name in [(("cat", "gatto"), ("dog", "cane"), ("bird", "uccello"))[i % 3]]]
+    folder = write_hub_dataset(tmp_path / "data", {"train": pairs})
+    config = config_for(folder, tmp_path, joint_vocab=True, term_annotation=0.5)
+    text = text_store(config)
+    tok_src, tok_tgt = train_tokenizers(config, lambda: tokenizer_sample(config, [text]))
+    start, target, end = (tok_src.token_to_id(tag) for tag in ("<term>", "<term_as>", "<term_end>"))
+    tokens = token_store(config, text, tok_src, tok_tgt)
+    train_rows = tokens.dataset("train")
+    annotated = [row for row in range(len(train_rows)) if start in train_rows[row][0].tolist()]
+    assert 0.35 * len(train_rows) < len(annotated) < 0.65 * len(train_rows)
+    assert tokens.meta["splits"]["train"]["annotated"] == len(annotated)
+    for row in annotated[:20]:
+        src = train_rows[row][0].tolist()
+        assert src.count(start) == src.count(target) == src.count(end) >= 1
+    for split in ("validation", "test"):
+        rows = tokens.dataset(split)
+        assert not any(start in rows[row][0].tolist() for row in range(len(rows)))
+    plain = token_store({**config, "term_annotation": 0.0}, text, tok_src, tok_tgt)
+    reseeded = token_store({**config, "seed": 7}, text, tok_src, tok_tgt)
+    assert len({plain.folder, reseeded.folder, tokens.folder}) == 3
+    assert not any(start in plain.dataset("train")[row][0].tolist() for row in range(len(train_rows)))
+    shutil.rmtree(tokens.folder)
+    again = token_store(config, text, tok_src, tok_tgt).dataset("train")
+    assert all(again[row][0].tolist() == train_rows[row][0].tolist() for row in range(len(train_rows)))

@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer, models, trainers
 
 from nmt.corpora import tokenizer as tk
-from config import get_config
+from config import TERM_TAGS, get_config
 from nmt.corpora.tokenizer import (EOS_ID, PAD_ID, SOS_ID, SPECIAL_TOKENS, UNK_ID, TokenizerError, decode_ids, encode_ids,
                        load_tokenizer, load_tokenizers, save_tokenizers, tag_id, tokenizer_from_json, train_tokenizer,
                        train_tokenizers)
@@ -143,3 +143,19 @@ def test_a_tag_the_tokenizer_does_not_reserve_is_one_line() -> None:
     plain.add_tokens(["<XX>"])  # an added token, but not a special one: decoding would keep it
     with pytest.raises(TokenizerError, match="tag <XX> is not in the tokenizers"):
         tag_id(plain, "<XX>", "weights/m/ckpt_00000010.pt")
+
+
+def test_term_annotation_reserves_its_three_tags_whole() -> None:
+    """With term_annotation the joint tokenizer reserves config.TERM_TAGS after <BT>: one id each,
+    never decoded, and typed in a text they are text."""
+    config = {**get_config(), "tokenizer_type": "bpe", "vocab_size": 300, "min_frequency": 1, "joint_vocab": True,
+              "term_annotation": 0.25}
+    tok_src, tok_tgt = train_tokenizers(config, lambda: iter([(s, s) for s in SENTENCES * 3]))
+    assert tok_src is tok_tgt
+    ids = [tag_id(tok_src, tag, "the test") for tag in TERM_TAGS]
+    assert ids == [5, 6, 7]
+    typed = encode_ids(tok_src, "<term> Hello <term_as> world <term_end>")
+    assert not set(ids) & set(typed)
+    assert decode_ids(tok_src, [ids[0], *encode_ids(tok_src, "Hello"), ids[1], ids[2]]) == "Hello"
+    plain, _ = train_tokenizers({**config, "term_annotation": 0.0}, lambda: iter([(s, s) for s in SENTENCES * 3]))
+    assert plain.token_to_id("<term>") is None

@@ -24,9 +24,13 @@ others wait and map the same files):
    the held-out splits of its earlier first text store (`KeptSplits`).
 2. The token store: the token ids of the pairs that fit in `seq_len` (`filter_max_length_ratio`
    drops training pairs whose token lengths differ by more than that ratio); a tagged corpus's
-   source rows start with its tag's id. Keyed by the text store, both tokenizers' content hashes,
-   seq_len, that ratio and the tag: with the tokenizers unchanged (a resume, --init_from), adding a
-   corpus tokenizes only that corpus.
+   source rows start with its tag's id; with `term_annotation`, that share of the training sources,
+   drawn with the run's seed, carries target terms inline (terms.py, from the corpus's word list).
+   Keyed by the text store, both tokenizers' content hashes, seq_len, that ratio and the tag (and the
+   annotation's share, seed and word list): with the tokenizers unchanged (a resume, --init_from),
+   adding a corpus tokenizes only that corpus.
+3. The word list (`term_store`): the renderings of the source words of some text stores' training
+   pairs (terms.py), keyed by those stores and the sample it counts.
 Another corpus, pair, setting or tokenizer gives another key, so a stale store is never read.
 
 What a run trained on (`data_record`, in every checkpoint and in weights/<experiment>/data.json):
@@ -78,17 +82,20 @@ from tokenizers import Tokenizer
 from nmt.atomic_files import atomic_write_bytes, lock_file, sha256_of
 from nmt.corpora.cleaning import (Cleaner, PairScorer, cleaning_description, report_line, scoring_summary,
                                   settings_from_config)
-from config import Corpus, corpora, corpus_entries, corpus_name, target_tag
+from config import TERM_TAGS, Corpus, corpora, corpus_entries, corpus_name, target_tag
 from dataset import BilingualDataset, fits
 from nmt.diagnostics import log
 from nmt.corpora.file_digests import FileDigests
 from nmt.corpora.sources import SPLITS, DataError, Pair, Source, carve, open_source, read_all_pairs, read_pairs, text_hash
+from nmt.corpora.terms import DICE, MIN_PAIRS, RENDERINGS, WordList, annotated_ids, dice_table, renderings
 from nmt.corpora.tokenizer import encode_texts, tag_id, tokenizer_hash
 
 STORE_FORMAT = 1
 CLEANING_FILE = "cleaning.json"  # in a text store: what cleaning removed from its training pairs
 ENCODE_BATCH = 20_000  # pairs tokenized per call: bounds memory, keeps the tokenizer's threads busy
 DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # errors that mean "no room to write"
+TERMS_FILE = "renderings.json"  # in a word-list store
+TERM_SAMPLE = 200_000  # training pairs a word list counts, at most: enough for a word's usual renderings
 
 
 def smallest_id_type(vocab_size: int) -> np.dtype:
@@ -361,9 +368,15 @@ class TextStore(Store):
 def tokenizer_sample(config: dict[str, Any], stores: Sequence[TextStore]) -> Iterator[Pair]:
     """A seeded sample of at most `tokenizer_max_sentences` of all the corpora's training pairs, in
     corpus order: what the tokenizers are trained on (all of them below the cap)."""
+    return train_sample(config, stores, config["tokenizer_max_sentences"])
+
+
+def train_sample(config: dict[str, Any], stores: Sequence[TextStore], cap: int) -> Iterator[Pair]:
+    """A sample of at most `cap` of all the corpora's training pairs, drawn with the run's seed, in
+    corpus order (all of them below the cap)."""
     sizes = [store.size("train") for store in stores]
     starts = np.cumsum([0, *sizes])
-    n, cap = int(starts[-1]), config["tokenizer_max_sentences"]
+    n = int(starts[-1])
     rows = np.arange(n) if n <= cap else np.sort(np.random.default_rng(config["seed"]).choice(n, cap, False))
     for store, start, end in zip(stores, starts, starts[1:]):
         mine = rows[(rows >= start) & (rows < end)] - start
@@ -751,6 +764,33 @@ def _apply_scoring(folder: Path, config: dict[str, Any], corpus: Corpus, raw: st
     return best, summary
 
 
+# ---------------------------------------------------------------------------- the word list
+
+class TermStore(Store):
+    """The word list of some corpora's training pairs (terms.py): what term_annotation annotates,
+    and the renderings a run stores with its model."""
+
+    def word_list(self) -> WordList:
+        return WordList(json.loads((self.folder / TERMS_FILE).read_text(encoding="utf-8")))
+
+
+def term_store(config: dict[str, Any], texts: Sequence[TextStore]) -> TermStore:
+    """The word list of the training pairs of `texts` (at most TERM_SAMPLE of them, drawn with the
+    seed where there are more): opened, or built. Keyed by the text stores and the sample."""
+    sampled = sum(text.size("train") for text in texts) > TERM_SAMPLE
+    key = {"format": STORE_FORMAT, "texts": [text.folder.name for text in texts], "sample": TERM_SAMPLE,
+           "seed": config["seed"] if sampled else None, "links": [MIN_PAIRS, DICE, RENDERINGS]}
+    folder = _store_folder(config, corpora(config)[0], "terms", key)
+    return TermStore.open_or_build(folder, key, partial(_fill_term_store, config=config, texts=texts),
+                                   f"aligning the words of the training pairs into {folder}")
+
+
+def _fill_term_store(folder: Path, config: dict[str, Any], texts: Sequence[TextStore]) -> dict[str, Any]:
+    rendered = renderings(dice_table(train_sample(config, texts, TERM_SAMPLE)))
+    (folder / TERMS_FILE).write_text(json.dumps(rendered, ensure_ascii=False), encoding="utf-8")
+    return {"source_words": len(rendered)}
+
+
 # ---------------------------------------------------------------------------- the token store
 
 class TokenStore(Store):
@@ -774,10 +814,43 @@ def token_store(config: dict[str, Any], text: TextStore, tok_src: Tokenizer, tok
            "typed_special_tokens": "text"}  # stores that read a typed [EOS] or <2fr> as that token are not reused
     if corpus.tag:
         key["tag"] = corpus.tag
+    annotator = None
+    if config["term_annotation"]:
+        terms = term_store(config, [text])
+        annotator = TermAnnotator(terms.word_list(), config["term_annotation"], config["seed"],
+                                  tuple(tag_id(tok_src, tag, "this run") for tag in TERM_TAGS))
+        key.update(term_annotation=config["term_annotation"], terms=terms.folder.name, seed=config["seed"])
     folder = _store_folder(config, corpus, "tokens", key)
     return TokenStore.open_or_build(folder, key, partial(_fill_token_store, text=text, config=config, tok_src=tok_src,
-                                                         tok_tgt=tok_tgt, tag=tag),
+                                                         tok_tgt=tok_tgt, tag=tag, annotator=annotator),
                                     f"tokenizing into the data store {folder}")
+
+
+@dataclass
+class TermAnnotator:
+    """term_annotation's share of a store's training pairs, drawn with the run's seed, annotated
+    (terms.py); the others as they are."""
+
+    word_list: WordList
+    share: float
+    seed: int
+    tags: tuple[int, int, int]
+    annotated: int = 0
+    terms: int = 0
+
+    def encode(self, tok_src: Tokenizer, pairs: Sequence[Pair], start: int) -> tuple[list[list[int]], list[str]]:
+        """The source ids and target texts of `pairs`, the rows from `start` of the training split."""
+        rng = np.random.default_rng([self.seed, start])
+        drawn = rng.random(len(pairs)) < self.share
+        found = [self.word_list.annotation(s, t, rng) if pick else ([], t) for (s, t), pick in zip(pairs, drawn)]
+        sources = [e.ids for e in encode_texts(tok_src, [s for s, _ in pairs], ids_only=True)]
+        rows = [i for i, (spans, _) in enumerate(found) if spans]
+        for i, ids in zip(rows, annotated_ids(tok_src, [pairs[i][0] for i in rows], [found[i][0] for i in rows],
+                                              self.tags)):
+            sources[i] = ids
+        self.annotated += len(rows)
+        self.terms += sum(len(found[i][0]) for i in rows)
+        return sources, [target for _, target in found]
 
 
 def token_stores(config: dict[str, Any], texts: Sequence[TextStore], tok_src: Tokenizer,
@@ -787,7 +860,7 @@ def token_stores(config: dict[str, Any], texts: Sequence[TextStore], tok_src: To
 
 
 def _fill_token_store(folder: Path, text: TextStore, config: dict[str, Any], tok_src: Tokenizer,
-                      tok_tgt: Tokenizer, tag: int | None) -> dict[str, Any]:
+                      tok_tgt: Tokenizer, tag: int | None, annotator: TermAnnotator | None = None) -> dict[str, Any]:
     dtype = smallest_id_type(max(tok_src.get_vocab_size(), tok_tgt.get_vocab_size()))
     seq_len, ratio = config["seq_len"], config["filter_max_length_ratio"]
     prefix = [] if tag is None else [tag]  # the tag is a source token like any other, but not part of the sentence
@@ -795,9 +868,13 @@ def _fill_token_store(folder: Path, text: TextStore, config: dict[str, Any], tok
     for split in text.splits():
         writer = PairWriter(folder, split, dtype)
         too_long = unbalanced = 0
-        for pairs in text.iter_pairs(split):
-            src = [e.ids for e in encode_texts(tok_src, [s for s, _ in pairs], ids_only=True)]
-            tgt = [e.ids for e in encode_texts(tok_tgt, [t for _, t in pairs], ids_only=True)]
+        for start, pairs in zip(range(0, text.size(split), ENCODE_BATCH), text.iter_pairs(split)):
+            if annotator is not None and split == "train":
+                src, targets = annotator.encode(tok_src, pairs, start)
+            else:
+                src, targets = [e.ids for e in encode_texts(tok_src, [s for s, _ in pairs], ids_only=True)], \
+                    [t for _, t in pairs]
+            tgt = [e.ids for e in encode_texts(tok_tgt, targets, ids_only=True)]
             keep = []
             for s, t in zip(src, tgt):
                 if not fits(len(prefix) + len(s), len(t), seq_len):
@@ -814,4 +891,8 @@ def _fill_token_store(folder: Path, text: TextStore, config: dict[str, Any], tok
             log(f"filter_max_length_ratio: dropped {unbalanced} training pairs whose token lengths differ by more "
                 f"than {ratio}x")
         splits[split] = {"pairs": kept, "too_long": too_long, "unbalanced": unbalanced}
+    if annotator is not None:
+        log(f"term_annotation: {annotator.annotated} of {text.size('train')} training sources annotated with "
+            f"{annotator.terms} terms")
+        splits["train"].update(annotated=annotator.annotated, terms=annotator.terms)
     return {"dtype": dtype.name, "splits": splits}

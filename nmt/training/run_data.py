@@ -14,7 +14,9 @@ from torch.utils.data import DataLoader
 
 from config import corpora, corpus_name
 from dataset import BatchPlan, CorpusMix, MicroBatches, bucket_lengths
-from nmt.corpora.store import TextStore, TokenStore, data_record, text_stores, token_stores, tokenizer_sample
+from nmt.corpora.store import (TextStore, TokenStore, data_record, term_store, text_stores, token_stores,
+                                tokenizer_sample)
+from nmt.corpora.terms import save_renderings
 from nmt.corpora.tokenizer import save_tokenizers, tag_id, tokenizer_from_json, train_tokenizers
 from nmt.diagnostics import log
 from nmt.inference.decoding import REPEAT_SHARE, REPEAT_SIZES, repeat_free_ngram_size
@@ -66,6 +68,7 @@ def prepare_data(config: dict[str, Any], folder: Path, exchange: RankExchange, i
             log(f"trained {config['tokenizer_type']} tokenizers on {sample} training pairs: "
                 f"{tok_src.get_vocab_size()} source and {tok_tgt.get_vocab_size()} target entries")
         tokens = token_stores(config, texts, tok_src, tok_tgt)
+        save_renderings(folder, term_store(config, texts).word_list().renderings)  # for its glossaries
         held_out = texts[0]
         reports = [report for text in texts if (report := text.cleaning()) is not None]
         posted = {"folders": [str(held_out.folder), *(str(store.folder) for store in tokens)],
