@@ -17,8 +17,12 @@ sentence. Endpoints:
   `"glossary": [["source term", "target term"], ...]` (optional, at most serve_glossary_max_terms
   pairs, checked as glossary.py checks a file): where a sentence holds a source term, its
   translation holds the target term (constrained beam search; such a sentence's beam is at least
-  glossary_beam_size, at most serve_max_beam_size). A malformed glossary, one over the bound, a target term the model's
-  vocabulary cannot spell, or any glossary with the ctranslate2 engine gets 400 with one line.
+  glossary_beam_size, at most serve_max_beam_size), in the place of what it replaces (docs/glossary.md);
+  each sentence of the string form then carries "terms": [{"source", "target", "start", "end"}], the
+  offsets of each target term in that sentence's translation (null where it is not there: CTranslate2
+  does not guarantee it). A malformed glossary, one over the bound, a target term the model's
+  vocabulary cannot spell, or a glossary with the ctranslate2 engine for a model trained without
+  term_annotation gets 400 with one line.
   Each sentence of the string form also carries "confidence": the calibrated probability that its
   translation is good (confidence.py), null when the model has no calibrator (GET /health says
   whether it has, "confidence": true/false) or the sentence had nothing to translate; the answer's
@@ -729,11 +733,15 @@ async def translate_text(service: Service, request: Request, arrived: float, pay
         texts = [h.text for h in found]
         # the same sentences in the same order: their spans in the text, and their confidence
         judged = translator.sentence_results(document.text, [[h] for h in found])
+        sentences = [{"start": s.span.start, "end": s.span.end, "translation": s.translation,
+                      "confidence": hypotheses[0].confidence}
+                     for s, (_, hypotheses) in zip(document.sentences(texts), judged)]
+        if options.glossary is not None:  # which words came from the glossary, for the page to mark
+            for sentence in sentences:
+                sentence["terms"] = options.glossary.placed(text[sentence["start"]:sentence["end"]],
+                                                            sentence["translation"])
         return {"translation": document.assemble(texts), "split_for_length": document.text.split_for_length,
-                "sentences": [{"start": s.span.start, "end": s.span.end, "translation": s.translation,
-                               "confidence": hypotheses[0].confidence}
-                              for s, (_, hypotheses) in zip(document.sentences(texts), judged)],
-                "no_confidence": translator.no_confidence}
+                "sentences": sentences, "no_confidence": translator.no_confidence}
     plan, _ = translator.segment_lines(text, options.target_lang, split_sentences)
     check_sentence_count([plan], service.config, "'text'")
     found = await service.translate(request, arrived, plan.sources, options)

@@ -48,12 +48,13 @@ only decoding options matter here:
   letter to translate: itself, 0.0000). Blank lines and lines that cannot be read get none.
 `--glossary FILE`: terms the translations must use (docs/glossary.md; a TSV file of source term
 TAB target term): wherever a sentence holds a source term, its translation holds the target term,
-placed by the search (constrained beam search, decoding.py), in every mode: lines, standard input
-and --input documents; sentences without a term are translated exactly as without the glossary.
-Sentences holding a term are searched with a beam of at least --glossary_beam_size (said once on
-stderr), the others with --beam_size; sampling
-and the ctranslate2 engine refuse a glossary in one line (exit 2), and so does a malformed file or a
-target term the model's vocabulary cannot spell.
+in place of what the source term would give (constrained beam search, its copy and usual
+renderings forbidden, decoding.py), in every mode: lines, standard input and --input documents;
+sentences without a term are translated exactly as without the glossary. Sentences holding a term
+are searched with a beam of at least --glossary_beam_size (said once on stderr), the others with
+--beam_size. With --engine ctranslate2 the glossary is only annotated in the sources of a model
+trained with --term_annotation; sampling, and ctranslate2 for another model, refuse a glossary in
+one line (exit 2), and so does a malformed file or a target term the model's vocabulary cannot spell.
 `--scores`: each sentence's confidence, the calibrated probability that its translation is good
 (confidence.py; fitted at the end of training or by evaluate.py --fit_confidence), one row per
 sentence as `LINE<TAB>CONFIDENCE<TAB>TRANSLATION` (LINE as with --n_best, CONFIDENCE with three

@@ -15,8 +15,9 @@ import torch
 from torch.testing import assert_close
 
 from conftest import TOY_SOURCE, TOY_TARGET, train_toy
-from nmt.inference.decoding import (beam_search, block_repeats, brevity_term, expected_length, greedy_decode, hypothesis_score,
-                      max_output_tokens, repeat_free_ngram_size, sample, source_token_counts)
+from nmt.inference.decoding import (SentenceConstraints, beam_search, block_repeats, brevity_term, expected_length,
+                                    greedy_decode, hypothesis_score, max_output_tokens, repeat_free_ngram_size, sample,
+                                    source_token_counts)
 from model import KVCache, build_transformer, causal_mask
 from nmt.corpora.tokenizer import EOS_ID, PAD_ID, SOS_ID, encode_ids
 
@@ -666,3 +667,65 @@ def test_constrained_search_reads_one_flag_per_step_back_from_the_device() -> No
     with HostReads() as reads:
         beam_search(model, src, src_mask, 12, 4, n_best=2, constraints=[[[5, 6]], None, [[7], [8, 9, 10]]])
     assert reads.count <= 12 + 4, f"{reads.count} reads in at most 12 steps"
+
+
+# ---------------------------------------------------------------------------- forbidden words
+
+WORD_STARTS = torch.tensor([False] * 4 + [True, False, True])  # A and C begin a word, B continues one
+
+
+def forbidding(constraints, forbidden, beam_size: int = 3, n_best: int = 1):
+    model = StubModel(ALMOST_ALWAYS_AAAB, ANYTHING)
+    return beam_search(model, *ONE_SOURCE, 10, beam_size, 0.0, n_best, word_starts=WORD_STARTS,
+                       constraints=[SentenceConstraints(constraints, forbidden)])[0]
+
+
+def test_a_forbidden_word_that_no_constraint_holds_is_never_written() -> None:
+    """The model writes A A A B; C is required and A forbidden: no hypothesis holds an A, all hold C."""
+    assert A in tokens_of(forbidding([[C]], []))[0]
+    for tokens, _ in forbidding([[C]], [[A]], beam_size=4, n_best=3):
+        assert A not in tokens and C in tokens, tokens
+
+
+def test_a_forbidden_word_that_begins_the_term_is_only_ever_continued() -> None:
+    """The term A B (one word: B continues it) begins with the forbidden word A: A may be written,
+    but never ended (followed by A, C or [EOS]; a hypothesis cut off at max_tokens may stop on it),
+    and the term is still met."""
+    assert tokens_of(forbidding([[A, B]], [])) == [[A, A, A, B]]
+    for hypothesis in forbidding([[A, B]], [[A]], beam_size=4, n_best=3):
+        tokens, ended = hypothesis[0], hypothesis.length == len(hypothesis[0]) + 1
+        assert any(tokens[i:i + 2] == [A, B] for i in range(len(tokens))), tokens
+        assert all(tokens[i + 1:i + 2] == [B] for i, token in enumerate(tokens) if token == A and
+                   (ended or i < len(tokens) - 1)), tokens
+
+
+def test_a_forbidden_word_that_is_the_term_is_not_forbidden() -> None:
+    """Forbidding A where A itself is required would make the constraint impossible: the guarantee
+    wins, A is written."""
+    for tokens, _ in forbidding([[A]], [[A]], beam_size=3, n_best=2):
+        assert A in tokens, tokens
+
+
+def test_forbidden_words_leave_a_free_sentence_of_the_batch_alone(toy_translator, mixed_batch) -> None:
+    src, src_mask, constraints = mixed_batch
+    vocab = toy_translator.tok_tgt.get_vocab_size()
+    banned = [encode_ids(toy_translator.tok_tgt, word)[0] for word in TOY_TARGET[:4]]
+    with_words = [None if c is None else SentenceConstraints(c, [[token] for token in banned]) for c in constraints]
+    free = beam_search(toy_translator.model, src, src_mask, 20, 4, n_best=2)
+    found = beam_search(toy_translator.model, src, src_mask, 20, 4, n_best=2, constraints=with_words,
+                        word_starts=torch.ones(vocab, dtype=torch.bool))
+    for row, wanted in enumerate(constraints):
+        if wanted is None:
+            assert [(h, h.log_prob, h.lowest) for h in found[row]] == [(h, h.log_prob, h.lowest) for h in free[row]]
+        else:
+            required = {token for phrase in wanted for token in phrase}
+            for tokens, _ in found[row]:
+                assert not (set(banned) - required) & set(tokens), tokens
+
+
+def test_forbidden_words_without_a_constraint_or_word_starts_are_refused() -> None:
+    model = StubModel(ALMOST_ALWAYS_AAAB, ANYTHING)
+    for constraints, starts, message in (([SentenceConstraints([], [[A]])], WORD_STARTS, "come with the constraint"),
+                                         ([SentenceConstraints([[C]], [[A]])], None, "need word_starts")):
+        with pytest.raises(ValueError, match=message):
+            beam_search(model, *ONE_SOURCE, 10, 2, constraints=constraints, word_starts=starts)

@@ -1,17 +1,24 @@
 """glossary.py: a TSV glossary is read or refused in one line per bad row; source terms are found as
 whole words in any case, the longest first; target terms become the ids the model writes for them in
 running text, with the project's BPE and WordLevel tokenizers; a term the vocabulary cannot spell is
-refused by name."""
+refused by name. A term forbids what it replaces (its copy, its usual renderings), never its own
+words; a model trained with term_annotation reads the matches annotated, on either engine, and
+CTranslate2 refuses a glossary for any other model."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from config import PRESETS, TERM_TAGS, get_config
+from model import build_transformer
+from nmt.corpora.terms import annotated_ids
 from nmt.inference.glossary import (Glossary, GlossaryError, check_pairs, config_glossary, read_glossary,
                                     term_alternatives, term_ids)
 from nmt.corpora.tokenizer import EOS_ID, UNK_ID, encode_ids, train_tokenizer
+from nmt.inference.translator import CTranslate2Translator, DecodingOptions, TorchTranslator, TranslatorError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,3 +132,85 @@ def test_config_glossary_reads_the_configs_file(tmp_path: Path) -> None:
     assert config_glossary({"glossary": "", "glossary_max_terms": 5}) is None
     with pytest.raises(GlossaryError, match="more than the 1 allowed"):
         config_glossary({"glossary": str(path), "glossary_max_terms": 1})
+
+
+# ---------------------------------------------------------------------------- what a term replaces
+
+RENDERINGS = {"tom": {"tom": 0.99}, "cat": {"gatto": 0.8, "gatta": 0.45}, "black": {"nero": 0.7}}
+
+
+def test_a_term_forbids_its_copy_and_usual_renderings_but_never_its_own_words(tok_tgt) -> None:
+    glossary = Glossary.build([("Tom", "Maria"), ("cat", "cane"), ("black cat", "gatto nero"), ("Mary", "Mary casa")],
+                              tok_tgt, renderings=RENDERINGS)
+    assert glossary.forbidden_words("Tom saw a cat.") == ["Tom", "tom", "cat", "Cat", "gatto", "Gatto"]
+    assert glossary.forbidden_words("A black cat.") == ["black", "Black", "cat", "Cat"]  # gatto, nero: its own
+    assert glossary.forbidden_words("Mary sings.") == [] and glossary.forbidden_words("Nobody.") == []
+    outside = Glossary.build([("black cat", "casa")], tok_tgt, renderings=RENDERINGS)
+    assert outside.forbidden_words("The black cat saw a cat.") == ["black", "Black", "nero", "Nero"]  # cat: also outside
+    assert Glossary.build([("cat", "cane")], tok_tgt).forbidden_words("The cat.") == ["cat", "Cat"]  # no word list
+    constraints = glossary.constraints("Tom saw a cat.")
+    assert list(constraints) == [glossary.target_ids["Maria"], glossary.target_ids["cane"]]
+    spelled = [ids for word in ("Tom", "tom", "cat", "Cat", "gatto", "Gatto") for ids in glossary.spelled(word)]
+    assert constraints.forbidden == spelled and encode_ids(tok_tgt, "gatto") in constraints.forbidden
+
+
+def test_every_match_is_annotated_for_a_model_trained_with_term_annotation(italian: list[str]) -> None:
+    """A joint tokenizer with config.TERM_TAGS and a model config with term_annotation: the source
+    is annotated at each match, as training annotates (terms.annotated_ids); without a glossary, or
+    for a model trained without term_annotation, it is plain."""
+    tok = train_tokenizer(italian + ["Tom saw the cat and Tom ran."], "bpe", 2000, 2, tags=TERM_TAGS)
+    model = build_transformer(tok.get_vocab_size(), tok.get_vocab_size(), 64, 64, d_model=16, N=1, h=2, d_ff=32)
+    config = {**get_config(), **PRESETS["cpu"], "seq_len": 64}
+    annotating = TorchTranslator(model, tok, tok, {**config, "term_annotation": 0.25})
+    plain_model = TorchTranslator(model, tok, tok, config)
+    glossary = annotating.build_glossary([("Tom", "Tommaso")])
+    sentence = "Tom saw the cat and Tom ran."
+    tags = tuple(tok.token_to_id(tag) for tag in TERM_TAGS)
+    [annotated] = annotating.encode([sentence], "", glossary)
+    assert annotated.ids == annotated_ids(tok, [sentence], [[(0, 3, "Tommaso"), (20, 23, "Tommaso")]], tags)[0]
+    assert annotated.ids.count(tags[0]) == 2 and annotated.tokens[0] == "<term>"
+    assert annotating.encode([sentence], "")[0].ids == plain_model.encode([sentence], "", glossary)[0].ids \
+        == encode_ids(tok, sentence)
+    plan, sources = annotating.segment_lines([sentence], "", False, glossary)
+    assert sources[0].ids == annotated.ids
+
+
+def test_ctranslate2_takes_a_glossary_only_for_a_model_trained_with_annotations(tok_tgt) -> None:
+    """The annotation is only input text, so CTranslate2 takes a glossary for a model trained with
+    term_annotation, and constrains nothing; for another it refuses in one line."""
+    ct2 = CTranslate2Translator.__new__(CTranslate2Translator)  # the rules need no model
+    ct2.tok_tgt, ct2.renderings, ct2.term_tags = tok_tgt, None, (4, 5, 6)
+    glossary = ct2.build_glossary([("cat", "gatto")])
+    assert glossary.terms_in("The cat.") == [("cat", "gatto")]
+    assert ct2.constraints(["The cat."], DecodingOptions().with_glossary(glossary, 10)[0]) is None
+    ct2.term_tags = None
+    with pytest.raises(TranslatorError, match=r"^the ctranslate2 engine has no constrained search, and this model "
+                                              r"was not trained with --term_annotation.*\(--engine pytorch\)$"):
+        ct2.build_glossary([("cat", "gatto")])
+
+
+def test_an_exported_model_trained_with_annotations_takes_a_glossary_on_ctranslate2(tmp_path: Path) -> None:
+    """A tiny run with term_annotation, exported: CTranslate2 reads the glossary's matches annotated
+    (its source tokens hold the tags) and translates; the PyTorch engine writes the term."""
+    import export
+    from conftest import train_in_process
+    from synthetic_data import tiny_corpus
+    data = tiny_corpus(tmp_path / "data", train=300, validation=20, test=20)
+    run = train_in_process(["--datasource", str(data), "--preset", "tiny", "--joint_vocab", "true", "--tokenizer_type",
+                            "bpe", "--vocab_size", "200", "--term_annotation", "0.5", "--max_steps", "20",
+                            "--confidence_sentences", "0", "--model_folder", str(tmp_path / "w"),
+                            "--runs_folder", str(tmp_path / "r"), "--store_folder", str(tmp_path / "s")])
+    assert run.code == 0, run.stderr
+    [checkpoint] = sorted((tmp_path / "w").glob("*/ckpt_*.pt"))[-1:]
+    assert export.main(["--checkpoint", str(checkpoint), "--quantization", "float32", "--output",
+                        str(tmp_path / "ct2")]) == 0
+    sentence, pairs = "The cat sees the dog.", [("cat", "pesce")]
+    for translator in (CTranslate2Translator(tmp_path / "ct2"), TorchTranslator.load(checkpoint, checkpoint.parent,
+                                                                                     torch.device("cpu"))):
+        glossary = translator.build_glossary(pairs)
+        assert translator.encode([sentence], "", glossary)[0].tokens[1] == "<term>"
+        options, _ = DecodingOptions(beam_size=2).with_glossary(glossary, 4)
+        [[found]] = translator.translate([sentence], options)
+        assert isinstance(found.text, str)
+        if translator.engine == "pytorch":
+            assert "pesce" in found.text

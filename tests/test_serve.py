@@ -148,7 +148,8 @@ def test_a_request_glossary(server: ServerProcess, translator: TorchTranslator) 
     """A request's terms are in the sentences that hold their source terms; a sentence without one
     comes out as without the glossary; greedy search widens (to glossary_beam_size, at most
     serve_max_beam_size); a glossary over serve_glossary_max_terms, malformed, or with a term the
-    vocabulary cannot spell gets 400 with one line. The model has no calibrator: confidence null."""
+    vocabulary cannot spell gets 400 with one line. The model has no calibrator: confidence null.
+    Each sentence says where its terms are in its translation."""
     text = "The cat sees the dog. The red house."
     for beam_size in (1, 3):
         status, answer = call(server.port, "POST", "/translate",
@@ -156,6 +157,9 @@ def test_a_request_glossary(server: ServerProcess, translator: TorchTranslator) 
         assert status == 200, answer
         first, second = answer["sentences"]
         assert "pesce" in first["translation"].rstrip(".").split()
+        [term] = first["terms"]  # where the page marks the glossary's word
+        assert (term["source"], term["target"]) == ("dog", "pesce") and second["terms"] == []
+        assert first["translation"][term["start"]:term["end"]] == "pesce"
         assert second["translation"] == translator.translate_best(["The red house."], DecodingOptions(beam_size=3))[0]
         assert first["confidence"] is None and second["confidence"] is None
     for glossary, message in [
@@ -397,8 +401,9 @@ def test_ctranslate2_engine_and_sigterm(checkpoint: Path, translator: TorchTrans
         assert (status, answer) == (200, {"translations": translator.translate_best(SENTENCES,
                                                                                     DecodingOptions(beam_size=1))})
         assert call(server.port, "POST", "/translate", {"text": SENTENCES[:1], "glossary": [["dog", "pesce"]]}) == \
-            (400, {"error": "'glossary': the ctranslate2 engine has no constrained search, so it cannot use a "
-                            "glossary: translate with the checkpoint (--engine pytorch)"})
+            (400, {"error": "'glossary': the ctranslate2 engine has no constrained search, and this model was not "
+                            "trained with --term_annotation, so it cannot use a glossary: translate with the "
+                            "checkpoint (--engine pytorch)"})
         status, answer = call(server.port, "POST", "/attention", {"text": SENTENCES[0]})
         assert status == 200 and len(answer["weights"]) == len(answer["output_tokens"]) > 0
         assert all(len(row) == len(answer["source_tokens"]) for row in answer["weights"])

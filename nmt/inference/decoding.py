@@ -48,6 +48,9 @@ hypotheses compete as they are, those holding all their phrases ranked before th
 (`Hypothesis.complete` False), which are returned only so that every sentence gets n_best. The
 beam should have more slots than a sentence has constraint tokens (one per bank), or the
 furthest-along hypotheses take it all. Greedy decoding and sampling take no constraints.
+A sentence's constraints may also name words its translation must not hold (SentenceConstraints:
+a glossary forbids what its term replaces), kept out by ForbiddenWords in a way that never makes a
+constraint impossible.
 
 Every hypothesis also carries what confidence.py needs, read back with it at the end:
 `Hypothesis.log_prob`, `length` and `lowest`, none touched by the length or brevity penalty.
@@ -63,8 +66,21 @@ import torch.nn.functional as F
 from model import Transformer
 from nmt.corpora.tokenizer import EOS_ID, SOS_ID, SPECIAL_TOKENS
 
-# Per sentence (None: free): its constraints, each a phrase of token ids or a list of alternative phrases.
+# Per sentence (None: free): its constraints, each a phrase of token ids or a list of alternative phrases
+# (a SentenceConstraints also names the words its translation must not hold).
 Constraints = Sequence[Sequence[Sequence[int] | Sequence[Sequence[int]]] | None]
+
+
+class SentenceConstraints(list):
+    """One sentence's constraints, as a list of them (each a phrase or a list of alternative
+    phrases), carrying the words its translation must not hold: `forbidden`, each a phrase of token
+    ids spelling one whole word (ForbiddenWords says how they are kept out)."""
+
+    forbidden: list[list[int]]
+
+    def __init__(self, constraints: Sequence = (), forbidden: Sequence[Sequence[int]] = ()) -> None:
+        super().__init__(constraints)
+        self.forbidden = [[int(token) for token in phrase] for phrase in forbidden]
 
 
 class Hypothesis(tuple):
@@ -245,9 +261,10 @@ class Extensions(NamedTuple):
 def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, max_tokens: int,
                 beam_size: int, length_penalty: float = 1.0, n_best: int = 1, no_repeat_ngram_size: int = 0,
                 brevity_penalty: float = 0.0, length_ratio: float = 0.0, constraints: Constraints | None = None,
-                use_cache: bool = True) -> list[Hypotheses]:
+                use_cache: bool = True, word_starts: torch.Tensor | None = None) -> list[Hypotheses]:
     """The `n_best` best hypotheses of each row of `src` (see the module docstring); `constraints`
-    gives each row the token-id phrases it must hold (None or [] for a free row).
+    gives each row the token-id phrases it must hold (None or [] for a free row), and the words it
+    must not (SentenceConstraints; `word_starts`: which token ids begin a word, ForbiddenWords).
 
     The search's state stays on the device: each sentence's `n_best` finished hypotheses (scores,
     tokens, lengths), merged with each step's finished ones by a stable sort, in float64 so that
@@ -256,7 +273,7 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, m
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size {beam_size}, got {n_best}")
     k, device, count = beam_size, src.device, src.size(0)
-    banks = ConstraintBanks.of(constraints, count, k, device)
+    banks = ConstraintBanks.of(constraints, count, k, device, word_starts)
     expected = expected_length(source_token_counts(src_mask), length_ratio)
     memory = model.encode(src, src_mask)
     cache = model.new_cache() if use_cache else None
@@ -267,7 +284,7 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, m
     for step in range(max_tokens):
         log_probs = _next_log_probs(model, memory, src_mask, tokens, cache, k, no_repeat_ngram_size)
         if banks is not None:
-            log_probs = banks.forbid_early_end(log_probs)
+            log_probs = banks.restrict(log_probs, tokens)
         extensions = _extensions(log_probs_so_far, lowest_so_far, log_probs, banks)
         ends = (extensions.token == EOS_ID) & torch.isfinite(extensions.scores)
         # The first k extensions that do not end stay open, in the order the search takes them.
@@ -474,29 +491,43 @@ class ConstraintBanks:
         self.met = (self.sizes == 0).repeat_interleave(beam_size, dim=0)  # an empty slot counts as met
         self.progress = torch.zeros((self.met.size(0), width), dtype=torch.long, device=device)
         self.spans = torch.arange(1, longest + 1, device=device)
+        self.forbidden: ForbiddenWords | None = None  # the sentences' forbidden words (`of`)
 
     @classmethod
-    def of(cls, constraints: Constraints | None, count: int, beam_size: int,
-           device: torch.device) -> "ConstraintBanks | None":
+    def of(cls, constraints: Constraints | None, count: int, beam_size: int, device: torch.device,
+           word_starts: torch.Tensor | None = None) -> "ConstraintBanks | None":
         """The banks of a batch of `count` sentences; None when no sentence has a constraint. A
-        constraint is a phrase (token ids) or a list of alternative phrases. Raises ValueError for
-        an empty phrase or one holding a special token."""
+        constraint is a phrase (token ids) or a list of alternative phrases; a sentence's forbidden
+        words (SentenceConstraints) need `word_starts`. Raises ValueError for an empty phrase or one
+        holding a special token, and for forbidden words without a constraint or `word_starts`."""
         if constraints is None:
             return None
         if len(constraints) != count:
             raise ValueError(f"{len(constraints)} constraint lists for {count} sentences")
         groups = [[[[int(token) for token in phrase] for phrase in _alternatives(constraint)]
                    for constraint in sentence or []] for sentence in constraints]
+        forbidden = [getattr(sentence, "forbidden", []) for sentence in constraints]
         for phrase in (phrase for sentence in groups for constraint in sentence for phrase in constraint):
             if not phrase or min(phrase) < len(SPECIAL_TOKENS):
                 raise ValueError(f"a constraint must be a non-empty phrase of ordinary tokens, got {phrase}")
-        return cls(groups, beam_size, device) if any(groups) else None
+        if any(words and not sentence for words, sentence in zip(forbidden, groups)):
+            raise ValueError("forbidden words come with the constraint that replaces them")
+        if not any(groups):
+            return None
+        banks = cls(groups, beam_size, device)
+        if any(forbidden):
+            if word_starts is None:
+                raise ValueError("forbidden words need word_starts: which tokens begin a word")
+            banks.forbidden = ForbiddenWords(forbidden, groups, word_starts, device)
+        return banks
 
-    def forbid_early_end(self, log_probs: torch.Tensor) -> torch.Tensor:
+    def restrict(self, log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """`log_probs` (rows, vocab) with [EOS] impossible for each hypothesis that has not met all its
-        constraints (not renormalised: the other tokens keep the model's log-probabilities)."""
+        constraints, and with the tokens that would write a forbidden word impossible (ForbiddenWords;
+        `tokens`: each row's tokens so far, [SOS] first). Not renormalised: the other tokens keep the
+        model's log-probabilities."""
         log_probs[:, EOS_ID] = torch.where(self.met.all(dim=1), log_probs[:, EOS_ID], float("-inf"))
-        return log_probs
+        return log_probs if self.forbidden is None else self.forbidden.block(log_probs, tokens, self.beam_size)
 
     def choose(self, candidates: torch.Tensor, log_probs: torch.Tensor, top_scores: torch.Tensor,
                top_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -567,10 +598,76 @@ class ConstraintBanks:
         """Only the sentences `kept`: every per-sentence tensor (the rows' states follow in `advance`)."""
         self.phrases, self.lengths, self.borders = self.phrases[kept], self.lengths[kept], self.borders[kept]
         self.owner, self.sizes, self.constrained = self.owner[kept], self.sizes[kept], self.constrained[kept]
+        if self.forbidden is not None:
+            self.forbidden.keep_sentences(kept)
 
     def advance(self, met: torch.Tensor, progress: torch.Tensor) -> None:
         """The states (sentences, beams, ...) of the beams the search keeps."""
         self.met, self.progress = met.reshape(-1, met.size(2)), progress.reshape(-1, progress.size(2))
+
+
+WORD_RULE = -1  # ForbiddenWords.banned: after the phrase, nothing that begins a word
+
+
+class ForbiddenWords:
+    """The words each sentence's hypotheses must not write (a glossary's negative constraints), on
+    the device. Each is a phrase of token ids spelling a whole word, kept out in one of two ways:
+    - a phrase that no alternative of the sentence's constraints holds is banned as a sequence: its
+      last token is impossible right after the rest of it (a one-token phrase: everywhere);
+    - a phrase that one holds as the beginning of a longer word ("▁Tom" in "▁Tom maso", Tommaso)
+      may be written, but only a token that continues the word may follow it: none of
+      `word_starts` (a bool per vocabulary id: the tokens that begin a word or are punctuation),
+      nor [EOS]. So the word itself is never ended (but by max_tokens cutting a hypothesis off),
+      and the constraint can still be written.
+    A phrase that an alternative holds as a whole word is not forbidden at all, so every constraint
+    can always be met (beam search's guarantee stands)."""
+
+    def __init__(self, forbidden: list[list[list[int]]], groups: list[list[list[list[int]]]],
+                 word_starts: torch.Tensor, device: torch.device) -> None:
+        ends = word_starts.to(device=device, dtype=torch.bool).clone()
+        ends[EOS_ID] = True
+        self.word_ends = ends  # what may not follow a phrase banned by WORD_RULE
+        rules = [[rule for phrase in words if (rule := self._rule(phrase, sentence, ends)) is not None]
+                 for words, sentence in zip(forbidden, groups)]
+        width = max(1, max(map(len, rules)))
+        longest = max([1] + [len(prefix) for sentence in rules for prefix, _ in sentence])
+        # Prefixes right-aligned, -1 before them: matched against the last `longest` tokens of a row.
+        self.prefixes = torch.tensor([[[-1] * (longest - len(prefix)) + prefix for prefix, _ in sentence] +
+                                      [[-1] * longest] * (width - len(sentence)) for sentence in rules],
+                                     dtype=torch.long, device=device)
+        self.banned = torch.tensor([[banned for _, banned in sentence] + [0] * (width - len(sentence))
+                                    for sentence in rules], dtype=torch.long, device=device)
+        self.active = torch.tensor([[True] * len(sentence) + [False] * (width - len(sentence)) for sentence in rules],
+                                   dtype=torch.bool, device=device)
+
+    @staticmethod
+    def _rule(phrase: list[int], alternatives: list[list[list[int]]], ends: torch.Tensor) -> tuple[list[int], int] | None:
+        """How `phrase` is kept out, as (prefix, banned token or WORD_RULE); None: it cannot be."""
+        if not phrase or min(phrase) < len(SPECIAL_TOKENS) or max(phrase) >= ends.numel():
+            return None
+        followers = [alternative[i + len(phrase)] if i + len(phrase) < len(alternative) else EOS_ID
+                     for constraint in alternatives for alternative in constraint
+                     for i in range(len(alternative) - len(phrase) + 1) if alternative[i:i + len(phrase)] == phrase]
+        if not followers:
+            return phrase[:-1], phrase[-1]
+        return None if any(bool(ends[token]) for token in followers) else (phrase, WORD_RULE)
+
+    def block(self, log_probs: torch.Tensor, tokens: torch.Tensor, per_sentence: int) -> torch.Tensor:
+        """`log_probs` (rows, vocab: `per_sentence` rows a sentence) with -inf for every token that
+        would write a forbidden word after a row's `tokens` ([SOS] first)."""
+        longest = self.prefixes.size(2)
+        history = F.pad(tokens[:, -longest:], (max(0, longest - tokens.size(1)), 0), value=SOS_ID)
+        prefixes = self.prefixes.repeat_interleave(per_sentence, dim=0)
+        banned = self.banned.repeat_interleave(per_sentence, dim=0)
+        matched = ((prefixes == history[:, None, :]) | (prefixes < 0)).all(dim=2) \
+            & self.active.repeat_interleave(per_sentence, dim=0)
+        rows, rules = (matched & (banned >= 0)).nonzero(as_tuple=True)
+        log_probs = log_probs.index_put((rows, banned[rows, rules]), torch.tensor(float("-inf"), device=log_probs.device))
+        unended = (matched & (banned == WORD_RULE)).any(dim=1)
+        return log_probs.masked_fill(unended[:, None] & self.word_ends[None, :], float("-inf"))
+
+    def keep_sentences(self, kept: torch.Tensor) -> None:
+        self.prefixes, self.banned, self.active = self.prefixes[kept], self.banned[kept], self.active[kept]
 
 
 def _alternatives(constraint: Sequence[int] | Sequence[Sequence[int]]) -> list[Sequence[int]]:

@@ -26,24 +26,39 @@ the others are the term glued to each of GLUED_AFTER, that character's token inc
 the end of a longer word, "ancora" for "ora", never counts), where the vocabulary spells them. A
 term the vocabulary cannot spell on its own ([UNK], WordLevel's unknown words), or longer than
 `max_term_tokens`, is refused when the glossary is built, in one line naming it.
+
+What a term replaces (`Glossary.forbidden_words`, the negative constraints of `constraints`): in a
+sentence holding a term, each word of the source term as written there, and its renderings by the
+model's word list (nmt/corpora/terms.py, stored with the model at training: the target words that
+the training pairs link to it, those at FORBID_DICE or more), in lower case and capitalised, are
+forbidden to its translation (decoding.ForbiddenWords), but for a word the sentence also holds
+outside its terms and for the words of its target terms. Without a word list only the copies are.
+
+Annotation (`matches`): a model trained with term_annotation reads every match of the sentence
+annotated inline with its target term, as it learned (terms.annotated_ids; `annotation_tags`).
 """
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from tokenizers import Tokenizer
 
-from nmt.corpora.tokenizer import UNK_ID, encode_texts
+from nmt.corpora.terms import Span
+from config import TERM_TAGS
+from nmt.corpora.tokenizer import UNK_ID, encode_texts, tag_id
+from nmt.inference.decoding import SentenceConstraints
 from nmt.text_files import TextFileError, read_text
 
 WORD = re.compile(r"\w+")
 MAX_TERM_CHARS = 200  # either side of a pair
 MAX_TERM_TOKENS = 16  # a target term's tokens: the constrained search compares every phrase prefix each step
 GLUED_AFTER = ("'", "’", "(", '"', "«")  # elisions, opening brackets and quotes a term may follow with no space
+FORBID_DICE = 0.5  # a source term's rendering (the model's word list) that its target term replaces: Dice at least
 
 
 class GlossaryError(ValueError):
@@ -108,7 +123,7 @@ def source_key(term: str) -> str:
     return " ".join(term.casefold().split())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity: it holds a tensor
 class Glossary:
     """Checked pairs, ready to match sentences and give the target terms' token ids. A sentence is
     searched only for the terms whose words (lower-cased \\w+ runs) it all holds, found through the
@@ -119,12 +134,17 @@ class Glossary:
     patterns: tuple[re.Pattern, ...]  # each source term's
     words: tuple[frozenset[str], ...]  # each source term's words
     by_first_word: dict[str, tuple[int, ...]]  # the terms each word begins ("": terms without one)
+    tok_tgt: Tokenizer
+    renderings: dict[str, dict[str, float]]  # the model's word list (terms.read_renderings; {}: none)
+    word_starts: torch.Tensor  # which target ids begin a word: decoding.ForbiddenWords
+    spellings: dict[str, list[list[int]]] = field(default_factory=dict)  # a forbidden word's, once spelled
 
     @classmethod
-    def build(cls, pairs: Sequence[tuple[str, str]], tok_tgt: Tokenizer,
-              max_term_tokens: int = MAX_TERM_TOKENS) -> "Glossary":
+    def build(cls, pairs: Sequence[tuple[str, str]], tok_tgt: Tokenizer, max_term_tokens: int = MAX_TERM_TOKENS,
+              renderings: dict[str, dict[str, float]] | None = None) -> "Glossary":
         """A glossary of checked `pairs` (check_pairs) for a model whose target tokenizer is
-        `tok_tgt`. Raises GlossaryError naming a target term it cannot spell or that is too long."""
+        `tok_tgt` and whose word list is `renderings` (None: it has none). Raises GlossaryError
+        naming a target term it cannot spell or that is too long."""
         target_ids = {target: term_alternatives(tok_tgt, target, max_term_tokens) for _, target in pairs}
         patterns = tuple(re.compile(r"(?<!\w)" + r"\s+".join(map(re.escape, source.split())) + r"(?!\w)",
                                     re.IGNORECASE) for source, _ in pairs)
@@ -133,29 +153,101 @@ class Glossary:
         for index, term_words in enumerate(words):
             by_first_word.setdefault(term_words[0] if term_words else "", []).append(index)
         return cls(tuple(pairs), target_ids, patterns, tuple(map(frozenset, words)),
-                   {word: tuple(indices) for word, indices in by_first_word.items()})
+                   {word: tuple(indices) for word, indices in by_first_word.items()}, tok_tgt, renderings or {},
+                   word_starts(tok_tgt))
 
-    def terms_in(self, sentence: str) -> list[tuple[str, str]]:
-        """(source text as found, target term) of each term `sentence` holds, in order, each target
-        term once. Where matches overlap, the leftmost wins, and of those starting there the
-        longest term."""
+    def matches(self, sentence: str) -> list[Span]:
+        """(start, end, target term) of every source term `sentence` holds, in order. Where matches
+        overlap, the leftmost wins, and of those starting there the longest term."""
         present = set(WORD.findall(sentence.casefold()))
         candidates = [i for word in (*present, "") for i in self.by_first_word.get(word, ())
                       if self.words[i] <= present]
-        matches = sorted((match.start(), -len(self.pairs[i][0]), match.end(), i)
-                         for i in candidates for match in self.patterns[i].finditer(sentence))
-        found: dict[str, str] = {}
+        found = sorted((match.start(), -len(self.pairs[i][0]), match.end(), i)
+                       for i in candidates for match in self.patterns[i].finditer(sentence))
+        spans: list[Span] = []
         end = 0
-        for start, _, stop, i in matches:
+        for start, _, stop, i in found:
             if start >= end:
-                found.setdefault(self.pairs[i][1], sentence[start:stop])
+                spans.append((start, stop, self.pairs[i][1]))
                 end = stop
+        return spans
+
+    def terms_in(self, sentence: str) -> list[tuple[str, str]]:
+        """(source text as found, target term) of each term `sentence` holds, in order, each target
+        term once (`matches`)."""
+        found: dict[str, str] = {}
+        for start, stop, target in self.matches(sentence):
+            found.setdefault(target, sentence[start:stop])
         return [(source, target) for target, source in found.items()]
 
-    def constraints(self, sentence: str) -> list[list[list[int]]]:
-        """The alternative spellings (token ids) of each target term `sentence` needs: one
-        sentence's constraints for decoding.beam_search ([] when it holds no source term)."""
-        return [self.target_ids[target] for _, target in self.terms_in(sentence)]
+    def constraints(self, sentence: str) -> SentenceConstraints:
+        """The alternative spellings (token ids) of each target term `sentence` needs, with the words
+        its translation must not hold (`forbidden_words`, spelled as the terms are): one sentence's
+        constraints for decoding.beam_search (empty when it holds no source term)."""
+        required = [self.target_ids[target] for _, target in self.terms_in(sentence)]
+        return SentenceConstraints(required, [ids for word in self.forbidden_words(sentence)
+                                              for ids in self.spelled(word)])
+
+    def forbidden_words(self, sentence: str) -> list[str]:
+        """What the terms of `sentence` replace (module docstring): each word of a source term as
+        found and its renderings at FORBID_DICE or more, lower-case and capitalised, but for a word
+        the sentence also holds outside its terms and for the words of its target terms."""
+        spans = self.matches(sentence)
+        outside, cursor = [], 0
+        for start, stop, _ in spans:
+            outside.append(sentence[cursor:start])
+            cursor = stop
+        outside_words = set(WORD.findall(" ".join([*outside, sentence[cursor:]]).casefold()))
+        kept = {word for _, _, target in spans for word in WORD.findall(target.casefold())}
+        found: dict[str, None] = {}
+        for start, stop, _ in spans:
+            for word in WORD.findall(sentence[start:stop]):
+                if word.casefold() in outside_words:
+                    continue
+                rendered = [r for r, dice in self.renderings.get(word.casefold(), {}).items() if dice >= FORBID_DICE]
+                for form in (word, *rendered):
+                    found.update(dict.fromkeys(f for f in (form, form.lower(), form[:1].upper() + form[1:])
+                                               if f.casefold() not in kept))
+        return list(found)
+
+    def placed(self, sentence: str, translation: str) -> list[dict[str, Any]]:
+        """Each term of `sentence` (terms_in) with the offsets of its target term in `translation`
+        (its first occurrence as whole words; None for both where it is not there)."""
+        found = []
+        for source, target in self.terms_in(sentence):
+            at = re.search(r"(?<!\w)" + re.escape(target) + r"(?!\w)", translation)
+            found.append({"source": source, "target": target, "start": at.start() if at else None,
+                          "end": at.end() if at else None})
+        return found
+
+    def spelled(self, word: str) -> list[list[int]]:
+        """`word`'s spellings in running text (term_alternatives), none for one the vocabulary cannot spell."""
+        if word not in self.spellings:
+            try:
+                self.spellings[word] = term_alternatives(self.tok_tgt, word)
+            except GlossaryError:
+                self.spellings[word] = []
+        return self.spellings[word]
+
+
+def annotation_tags(tok_src: Tokenizer, model_config: dict[str, Any], owner: str) -> tuple[int, int, int] | None:
+    """The ids of config.TERM_TAGS for a model trained with term_annotation, whose glossaries are
+    annotated in its sources; None for one trained without. TokenizerError when its tokenizer lacks them."""
+    if not model_config.get("term_annotation", 0):
+        return None
+    start, target, end = (tag_id(tok_src, tag, owner) for tag in TERM_TAGS)
+    return start, target, end
+
+
+def word_starts(tok_tgt: Tokenizer) -> torch.Tensor:
+    """For each id of `tok_tgt`, whether its token begins a word ("▁" first, this project's Metaspace
+    mark) or holds no letter or digit (punctuation, split off by the pre-tokenizer): what may not
+    follow a forbidden word's spelling where a constraint continues it (decoding.ForbiddenWords)."""
+    starts = torch.zeros(tok_tgt.get_vocab_size(), dtype=torch.bool)
+    for token, index in tok_tgt.get_vocab().items():
+        if index < starts.numel():
+            starts[index] = token.startswith("▁") or not any(char.isalnum() for char in token)
+    return starts
 
 
 def term_ids(tok_tgt: Tokenizer, term: str, max_term_tokens: int = MAX_TERM_TOKENS) -> list[int]:

@@ -37,8 +37,12 @@ of its beam search (decoding.py), so a piece without a term is decoded exactly a
 A piece holding a term is searched with a beam at least the config's glossary_beam_size wide
 (`with_glossary`, which says so): dynamic beam allocation shares the beam among hypotheses by the
 constraints they have met, and a beam of 5 left too few in each share (BLEU with reference terms
-fell below the free search's; docs/glossary.md); sampling with a glossary is refused. CTranslate2 has no
-constrained search: its engine refuses a glossary in one line (translate with the checkpoint).
+fell below the free search's; docs/glossary.md); sampling with a glossary is refused. The words a
+term replaces are forbidden there (glossary.Glossary.forbidden_words, from the word list stored
+beside the checkpoints: terms.read_renderings). A model trained with term_annotation reads each
+piece's matches annotated inline (terms.annotated_ids: `encode` with the glossary), on either
+engine; CTranslate2 has no constrained search, so there the annotation is all a glossary does, and
+its engine refuses a glossary for a model trained without it, in one line.
 
 Confidence (confidence.py): a translator holds the calibrator stored with its model, if any
 (beside a checkpoint, or in an export's project.json), and gives every translated sentence its
@@ -76,7 +80,8 @@ from nmt.inference.decoding import beam_search, brevity_term, expected_length, g
 from nmt.device import pick_device
 from nmt.diagnostics import first_line, log
 from nmt.inference.documents import DocumentPlan, plan_document
-from nmt.inference.glossary import Glossary
+from nmt.corpora.terms import annotated_ids, read_renderings
+from nmt.inference.glossary import Glossary, annotation_tags
 from nmt.inference.inline_tags import word_alignment
 from model import Transformer, causal_mask
 from nmt.precision import autocast_context, inference_dtype
@@ -86,8 +91,8 @@ from nmt.corpora.tokenizer import EOS_ID, PAD_ID, SOS_ID, UNK, TokenizerError, d
 ENGINES = ("pytorch", "ctranslate2")
 
 
-NO_CONSTRAINTS = ("the ctranslate2 engine has no constrained search, so it cannot use a glossary: translate with "
-                  "the checkpoint (--engine pytorch)")
+NO_CONSTRAINTS = ("the ctranslate2 engine has no constrained search, and this model was not trained with "
+                  "--term_annotation, so it cannot use a glossary: translate with the checkpoint (--engine pytorch)")
 
 
 class TranslatorError(RuntimeError):
@@ -274,20 +279,21 @@ class Tokenized:
     """Texts encoded for one model and target tag, each once: what planning counts is what the
     engine is given. `known` texts are encoded together first."""
 
-    def __init__(self, translator: "Translator", tag: str, known: Sequence[str] = ()) -> None:
-        self.translator, self.tag = translator, tag
-        self.encoded: dict[str, Source] = dict(zip(known, translator.encode(known, tag))) if known else {}
+    def __init__(self, translator: "Translator", tag: str, known: Sequence[str] = (),
+                 glossary: Glossary | None = None) -> None:
+        self.translator, self.tag, self.glossary = translator, tag, glossary
+        self.encoded: dict[str, Source] = dict(zip(known, translator.encode(known, tag, glossary))) if known else {}
 
     def count(self, text: str) -> int:
         """Tokens of `text`, the tag included (what the model's limit counts)."""
         if text not in self.encoded:
-            self.encoded[text] = self.translator.encode([text], self.tag)[0]
+            self.encoded[text] = self.translator.encode([text], self.tag, self.glossary)[0]
         return len(self.encoded[text].ids)
 
     def sources(self, texts: Sequence[str]) -> list[Source]:
         missing = [text for text in dict.fromkeys(texts) if text not in self.encoded]
         if missing:
-            self.encoded.update(zip(missing, self.translator.encode(missing, self.tag)))
+            self.encoded.update(zip(missing, self.translator.encode(missing, self.tag, self.glossary)))
         return [self.encoded[text] for text in texts]
 
 
@@ -315,6 +321,8 @@ class Translator(ABC):
         self.calibrator_note = (f"{source} has no confidence calibrator; fit one with evaluate.py --fit_confidence "
                                 f"(training fits one at its end)")
         self.warnings: list[str] = []
+        self.renderings: dict[str, dict[str, float]] | None = None  # its word list, for glossaries
+        self.term_tags = annotation_tags(tok_src, model_config, source)  # None: trained without term_annotation
         missing = missing_target_tag(tok_src, model_config)
         if missing:
             raise TranslatorError(f"{source}: a model of several target languages ({model_config['lang_tgt']}) "
@@ -343,9 +351,9 @@ class Translator(ABC):
         return options.no_repeat_ngram_size if options.no_repeat_ngram_size >= 0 else self.model_repeat_limit
 
     def build_glossary(self, pairs: Sequence[tuple[str, str]]) -> Glossary:
-        """A glossary of checked `pairs` (glossary.check_pairs) for this model's target vocabulary;
-        GlossaryError names a term it cannot spell."""
-        return Glossary.build(pairs, self.tok_tgt)
+        """A glossary of checked `pairs` (glossary.check_pairs) for this model's target vocabulary and
+        word list; GlossaryError names a term it cannot spell."""
+        return Glossary.build(pairs, self.tok_tgt, renderings=self.renderings)
 
     def calibrated(self, hypotheses: Sequence[Hypothesis]) -> list[Hypothesis]:
         """`hypotheses` with their confidence: the calibrator's probability for each one that
@@ -385,32 +393,43 @@ class Translator(ABC):
         language = self.target_language(target_lang)
         return target_tag(language) if len(self.target_languages) > 1 else ""
 
-    def encode(self, sentences: Sequence[str], tag: str) -> list[Source]:
+    def encode(self, sentences: Sequence[str], tag: str, glossary: Glossary | None = None) -> list[Source]:
         """Each sentence tokenized, once, as text (a tag or [EOS] typed in it is text, not that token:
-        tokenizer.encode_texts), with `tag` ("" = none) first as its id. Nothing is cut here: the
-        pieces `segment_lines` and `segment_document` make fit the model's limit."""
+        tokenizer.encode_texts), with `tag` ("" = none) first as its id; for a model trained with
+        term_annotation, with `glossary`'s matches annotated (terms.annotated_ids). Nothing is cut
+        here: the pieces `segment_lines` and `segment_document` make fit the model's limit."""
         prefix = ([self.tok_src.token_to_id(tag)], [tag]) if tag else ([], [])
         encodings = encode_texts(self.tok_src, sentences)
-        return [Source(prefix[0] + e.ids, prefix[1] + e.tokens) for e in encodings]
+        sources = [Source(prefix[0] + e.ids, prefix[1] + e.tokens) for e in encodings]
+        if glossary is None or self.term_tags is None:
+            return sources
+        spans = [glossary.matches(sentence) for sentence in sentences]
+        marked = [i for i, found in enumerate(spans) if found]
+        for i, ids in zip(marked, annotated_ids(self.tok_src, [sentences[i] for i in marked],
+                                                [spans[i] for i in marked], self.term_tags)):
+            sources[i] = Source(prefix[0] + ids, prefix[1] + [self.tok_src.id_to_token(t) for t in ids])
+        return sources
 
-    def segment_lines(self, lines: Sequence[str], target_lang: str,
-                      split_sentences: bool) -> tuple[TextPlan, list[Source]]:
-        """Lines of text as the pieces to translate (one flow per line), and those pieces encoded.
-        With `split_sentences` a line's sentences are found by the source language's rules and URLs
-        and e-mail addresses are left out of them; without, the line is one sentence, sent as it is.
-        Either way a piece over the model's limit is cut (sentences.py)."""
+    def segment_lines(self, lines: Sequence[str], target_lang: str, split_sentences: bool,
+                      glossary: Glossary | None = None) -> tuple[TextPlan, list[Source]]:
+        """Lines of text as the pieces to translate (one flow per line), and those pieces encoded
+        (with `glossary`'s terms annotated: `encode`). With `split_sentences` a line's sentences are
+        found by the source language's rules and URLs and e-mail addresses are left out of them;
+        without, the line is one sentence, sent as it is. Either way a piece over the model's limit
+        is cut (sentences.py)."""
         tokenized = Tokenized(self, self.source_tag(target_lang), () if split_sentences else
-                              [line.strip() for line in lines])
+                              [line.strip() for line in lines], glossary)
         plan = plan_lines(lines, self.model_config["lang_src"], split_sentences=split_sentences,
                           protected=URL_OR_EMAIL if split_sentences else NOTHING, count_tokens=tokenized.count,
                           max_tokens=self.max_source_tokens)
         return plan, tokenized.sources(plan.sources)
 
-    def segment_document(self, text: str, fmt: str, target_lang: str,
-                         split_sentences: bool) -> tuple[DocumentPlan, list[Source]]:
+    def segment_document(self, text: str, fmt: str, target_lang: str, split_sentences: bool,
+                         glossary: Glossary | None = None) -> tuple[DocumentPlan, list[Source]]:
         """A document (documents.FORMATS) as the pieces to translate, and those pieces encoded; its
-        format decides what is left as it is (code, tags, URLs), `split_sentences` as in segment_lines."""
-        tokenized = Tokenized(self, self.source_tag(target_lang))
+        format decides what is left as it is (code, tags, URLs), `split_sentences` and `glossary` as
+        in segment_lines."""
+        tokenized = Tokenized(self, self.source_tag(target_lang), glossary=glossary)
         plan = plan_document(text, fmt, self.model_config["lang_src"], split_sentences=split_sentences,
                              count_tokens=tokenized.count, max_tokens=self.max_source_tokens)
         return plan, tokenized.sources(plan.sources)
@@ -418,7 +437,7 @@ class Translator(ABC):
     def translate_text(self, lines: Sequence[str], options: DecodingOptions, split_sentences: bool) -> TextTranslation:
         """Lines translated in their shape (segment_lines), every piece in one call of the engine."""
         options.check()
-        plan, sources = self.segment_lines(lines, options.target_lang, split_sentences)
+        plan, sources = self.segment_lines(lines, options.target_lang, split_sentences, options.glossary)
         found = self.decode_sources(sources, options, self.constraints(plan.sources, options))
         return TextTranslation([fragments[0] for fragments in plan.assemble([h[0].text for h in found])],
                                self.sentence_results(plan, found, options.confidence), plan.split_for_length)
@@ -427,7 +446,7 @@ class Translator(ABC):
                            split_sentences: bool) -> tuple[str, int]:
         """A document translated in its own shape, and how many sentences were cut for length."""
         options.check()
-        plan, sources = self.segment_document(text, fmt, options.target_lang, split_sentences)
+        plan, sources = self.segment_document(text, fmt, options.target_lang, split_sentences, options.glossary)
         found = self.decode_sources(sources, options, self.constraints(plan.sources, options))
         self.place_inline(plan.text, [[h[0].text] for h in found], options.target_lang)
         return plan.assemble([h[0].text for h in found]), plan.text.split_for_length
@@ -553,6 +572,7 @@ class TorchTranslator(Translator):
             translator.calibrator = read_calibrator(path.parent)
         except CalibrationError as error:
             translator.calibrator_unusable(str(error), "fit it again with evaluate.py --fit_confidence")
+        translator.renderings = read_renderings(path.parent)
         return translator
 
     def translate_batch(self, sources: list[Source], options: DecodingOptions, max_tokens: int,
@@ -602,7 +622,7 @@ class TorchTranslator(Translator):
                 length_ratio=self.length_ratio)]
         return beam_search(model, src, src_mask, max_tokens, options.beam_size, options.length_penalty,
                            options.n_best, repeat_limit, options.brevity_penalty, self.length_ratio,
-                           constraints)
+                           constraints, word_starts=None if options.glossary is None else options.glossary.word_starts)
 
     def cross_attention(self, sentence: str, target_lang: str = "") -> CrossAttention:
         """The source tokens with [SOS] and [EOS], as the model sees them (the tag too; the first piece
@@ -736,7 +756,16 @@ class CTranslate2Translator(Translator):
                 "cpu_backend": self.cpu_backend if self.ct2.device == "cpu" else None}
 
     def build_glossary(self, pairs: Sequence[tuple[str, str]]) -> Glossary:
-        raise TranslatorError(NO_CONSTRAINTS)
+        """A glossary for a model trained with term_annotation: its matches annotated, nothing
+        constrained (`constraints`); refused for another."""
+        if self.term_tags is None:
+            raise TranslatorError(NO_CONSTRAINTS)
+        return super().build_glossary(pairs)
+
+    @staticmethod
+    def constraints(texts: Sequence[str], options: DecodingOptions) -> None:
+        """None: CTranslate2 has no constrained search; a glossary is only its annotation here."""
+        return None
 
     def translate_batch(self, sources: list[Source], options: DecodingOptions, max_tokens: int,
                         constraints: Sequence[list] | None = None) -> list[list[DecodedHypothesis]]:
