@@ -75,7 +75,7 @@ function showTranslation({translation, split_for_length: cut, sentences}, text) 
   for (const sentence of sentences) {
     parts.push(document.createTextNode(source.slice(position, sentence.start).join("")));
     const span = document.createElement("span");
-    span.textContent = sentence.translation;
+    span.append(...termNodes(sentence));
     if (sentence.confidence !== null && sentence.confidence !== undefined) {
       span.title = `confidence ${sentence.confidence.toFixed(2)}`;
       if (sentence.confidence < markBelow) span.className = "unsure";
@@ -97,6 +97,34 @@ function showTranslation({translation, split_for_length: cut, sentences}, text) 
   $("pieces").textContent = `${cut} sentence${cut === 1 ? " was" : "s were"} too long for the model: translated in pieces.`;
   $("pieces").hidden = cut === 0;
   $("result").hidden = false;
+}
+
+// A sentence's translation as text with each glossary term it holds (the server's "terms", offsets
+// in code points) marked, its source term in the tooltip.
+function termNodes({translation, terms = []}) {
+  const characters = Array.from(translation);
+  const nodes = [];
+  let position = 0;
+  for (const term of terms.filter((t) => t.start !== null).sort((a, b) => a.start - b.start)) {
+    if (term.start < position) continue;
+    nodes.push(document.createTextNode(characters.slice(position, term.start).join("")));
+    const mark = document.createElement("mark");
+    mark.className = "term";
+    mark.textContent = characters.slice(term.start, term.end).join("");
+    mark.title = `glossary: ${term.source} → ${term.target}`;
+    nodes.push(mark);
+    position = term.end;
+  }
+  nodes.push(document.createTextNode(characters.slice(position).join("")));
+  return nodes;
+}
+
+// The glossary box's pairs, one "source term = target term" (or a tab between them) a line.
+function glossaryPairs() {
+  return $("glossary").value.split("\n").map((line) => line.trim()).filter((line) => line !== "").map((line) => {
+    const cut = line.includes("\t") ? line.indexOf("\t") : line.indexOf("=");
+    return cut < 0 ? [line, ""] : [line.slice(0, cut).trim(), line.slice(cut + 1).trim()];
+  });
 }
 
 // A sentence of the text by its span, which counts Unicode code points (JavaScript strings count
@@ -191,7 +219,10 @@ async function translate(event) {
     // Only a model of several target languages is told which; the others need not be.
     const target = $("target-box").hidden ? {} : {target_lang: $("target").value};
     // The whole text in one request: the server finds its sentences and keeps its paragraphs.
-    const answer = await api("/translate", {text, beam_size: Number($("beam").value), ...target});
+    // A glossary only when one is given (the server refuses a malformed row in one line).
+    const pairs = glossaryPairs();
+    const glossary = pairs.length ? {glossary: pairs} : {};
+    const answer = await api("/translate", {text, beam_size: Number($("beam").value), ...target, ...glossary});
     showTranslation(answer, text);
     $("attention").hidden = true;
     if (answer.sentences.length) {

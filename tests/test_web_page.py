@@ -1,8 +1,9 @@
 """The web page at / in a real browser (Playwright driving Debian's Chromium): a text of two
 paragraphs (three sentences, a blank line between) typed and translated shows the translation with
 the same paragraphs, the checkpoint's name and the heatmap of the server's attention weights for
-the first sentence; a rejected input shows the server's own message; in HTML mode the translated
-HTML and where each inline tag went. Skips where the browser or the playwright package is missing."""
+the first sentence; the words a glossary gave are marked; a rejected input shows the server's own
+message; in HTML mode the translated HTML and where each inline tag went. Skips where the browser or
+the playwright package is missing."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -113,3 +114,17 @@ def test_html_mode_shows_where_inline_tags_went(page, checkpoint: Path) -> None:
         assert page.locator("#attention").is_hidden() and page.locator("#error").is_hidden()
     finally:
         page.select_option("#format", "text")
+
+
+def test_the_words_a_glossary_gave_are_marked(page) -> None:
+    """A glossary typed in its box goes with the request; the term the server places is marked in
+    the translation, its source term in the tooltip; the other words are not."""
+    page.fill("#glossary", "dog = pesce")
+    translate(page, OTHERS[0])
+    mark = page.locator("#translation mark.term")
+    sync_api.expect(mark).to_have_text("pesce")
+    assert mark.get_attribute("title") == "glossary: dog → pesce"
+    assert "pesce" in page.locator("#translation").text_content().rstrip(".").split()
+    page.fill("#glossary", "")
+    translate(page, OTHERS[0])
+    assert page.locator("#translation mark").count() == 0
