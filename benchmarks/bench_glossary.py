@@ -6,8 +6,9 @@ and what they cost against free beam search.
         [--device cpu] [--json]
 
 1. A bilingual word list from the train split: for each pair of a source word and a target word
-   (lower-cased \\w+ words) seen together in at least MIN_PAIRS sentence pairs, their Dice
-   coefficient 2 c(s, t) / (c(s) + c(t)) over sentence pairs; a pair is in the list at DICE or more.
+   (case-folded \\w+ words) seen together in at least terms.MIN_PAIRS sentence pairs, their Dice
+   coefficient 2 c(s, t) / (c(s) + c(t)) over sentence pairs; a pair is in the list at terms.DICE or
+   more (nmt/corpora/terms.py's dice_table, the table training's word list is made of).
 2. Free beam search over the split (the model chosen by --checkpoint_choice, `--beam`, the
    config's length and brevity penalties, the model's repeat ban), through the translator's own
    search (TorchTranslator.translate_batch) in length-sorted batches of --eval_batch_size, as
@@ -34,9 +35,8 @@ import json
 import re
 import sys
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -50,12 +50,11 @@ from nmt.device import pick_device  # noqa: E402
 from nmt.inference.glossary import Glossary, GlossaryError, term_alternatives  # noqa: E402
 from nmt.inference.scoring import corpus_scores  # noqa: E402
 from nmt.corpora.sources import DataError, Pair, open_source, read_all_pairs  # noqa: E402
+from nmt.corpora.terms import dice_table  # noqa: E402
 from nmt.corpora.tokenizer import decode_ids  # noqa: E402
 from nmt.inference.translator import DecodingOptions, TorchTranslator, TranslatorError  # noqa: E402
 
 WORD = re.compile(r"\w+")
-MIN_PAIRS = 3
-DICE = 0.3
 
 
 def words(text: str) -> list[str]:
@@ -63,30 +62,24 @@ def words(text: str) -> list[str]:
 
 
 def word_list(pairs: Sequence[Pair]) -> dict[str, dict[str, float]]:
-    """target word -> {source word: Dice} for the pairs at DICE or more (module docstring)."""
-    source_counts, target_counts, together = Counter(), Counter(), Counter()
-    for source, target in pairs:
-        source_words, target_words = set(map(str.lower, words(source))), set(map(str.lower, words(target)))
-        source_counts.update(source_words)
-        target_counts.update(target_words)
-        together.update((s, t) for s in source_words for t in target_words)
+    """target word -> {source word: Dice} for the pairs at DICE or more (module docstring;
+    terms.dice_table, the table training's word list is made of)."""
     associated: dict[str, dict[str, float]] = {}
-    for (s, t), count in together.items():
-        dice = 2 * count / (source_counts[s] + target_counts[t])
-        if count >= MIN_PAIRS and dice >= DICE:
-            associated.setdefault(t, {})[s] = dice
+    for source_word, found in dice_table(pairs).items():
+        for target_word, dice in found.items():
+            associated.setdefault(target_word, {})[source_word] = dice
     return associated
 
 
 def sentence_glossary(source: str, reference: str, output: str, associated: dict[str, dict[str, float]],
                       most: int) -> list[tuple[str, str]]:
     """Up to `most` (source word, reference word) pairs for reference words the output lacks."""
-    have, source_words = {w.lower() for w in words(output)}, {w.lower() for w in words(source)}
+    have, source_words = {w.casefold() for w in words(output)}, {w.casefold() for w in words(source)}
     found = []
     for target in dict.fromkeys(words(reference)):  # each word once, in order
-        if target.lower() in have:
+        if target.casefold() in have:
             continue
-        candidates = {s: d for s, d in associated.get(target.lower(), {}).items() if s in source_words}
+        candidates = {s: d for s, d in associated.get(target.casefold(), {}).items() if s in source_words}
         if candidates:
             best = max(candidates, key=candidates.get)
             found.append((candidates[best], best, target))
@@ -224,15 +217,23 @@ def argument_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args, resolved = parse_args(EVALUATE, argv, parser=argument_parser())
+def run_benchmark(name: str, argv: list[str] | None, parser: argparse.ArgumentParser,
+                  measure_with: Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]],
+                  table_of: Callable[[dict[str, Any]], str], errors: tuple[type[Exception], ...] = ()) -> int:
+    """A search benchmark's main: its result printed as lines (or JSON with --json), or one error
+    line and exit 1 for a model, config, data or translator it cannot use (or one of `errors`)."""
+    args, resolved = parse_args(EVALUATE, argv, parser=parser)
     try:
-        result = measure(args, resolved.config)
-    except (CheckpointError, ConfigError, DataError, TranslatorError) as error:
-        print(f"bench_glossary.py: error: {error}", file=sys.stderr)
+        result = measure_with(args, resolved.config)
+    except (CheckpointError, ConfigError, DataError, TranslatorError, *errors) as error:
+        print(f"{name}: error: {error}", file=sys.stderr)
         return 1
-    print(json.dumps(result, indent=1) if args.json else table(result))
+    print(json.dumps(result, indent=1) if args.json else table_of(result))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_benchmark("bench_glossary.py", argv, argument_parser(), measure, table)
 
 
 if __name__ == "__main__":
