@@ -699,6 +699,16 @@ def test_a_forbidden_word_that_begins_the_term_is_only_ever_continued() -> None:
                    (ended or i < len(tokens) - 1)), tokens
 
 
+def test_a_term_once_written_is_not_continued_into_a_longer_word() -> None:
+    """The model writes A A A B (B continues a word): with the word A required, no A is followed by
+    B, so the term is never glued into "AB" (but where max_tokens cuts a hypothesis off)."""
+    model = StubModel(ALMOST_ALWAYS_AAAB, ANYTHING)
+    plain = beam_search(model, *ONE_SOURCE, 10, 3, 0.0, 1, constraints=[[[A]]])[0]
+    assert any(t[i:i + 2] == [A, B] for t, _ in plain for i in range(len(t)))
+    for tokens, _ in forbidding([[A]], [], beam_size=4, n_best=3):
+        assert A in tokens and not any(tokens[i:i + 2] == [A, B] for i in range(len(tokens))), tokens
+
+
 def test_a_forbidden_word_that_is_the_term_is_not_forbidden() -> None:
     """Forbidding A where A itself is required would make the constraint impossible: the guarantee
     wins, A is written."""

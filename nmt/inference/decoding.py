@@ -515,9 +515,9 @@ class ConstraintBanks:
         if not any(groups):
             return None
         banks = cls(groups, beam_size, device)
-        if any(forbidden):
-            if word_starts is None:
-                raise ValueError("forbidden words need word_starts: which tokens begin a word")
+        if any(forbidden) and word_starts is None:
+            raise ValueError("forbidden words need word_starts: which tokens begin a word")
+        if word_starts is not None:
             banks.forbidden = ForbiddenWords(forbidden, groups, word_starts, device)
         return banks
 
@@ -607,6 +607,7 @@ class ConstraintBanks:
 
 
 WORD_RULE = -1  # ForbiddenWords.banned: after the phrase, nothing that begins a word
+TERM_RULE = -2  # ForbiddenWords.banned: after the phrase (a whole constraint), nothing that continues a word
 
 
 class ForbiddenWords:
@@ -620,14 +621,19 @@ class ForbiddenWords:
       nor [EOS]. So the word itself is never ended (but by max_tokens cutting a hypothesis off),
       and the constraint can still be written.
     A phrase that an alternative holds as a whole word is not forbidden at all, so every constraint
-    can always be met (beam search's guarantee stands)."""
+    can always be met (beam search's guarantee stands). And a constraint's alternative, once
+    written, is not continued into a longer word ("Tommaso" into "Tommasogliata"): after it only one
+    of `word_starts` or [EOS] may follow, unless an alternative continues it so (then that rule is
+    left out, and the guarantee stands)."""
 
     def __init__(self, forbidden: list[list[list[int]]], groups: list[list[list[list[int]]]],
                  word_starts: torch.Tensor, device: torch.device) -> None:
         ends = word_starts.to(device=device, dtype=torch.bool).clone()
         ends[EOS_ID] = True
         self.word_ends = ends  # what may not follow a phrase banned by WORD_RULE
-        rules = [[rule for phrase in words if (rule := self._rule(phrase, sentence, ends)) is not None]
+        rules = [[rule for phrase in words if (rule := self._rule(phrase, sentence, ends)) is not None] +
+                 [(phrase, TERM_RULE) for constraint in sentence for phrase in constraint
+                  if all(bool(ends[token]) for token in self._followers(phrase, sentence))]
                  for words, sentence in zip(forbidden, groups)]
         width = max(1, max(map(len, rules)))
         longest = max([1] + [len(prefix) for sentence in rules for prefix, _ in sentence])
@@ -645,12 +651,17 @@ class ForbiddenWords:
         """How `phrase` is kept out, as (prefix, banned token or WORD_RULE); None: it cannot be."""
         if not phrase or min(phrase) < len(SPECIAL_TOKENS) or max(phrase) >= ends.numel():
             return None
-        followers = [alternative[i + len(phrase)] if i + len(phrase) < len(alternative) else EOS_ID
-                     for constraint in alternatives for alternative in constraint
-                     for i in range(len(alternative) - len(phrase) + 1) if alternative[i:i + len(phrase)] == phrase]
+        followers = ForbiddenWords._followers(phrase, alternatives)
         if not followers:
             return phrase[:-1], phrase[-1]
         return None if any(bool(ends[token]) for token in followers) else (phrase, WORD_RULE)
+
+    @staticmethod
+    def _followers(phrase: list[int], alternatives: list[list[list[int]]]) -> list[int]:
+        """The token that follows each occurrence of `phrase` in the sentence's alternatives ([EOS]: at an end)."""
+        return [alternative[i + len(phrase)] if i + len(phrase) < len(alternative) else EOS_ID
+                for constraint in alternatives for alternative in constraint
+                for i in range(len(alternative) - len(phrase) + 1) if alternative[i:i + len(phrase)] == phrase]
 
     def block(self, log_probs: torch.Tensor, tokens: torch.Tensor, per_sentence: int) -> torch.Tensor:
         """`log_probs` (rows, vocab: `per_sentence` rows a sentence) with -inf for every token that
@@ -664,7 +675,9 @@ class ForbiddenWords:
         rows, rules = (matched & (banned >= 0)).nonzero(as_tuple=True)
         log_probs = log_probs.index_put((rows, banned[rows, rules]), torch.tensor(float("-inf"), device=log_probs.device))
         unended = (matched & (banned == WORD_RULE)).any(dim=1)
-        return log_probs.masked_fill(unended[:, None] & self.word_ends[None, :], float("-inf"))
+        log_probs = log_probs.masked_fill(unended[:, None] & self.word_ends[None, :], float("-inf"))
+        ended = (matched & (banned == TERM_RULE)).any(dim=1)
+        return log_probs.masked_fill(ended[:, None] & ~self.word_ends[None, :], float("-inf"))
 
     def keep_sentences(self, kept: torch.Tensor) -> None:
         self.prefixes, self.banned, self.active = self.prefixes[kept], self.banned[kept], self.active[kept]
