@@ -58,7 +58,7 @@ Every hypothesis also carries what confidence.py needs, read back with it at the
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -83,27 +83,39 @@ class SentenceConstraints(list):
         self.forbidden = [[int(token) for token in phrase] for phrase in forbidden]
 
 
-class Hypothesis(tuple):
-    """One translation found: it unpacks as (tokens without [SOS]/[EOS], score), and carries what a
-    confidence model reads (confidence.py), none of it touched by the length or brevity penalty:
-    `log_prob`, the sum of its tokens' log-probabilities ([EOS] included when it ended); `length`,
-    how many tokens that sum counts; `lowest`, its least likely token's log-probability. `complete`
-    is False only for a hypothesis cut off at max_tokens before it met all its constraints."""
+class ScoredPair(tuple):
+    """A (value, score) pair that unpacks and compares as two and carries what a confidence model
+    reads of it (confidence.py), none of it touched by the length or brevity penalty: `log_prob`, the
+    sum of its tokens' log-probabilities ([EOS] included when it ended); `length`, how many tokens
+    that sum counts; `lowest`, its least likely token's log-probability; and whatever else a
+    subclass names in FIELDS, each given to __new__ in that order after the pair."""
 
+    FIELDS: tuple[str, ...] = ("log_prob", "length", "lowest")
     log_prob: float
     length: int
     lowest: float
+
+    def __new__(cls, value: Any, score: float, *fields: Any) -> "ScoredPair":
+        pair = super().__new__(cls, (value, score))
+        for name, field_value in zip(cls.FIELDS, fields, strict=True):
+            setattr(pair, name, field_value)
+        return pair
+
+    def __getnewargs__(self) -> tuple:  # pickling calls __new__ with these
+        return (*self, *(getattr(self, name) for name in self.FIELDS))
+
+
+class Hypothesis(ScoredPair):
+    """One translation found: it unpacks as (tokens without [SOS]/[EOS], score), with ScoredPair's
+    fields; `complete` is False only for a hypothesis cut off at max_tokens before it met all its
+    constraints."""
+
+    FIELDS = (*ScoredPair.FIELDS, "complete")
     complete: bool
 
     def __new__(cls, tokens: list[int], score: float, log_prob: float, length: int, lowest: float,
                 complete: bool = True) -> "Hypothesis":
-        hypothesis = super().__new__(cls, (tokens, score))
-        hypothesis.log_prob, hypothesis.length, hypothesis.lowest, hypothesis.complete = \
-            log_prob, length, lowest, complete
-        return hypothesis
-
-    def __getnewargs__(self) -> tuple:  # pickling calls __new__ with these
-        return (*self, self.log_prob, self.length, self.lowest, self.complete)
+        return super().__new__(cls, tokens, score, log_prob, length, lowest, complete)
 
 
 Hypotheses = list[Hypothesis]  # best first

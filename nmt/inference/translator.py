@@ -76,7 +76,8 @@ from nmt.inference.confidence import CalibrationError, Calibrator, features, rea
 from config import ConfigError, Resolved, choose_run, get_config, target_languages, target_tag, weights_dir
 from nmt.inference.ct2_model import READ_ATTEMPTS, cpu_backend, ct2_setup, pinned_folder, read_project_files, replaced
 from nmt.inference.decoding import Hypothesis as DecodedHypothesis
-from nmt.inference.decoding import beam_search, brevity_term, expected_length, greedy_decode, max_output_tokens, sample
+from nmt.inference.decoding import (ScoredPair, beam_search, brevity_term, expected_length, greedy_decode,
+                                    max_output_tokens, sample)
 from nmt.device import pick_device
 from nmt.diagnostics import first_line, log
 from nmt.inference.documents import DocumentPlan, plan_document
@@ -182,26 +183,17 @@ class Source(NamedTuple):
     tokens: list[str]
 
 
-class Hypothesis(tuple):
-    """A translation: it unpacks and compares as (text, score), the score decoding.py's, and carries
-    what the confidence calibrator reads of it (decoding.Hypothesis's `log_prob`, `length` and
-    `lowest`; length 0: nothing was translated) and `confidence`, the probability that it is good
-    (None: no calibrator, or nothing translated)."""
+class Hypothesis(ScoredPair):
+    """A translation: it unpacks and compares as (text, score), the score decoding.py's, with the
+    fields the confidence calibrator reads (ScoredPair's; length 0: nothing was translated) and
+    `confidence`, the probability that it is good (None: no calibrator, or nothing translated)."""
 
-    log_prob: float
-    length: int
-    lowest: float
+    FIELDS = (*ScoredPair.FIELDS, "confidence")
     confidence: float | None
 
     def __new__(cls, text: str, score: float, log_prob: float = 0.0, length: int = 0, lowest: float = 0.0,
                 confidence: float | None = None) -> "Hypothesis":
-        hypothesis = super().__new__(cls, (text, score))
-        hypothesis.log_prob, hypothesis.length, hypothesis.lowest, hypothesis.confidence = \
-            log_prob, length, lowest, confidence
-        return hypothesis
-
-    def __getnewargs__(self) -> tuple:  # pickling calls __new__ with these
-        return (*self, self.log_prob, self.length, self.lowest, self.confidence)
+        return super().__new__(cls, text, score, log_prob, length, lowest, confidence)
 
     @property
     def text(self) -> str:
