@@ -377,14 +377,11 @@ def get_config() -> dict[str, Any]:
 PRESETS: dict[str, dict[str, Any]] = {
     "base": {},
     "big": {"d_model": 1024, "num_heads": 16, "d_ff": 4096, "dropout": 0.3},
-    # The best tatoeba BLEU in 15 minutes on a 2-core CPU (README: measured figures). On a
-    # compute-bound CPU a small, cheap model taking many small steps beats a wider one. 21 epochs
-    # fit the 15 minutes where --amp auto trains in bf16 (AVX-512 BF16, AMX); the longer run needs
-    # more dropout than 0.1. A joint BPE of 6k beat 8k, 4k, 3k and 2k on seed 42's validation, tied
-    # 4k on validation over three seeds and led it on test (docs/quality.md). An fp32-only CPU is
-    # stopped by the clock earlier. wsd, not cosine: 550 steps (a 5-minute plan here) still learn
-    # fastest at the peak; decayed over all 550 they ended at validation loss 3.65, held and decayed
-    # over the last 90 at 3.20 (validation beam-5 BLEU 8.9 against 14.2).
+    # The best tatoeba BLEU in 15 minutes on a 2-core CPU (docs/quality.md has the evidence for each
+    # setting). On a compute-bound CPU a small, cheap model taking many small steps beats a wider
+    # one; 21 epochs fit the 15 minutes where --amp auto trains in bf16, and the longer run needs more
+    # dropout than 0.1. wsd, not cosine: a short run still learns fastest at the peak rate, so it holds
+    # the peak and decays only at the end.
     "cpu": {
         "d_model": 256, "num_layers": 3, "num_heads": 4, "d_ff": 512, "dropout": 0.15,
         "tokenizer_type": "bpe", "vocab_size": 6000, "joint_vocab": True, "tie_embeddings": True,

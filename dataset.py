@@ -77,14 +77,12 @@ class BilingualDataset(Dataset):
         given none, which is all training needs (model.py's docstring), and the loss ignores padded
         labels. So attention takes the fused kernels that accept no mask tensor (FlashAttention on
         CUDA) wherever a batch allows it. Lengths are not rounded up to a multiple of 8 for the
-        tensor cores, on CUDA either: in train.py at paper-base size on an H200, padded 38-step epochs
-        of tatoeba took 1.83 s against 1.57 at exact widths (docs/speed.md).
+        tensor cores, on CUDA either: exact widths trained faster (docs/speed.md).
 
         `shape` (rows, length): a length bucket's batch (module docstring), both sides padded to
         `length`, always with a src_mask; the rows past the sentences are filler whose source is
         [SOS] [EOS] and whose labels are all padding, so that they add nothing to the loss."""
-        # Filled in numpy, then wrapped: a numpy slice assignment costs a fraction of a torch one (60
-        # rows of 5 to 29 tokens: 0.3 against 1.9 ms, on a cpu-preset step of about 140 ms).
+        # Filled in numpy, then wrapped: a numpy slice assignment costs a fraction of a torch one.
         src_len, tgt_len = int(self.src_lens[indices].max()), int(self.tgt_lens[indices].max())
         rows = len(indices)
         if shape is not None:

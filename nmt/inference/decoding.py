@@ -146,12 +146,9 @@ REPEAT_SIZES = range(3, 7)  # the n-gram sizes `repeat_free_ngram_size` consider
 def repeat_free_ngram_size(targets: Sequence[Sequence[int]]) -> int:
     """The smallest n of REPEAT_SIZES such that fewer than REPEAT_SHARE of `targets` (token ids)
     hold some n-gram twice: what `no_repeat_ngram_size` -1 bans; 0 (no ban) where none is that rare.
-    A young model loops ("la la la ..."): 2-minute tatoeba models (2 + 2 layers, 820 steps) wrote
-    outputs 7-13% longer than the references, and banning repeated trigrams raised grouped
-    validation BLEU from 19.72 / 18.73 / 19.43 to 23.35 / 22.36 / 23.51 (seeds 42 / 1 / 2; 4-grams:
-    23.15 / 22.17 / 23.33). Tatoeba's targets repeat a subword trigram in 0.25% of pairs, bigrams in
-    1.09%; long sentences repeat more (21% of those of 30+ subwords repeat a trigram), and a ban
-    those hold would cut legitimate repeats."""
+    A young model loops ("la la la ..."), which the ban mends (docs/quality.md measures it); an
+    n-gram the training targets themselves often repeat is not banned, as that would cut
+    legitimate repeats."""
     def repeats(ids: Sequence[int], n: int) -> bool:
         grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
         return len(set(grams)) < len(grams)
