@@ -90,7 +90,7 @@ def test_a_shorter_schedule_decays_from_where_a_wsd_run_stands_once_its_decay_wo
         assert Schedule.from_config(dict(config, lr_schedule=kind), 100).anchor_for(90, 10, 70, True) is None
 
 
-@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\(\)`")
+@pytest.mark.filterwarnings(r"ignore:Detected call of `lr_scheduler.step\(\)`")
 def test_the_learning_rate_is_what_lambda_lr_sets_step_for_step_and_resumes_at_its_count() -> None:
     """Golden: torch's LambdaLR over the same multiplier gives the same rates, bit for bit, after each
     step; a skipped step (no step()) leaves the rate; a new schedule applies from the next step; a
